@@ -1,0 +1,167 @@
+"""What the engine is asked to do, and what it reports back while doing it."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from .sampling import SamplingParams
+
+__all__ = [
+    "CacheReport",
+    "EngineEvent",
+    "GenerationFailed",
+    "GenerationFinished",
+    "GenerationRequest",
+    "GenerationStats",
+    "PromptProgress",
+    "StopCause",
+    "TokenGenerated",
+    "TokenLogprob",
+    "TopLogprob",
+]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationRequest:
+    """One decode job: prompt token ids in, at most ``max_new_tokens`` tokens out.
+
+    ``max_new_tokens`` ``None`` means "until an end-of-generation token or the end
+    of the context".  ``n_probs`` ``None`` computes no log-probabilities; ``0``
+    computes only the sampled token's, ``k`` adds the top ``k`` alternatives.
+    ``time_limit_ms`` bounds the generation phase (llama-server's
+    ``t_max_predict_ms``); ``0`` disables it.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    max_new_tokens: int | None
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    n_probs: int | None = None
+    time_limit_ms: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class TopLogprob:
+    """One candidate token and its log-probability."""
+
+    token_id: int
+    piece: bytes
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class TokenLogprob:
+    """The sampled token's log-probability and the most likely alternatives."""
+
+    token_id: int
+    piece: bytes
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+class StopCause(enum.Enum):
+    """Why the engine stopped generating."""
+
+    EOS = "eos"  # the model produced an end-of-generation token
+    STOP_WORD = "word"  # a stop string matched
+    LIMIT = "limit"  # max_new_tokens reached
+    CONTEXT = "context"  # the context window is full
+    TIME = "time"  # time_limit_ms passed
+
+
+@attrs.frozen(kw_only=True)
+class CacheReport:
+    """What the prompt cache did for one request (``usage.gufo``).
+
+    ``miss_reason`` is ``None`` on a hit, else ``cold`` (nothing cached yet),
+    ``no_prefix`` (the cache held an unrelated prompt), ``evicted`` (a matching
+    snapshot was dropped for room), ``template_changed`` or ``disabled``.
+    """
+
+    hit: bool = False
+    miss_reason: str | None = "cold"
+    snapshots_skipped: int = 0
+    restored_bytes: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStats:
+    """Counts and times of one generation (llama-server's ``timings``).
+
+    ``cached_tokens`` prompt tokens were reused from the KV cache; the other
+    ``prompt_tokens - cached_tokens`` were evaluated in ``prompt_ms``.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+    prompt_ms: float = 0.0
+    completion_tokens: int = 0
+    predicted_ms: float = 0.0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    cache: CacheReport = attrs.field(factory=CacheReport)
+
+    @property
+    def evaluated_tokens(self) -> int:
+        """Prompt tokens that had to be evaluated (not found in the cache)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prompt_per_second(self) -> float:
+        """Prompt evaluation speed in tokens per second (0 when nothing was evaluated)."""
+        return _per_second(self.evaluated_tokens, self.prompt_ms)
+
+    @property
+    def predicted_per_second(self) -> float:
+        """Generation speed in tokens per second."""
+        return _per_second(self.completion_tokens, self.predicted_ms)
+
+
+def _per_second(count: int, ms: float) -> float:
+    return count * 1000.0 / ms if ms > 0 else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class PromptProgress:
+    """The prompt is being evaluated: ``processed`` of ``total`` tokens done."""
+
+    total: int
+    cached: int
+    processed: int
+    elapsed_ms: float
+
+
+@attrs.frozen(kw_only=True)
+class TokenGenerated:
+    """One sampled token.
+
+    ``text`` is the text it releases: possibly empty while a multi-byte
+    character or a possible stop string is incomplete, possibly more than the
+    token's own piece when held-back text is released.
+    """
+
+    token_id: int
+    text: str
+    logprob: TokenLogprob | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GenerationFinished:
+    """The last event of every generation that was not cancelled."""
+
+    cause: StopCause
+    stats: GenerationStats
+    stop_word: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GenerationFailed:
+    """The engine could not finish; ``error`` is what the consumer should raise."""
+
+    error: Exception
+
+
+EngineEvent = PromptProgress | TokenGenerated | GenerationFinished | GenerationFailed

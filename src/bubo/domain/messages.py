@@ -1,0 +1,61 @@
+"""Chat messages and tools, independent of any wire dialect."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+__all__ = ["ChatPrompt", "Message", "Role", "ToolCall", "ToolSpec"]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@attrs.frozen(kw_only=True)
+class ToolCall:
+    """A function call the assistant made; ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    """One conversation turn, its text parts already joined.
+
+    ``reasoning`` carries an earlier turn's thinking back to the template;
+    ``tool_call_id`` and ``name`` belong to ``tool`` results.
+    """
+
+    role: Role
+    content: str | None
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """A function the model may call; ``parameters`` is its JSON schema."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] = attrs.field(factory=dict)
+    strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ChatPrompt:
+    """Everything the chat template renders.
+
+    ``template_kwargs`` are extra variables for the template
+    (``chat_template_kwargs`` in the OpenAI dialect).
+    """
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    add_generation_prompt: bool = True

@@ -1,0 +1,152 @@
+"""Dialect-neutral exceptions.
+
+Service and engine code raise these; each API dialect renders them once, at its
+edge, in its own envelope (``api/openai/errors.py``, ``api/anthropic/errors.py``).
+Nothing below the API layer builds an HTTP body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+__all__ = [
+    "AuthenticationFailed",
+    "BuboError",
+    "ContextOverflow",
+    "DeviceLost",
+    "InsufficientMemoryPermanent",
+    "InternalError",
+    "InvalidRequest",
+    "MethodNotAllowed",
+    "NotFound",
+    "NotImplementedOnThisModel",
+    "PayloadTooLarge",
+    "ServiceUnavailable",
+]
+
+
+class BuboError(Exception):
+    """An error with a stable machine-readable ``code`` and an HTTP status.
+
+    ``type`` is the OpenAI error type name; dialects with their own names map
+    from ``status`` (see ``api/anthropic/errors.py``).  ``param`` is the JSON path
+    of the offending request field, without the leading ``$.``.
+    """
+
+    status: int = 500
+    type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        self.message = message
+        self.code = code or self.default_code
+        self.param = param
+        self.headers: Mapping[str, str] = dict(headers or {})
+
+
+class InvalidRequest(BuboError):
+    """The request is malformed or asks for something this server cannot do (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt does not fit in the context window; counted before decoding (400)."""
+
+    default_code = "context_length_exceeded"
+
+    def __init__(self, *, n_prompt_tokens: int, n_ctx: int, param: str | None = None) -> None:
+        super().__init__(
+            f"the prompt has {n_prompt_tokens} tokens but the context holds {n_ctx}: "
+            "shorten the prompt or start the server with a larger --ctx-size",
+            param=param,
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class AuthenticationFailed(BuboError):
+    """The API key is missing or wrong (401)."""
+
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+    def __init__(self, message: str = "invalid or missing API key") -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class NotFound(BuboError):
+    """The path, model or stored object does not exist (404)."""
+
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(BuboError):
+    """The path exists but not for this HTTP method (405)."""
+
+    status = 405
+    type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(BuboError):
+    """The request body exceeds the configured limit (413)."""
+
+    status = 413
+    type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class InternalError(BuboError):
+    """An unexpected failure; the message is generic, the details are only logged (500)."""
+
+    status = 500
+    type = "server_error"
+    default_code = "internal_error"
+
+
+class NotImplementedOnThisModel(BuboError):
+    """An endpoint this server knows but does not serve for a text model (501)."""
+
+    status = 501
+    type = "server_error"
+    default_code = "not_implemented"
+
+
+class ServiceUnavailable(BuboError):
+    """The server cannot take the request now: loading, overloaded or short of memory (503)."""
+
+    status = 503
+    type = "server_error"
+    default_code = "not_ready"
+
+
+class DeviceLost(ServiceUnavailable):
+    """The engine failed in a way that left its context unusable (503 ``device_lost``)."""
+
+    default_code = "device_lost"
+
+
+class InsufficientMemoryPermanent(BuboError):
+    """The request needs more memory than the machine could ever give (507)."""
+
+    status = 507
+    type = "server_error"
+    default_code = "insufficient_memory_permanent"
