@@ -1,0 +1,54 @@
+"""The tokenizer interface every layer uses: one source of token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["Tokenizer"]
+
+
+class Tokenizer(Protocol):
+    """Text to llama.cpp token ids and back.
+
+    ``encode`` must give exactly the ids llama.cpp's ``llama_tokenize`` gives
+    for the same model and flags; ``token_bytes`` is llama.cpp's
+    ``llama_token_to_piece(special=True)``.
+    """
+
+    @property
+    def name(self) -> str:
+        """Which implementation this is, for logs and ``/props``."""
+        ...
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of token ids."""
+        ...
+
+    @property
+    def bos_token(self) -> str:
+        """The BOS token's text ("" when the model has none)."""
+        ...
+
+    @property
+    def eos_token(self) -> str:
+        """The EOS token's text ("" when the model has none)."""
+        ...
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether ``encode(add_special=True)`` starts with BOS."""
+        ...
+
+    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of *text*; special-token markup is parsed unless told not to."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token renders to, special tokens included."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of *token_ids* (invalid UTF-8 replaced), special tokens included."""
+        ...
