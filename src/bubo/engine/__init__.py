@@ -1,0 +1,12 @@
+"""Decode engines: the only package that touches llama.cpp (``llama.py``).
+
+``fake.py`` is a scripted engine with the same interface for fast HTTP-layer
+tests; it never imports ``llama_cpp``.
+"""
+
+from ._stops import StopMatcher as StopMatcher
+from .base import Engine as Engine
+from .base import EngineFailure as EngineFailure
+from .base import EngineStatistics as EngineStatistics
+from .base import ModelInfo as ModelInfo
+from .base import SlotStatistics as SlotStatistics

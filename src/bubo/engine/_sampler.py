@@ -1,0 +1,83 @@
+"""A llama.cpp sampler chain built from :class:`SamplingParams`.
+
+The order follows llama-server's default (``logit_bias``, ``penalties``,
+``top_k``, ``top_p``, ``min_p``, ``temperature``, then a seeded ``dist``);
+``temperature <= 0`` ends the chain with ``greedy`` instead.  Neutral stages
+(penalties of 1.0/0.0, no bias) are left out: each costs time per token.
+
+Only the engine thread that owns the context calls into a sampler.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+import llama_cpp
+
+from bubo.domain.sampling import SamplingParams
+
+__all__ = ["Sampler"]
+
+
+class Sampler:
+    """Owns one llama.cpp sampler chain; call :meth:`close` when done."""
+
+    def __init__(self, params: SamplingParams, *, n_vocab: int) -> None:
+        self._chain = llama_cpp.llama_sampler_chain_init(
+            llama_cpp.llama_sampler_chain_default_params()
+        )
+        self._has_penalties = (
+            params.repeat_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        ) and params.repeat_last_n != 0
+        self.repeat_last_n = params.repeat_last_n
+        add = self._add
+        if params.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
+            for slot, (token, bias) in zip(biases, params.logit_bias, strict=True):
+                slot.token = token
+                slot.bias = bias
+            add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
+        if self._has_penalties:
+            add(
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab,
+                    params.repeat_last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.greedy:
+            add(llama_cpp.llama_sampler_init_greedy())
+        else:
+            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            seed = secrets.randbits(32) if params.seed is None else params.seed & 0xFFFFFFFF
+            add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _add(self, sampler: object) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Show the penalties stage the tokens that came before generation began."""
+        if not self._has_penalties or not tokens:
+            return
+        window = tokens if self.repeat_last_n < 0 else tokens[-self.repeat_last_n :]
+        for token in window:
+            llama_cpp.llama_sampler_accept(self._chain, token)
+
+    def sample(self, ctx: object) -> int:
+        """Sample (and accept) the next token from the context's last logits."""
+        token: int = llama_cpp.llama_sampler_sample(self._chain, ctx, -1)
+        return token
+
+    def close(self) -> None:
+        """Free the chain and every sampler in it."""
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None

@@ -1,0 +1,54 @@
+"""Stop strings: release generated text as soon as it cannot start a stop string."""
+
+from __future__ import annotations
+
+__all__ = ["StopMatcher"]
+
+
+class StopMatcher:
+    """Find the first stop string in streamed text, holding back possible prefixes.
+
+    ``feed`` returns the text that is safe to release.  Once a stop string
+    matches, :attr:`matched` is set, the text before it is released and
+    everything from the stop string on is dropped.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> str:
+        """Add generated text; return what can be released now."""
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        pending = self._held + text
+        first: tuple[int, str] | None = None
+        for stop in self._stops:
+            index = pending.find(stop)
+            if index != -1 and (first is None or index < first[0]):
+                first = (index, stop)
+        if first is not None:
+            self.matched = first[1]
+            self._held = ""
+            return pending[: first[0]]
+        keep = self._longest_partial(pending)
+        self._held = pending[len(pending) - keep :] if keep else ""
+        return pending[: len(pending) - keep]
+
+    def flush(self) -> str:
+        """The generation ended without a match: release what was held back."""
+        held, self._held = self._held, ""
+        return held
+
+    def _longest_partial(self, text: str) -> int:
+        """Length of the longest suffix of *text* that begins some stop string."""
+        best = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:size]):
+                    best = size
+                    break
+        return best

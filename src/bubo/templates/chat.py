@@ -1,0 +1,152 @@
+"""Render Hugging Face chat templates in jinja2's immutable sandbox.
+
+The environment matches transformers' ``chat_template_utils``: ``trim_blocks``,
+``lstrip_blocks``, the ``loopcontrols`` extension, a pass-through
+``{% generation %}`` tag, ``tojson`` without ASCII escaping, and the
+``raise_exception`` and ``strftime_now`` globals.  A template is compiled once;
+``/apply-template``, token counting and generation all call :meth:`ChatTemplate.render`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from bubo.domain.messages import ChatPrompt, Message, ToolSpec
+from bubo.errors import InvalidRequest
+
+__all__ = ["CHATML", "ChatTemplate"]
+
+CHATML = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+"""The template used when a GGUF carries none (llama-server does the same)."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """transformers' ``{% generation %}…{% endgeneration %}`` marks; rendered as their body."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(format_: str) -> str:
+    return datetime.datetime.now().astimezone().strftime(format_)
+
+
+class ChatTemplate:
+    """One compiled chat template and the special tokens it may print."""
+
+    def __init__(self, source: str, *, bos_token: str, eos_token: str, origin: str) -> None:
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+        )
+        environment.filters["tojson"] = _tojson
+        environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = _strftime_now
+        self.source = source
+        self.origin = origin  # "gguf", "file:<path>" or "builtin-chatml"
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self._template = environment.from_string(source)
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template renders a ``tools`` list itself."""
+        return "tools" in self.source
+
+    def render(self, prompt: ChatPrompt) -> str:
+        """The prompt text for *prompt*.
+
+        Raises:
+            InvalidRequest: the template rejected the conversation (its own
+                ``raise_exception``, e.g. roles that do not alternate) or failed on it.
+        """
+        variables: dict[str, Any] = {
+            **prompt.template_kwargs,
+            "messages": [_message_dict(m) for m in prompt.messages],
+            "add_generation_prompt": prompt.add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        if prompt.tools:
+            variables["tools"] = [_tool_dict(t) for t in prompt.tools]
+        try:
+            return self._template.render(variables)
+        except jinja2.exceptions.TemplateError as error:
+            raise InvalidRequest(
+                f"the chat template rejected the messages: {error}", code="template_error", param="messages"
+            ) from error
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+            raise InvalidRequest(
+                f"the chat template could not render the messages: {type(error).__name__}: {error}",
+                code="template_error",
+                param="messages",
+            ) from error
+
+
+def _message_dict(message: Message) -> dict[str, Any]:
+    """A message as transformers passes it to templates."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments as an object, which is what templates iterate over."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, Mapping) else text
+
+
+def _tool_dict(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
