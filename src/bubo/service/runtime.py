@@ -1,0 +1,102 @@
+"""The loaded model and everything a request needs from it, plus the server's lifecycle."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from bubo.domain.sampling import SamplingParams
+from bubo.engine import Engine
+from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
+from bubo.model import ALIAS
+from bubo.templates import ChatTemplate
+from bubo.tokenizer import Tokenizer
+
+__all__ = ["GenerationDefaults", "Runtime", "ServerState", "Status"]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationDefaults:
+    """What a request gets when it does not say."""
+
+    n_predict: int = -1  # negative: until end of generation or of the context
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+
+
+@attrs.frozen(kw_only=True)
+class Runtime:
+    """A served model: engine, tokenizer, template and the names it answers to."""
+
+    model_id: str
+    created: int  # unix time the model was loaded
+    engine: Engine
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    defaults: GenerationDefaults = attrs.field(factory=GenerationDefaults)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a request may use: the served id and the alias ``bubo``."""
+        return (self.model_id,) if self.model_id == ALIAS else (self.model_id, ALIAS)
+
+    def check_model(self, name: str | None) -> None:
+        """Accept a request's ``model`` or say why not.
+
+        Raises:
+            InvalidRequest: no model was given (``missing_model``).
+            NotFound: the name is not served here (``model_not_found``).
+        """
+        if name is None or name == "":
+            raise InvalidRequest(
+                f"the request has no model; use {self.model_id!r} or {ALIAS!r}",
+                code="missing_model",
+                param="model",
+            )
+        if name not in self.model_names:
+            raise NotFound(
+                f"model {name!r} is not served by this process; it serves {self.model_id!r} "
+                f"(also as {ALIAS!r})",
+                code="model_not_found",
+                param="model",
+            )
+
+
+class Status(enum.Enum):
+    """Where the server is in its life."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    DEVICE_LOST = "device_lost"
+
+
+@attrs.define
+class ServerState:
+    """Mutable lifecycle state, owned by the app (never module-level).
+
+    The loader task moves it from ``LOADING`` to ``READY`` (or ``FAILED``);
+    request handlers only read it.
+    """
+
+    status: Status = Status.LOADING
+    runtime: Runtime | None = None
+    load_progress: float = 0.0
+    failure: str | None = None
+
+    def require_runtime(self) -> Runtime:
+        """The runtime, or the 503 that says why there is none yet.
+
+        Raises:
+            ServiceUnavailable: loading (``not_ready``) or failed.
+            DeviceLost: the engine was lost.
+        """
+        if self.status is Status.DEVICE_LOST:
+            raise DeviceLost("the engine failed and cannot serve requests")
+        if self.status is Status.READY and self.runtime is not None:
+            return self.runtime
+        if self.status is Status.FAILED:
+            raise ServiceUnavailable(f"the model failed to load: {self.failure}", code="not_ready")
+        raise ServiceUnavailable(
+            f"the model is loading ({self.load_progress:.0%})", code="not_ready", headers={"Retry-After": "1"}
+        )
