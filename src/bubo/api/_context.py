@@ -1,0 +1,46 @@
+"""What route handlers reach through the app: state, key, converters (never module globals)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from quart import current_app, request
+
+from bubo.service.runtime import Runtime, ServerState
+
+from ._converter import parse_json_object
+
+__all__ = ["ApiContext", "api_context", "json_body", "require_runtime"]
+
+EXTENSION_KEY = "bubo"
+
+
+@attrs.frozen(kw_only=True)
+class ApiContext:
+    """Per-app objects the API layer needs; built by ``bubo.server.create_app``."""
+
+    state: ServerState
+    api_key: str | None = attrs.field(default=None, repr=False)
+    version: str = "0.0.0"
+
+    @property
+    def fingerprint(self) -> str:
+        """``system_fingerprint`` on OpenAI responses."""
+        return f"bubo-{self.version}"
+
+
+def api_context() -> ApiContext:
+    """The running app's :class:`ApiContext`."""
+    context: ApiContext = current_app.extensions[EXTENSION_KEY]
+    return context
+
+
+def require_runtime() -> Runtime:
+    """The loaded runtime, or the 503 that says why there is none."""
+    return api_context().state.require_runtime()
+
+
+async def json_body() -> dict[str, Any]:
+    """The request body as a JSON object (400 ``parse_error`` otherwise), whatever its content type."""
+    return parse_json_object(await request.get_data(cache=False))

@@ -1,0 +1,82 @@
+"""``GET /metrics``: Prometheus text through prometheus-client, llama-server's names.
+
+A custom collector reads the engine's statistics at scrape time, so nothing is
+counted twice and no metric object outlives the app (no global registry).
+``prompt_tokens_seconds`` and ``predicted_tokens_seconds`` are averages over
+the server's life (llama-server resets them per scrape, which makes a second
+scraper see zeros).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from bubo.engine import EngineStatistics
+
+__all__ = ["CONTENT_TYPE", "render_metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+
+class _EngineCollector:
+    """Yields one metric family per llama-server metric from a statistics snapshot."""
+
+    def __init__(self, read: Callable[[], EngineStatistics], n_ctx: int) -> None:
+        self._read = read
+        self._n_ctx = n_ctx
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._read()
+        counters = (
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+             s.prompt_tokens_total),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+             s.prompt_tokens_cached_total),
+            ("prompt_seconds_total", "Total time spent processing prompts", s.prompt_seconds_total),
+            ("tokens_predicted_total", "Number of generation tokens processed", s.tokens_predicted_total),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+             s.tokens_predicted_seconds_total),
+            ("n_decode_total", "Total number of llama_decode() calls", s.n_decode_total),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+             s.draft_tokens_total),
+            ("spec_decode_num_accepted_tokens_total",
+             "Speculative: Total draft tokens accepted by the target model", s.draft_accepted_total),
+            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+             s.draft_steps_total),
+        )  # fmt: skip
+        for name, help_text, value in counters:
+            yield CounterMetricFamily(f"llamacpp:{name}", help_text, value=value)
+        prompt_rate = s.prompt_tokens_total / s.prompt_seconds_total if s.prompt_seconds_total else 0.0
+        predict_rate = (
+            s.tokens_predicted_total / s.tokens_predicted_seconds_total
+            if s.tokens_predicted_seconds_total
+            else 0.0
+        )
+        lookups = s.prompt_tokens_total + s.prompt_tokens_cached_total
+        gauges = (
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_rate),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s", predict_rate),
+            ("requests_processing", "Number of requests processing", s.requests_processing),
+            ("requests_deferred", "Number of requests deferred", s.requests_deferred),
+            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             1.0 if s.n_decode_total else 0.0),
+            ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
+             s.kv_cache_tokens / self._n_ctx if self._n_ctx else 0.0),
+            ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
+            ("prompt_cache_hit_ratio", "Share of prompt tokens served from the prompt cache",
+             s.prompt_tokens_cached_total / lookups if lookups else 0.0),
+        )  # fmt: skip
+        for name, help_text, value in gauges:
+            yield GaugeMetricFamily(f"llamacpp:{name}", help_text, value=value)
+
+
+def render_metrics(read: Callable[[], EngineStatistics], n_ctx: int) -> bytes:
+    """The Prometheus text exposition of the engine's current statistics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineCollector(read, n_ctx))
+    return generate_latest(registry)

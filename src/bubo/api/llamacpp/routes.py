@@ -1,0 +1,240 @@
+"""llama-server routes: completion, tokenize, detokenize, props, slots, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from quart import Blueprint, Response, request
+
+from bubo.api._context import api_context, json_body, require_runtime
+from bubo.api._converter import make_converter, structure
+from bubo.api._errors import error_envelope
+from bubo.api._json import dumps, json_response, unstructure
+from bubo.api._sse import sse_frame, sse_response
+from bubo.domain.generation import PromptProgress, TokenLogprob
+from bubo.domain.output import Done, OutputEvent, TextDelta
+from bubo.errors import BuboError, InvalidRequest
+from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
+
+from . import translate, wire
+from .metrics import CONTENT_TYPE, render_metrics
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("llamacpp", __name__)
+_converter = make_converter()
+
+
+class _CompletionStream:
+    """``/completion`` chunks: one per token, then the full result; no ``[DONE]``."""
+
+    def __init__(self, settings: wire.GenerationSettings, prompt: str, *, n_probs: bool, progress: bool) -> None:
+        self._settings = settings
+        self._prompt = prompt
+        self._n_probs = n_probs
+        self._progress = progress
+        self._predicted = 0
+        self._evaluated = 0
+        self._has_new_line = False
+
+    def opening(self) -> Iterable[bytes]:
+        return ()
+
+    def _chunk(self, chunk: wire.CompletionChunk) -> list[bytes]:
+        return [sse_frame(dumps(unstructure(chunk)))]
+
+    def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        match event:
+            case PromptProgress() if self._progress:
+                self._evaluated = event.total
+                return self._chunk(
+                    wire.CompletionChunk(
+                        content="",
+                        tokens=[],
+                        id_slot=0,
+                        tokens_predicted=0,
+                        tokens_evaluated=event.total,
+                        prompt_progress=wire.PromptProgress(
+                            total=event.total,
+                            cache=event.cached,
+                            processed=event.processed,
+                            time_ms=round(event.elapsed_ms, 3),
+                        ),
+                    )
+                )
+            case PromptProgress():
+                self._evaluated = event.total
+            case TextDelta(text=text, token_ids=token_ids, logprobs=entries):
+                self._predicted += len(token_ids)
+                self._has_new_line = self._has_new_line or "\n" in text
+                if not text and not (self._n_probs and entries):
+                    return ()
+                return self._chunk(
+                    wire.CompletionChunk(
+                        content=text,
+                        tokens=list(token_ids),
+                        id_slot=0,
+                        tokens_predicted=self._predicted,
+                        tokens_evaluated=self._evaluated,
+                        completion_probabilities=translate.probabilities(entries) if self._n_probs else None,
+                    )
+                )
+            case Done():
+                result = translate.completion_result(
+                    content="",
+                    done=event,
+                    settings=self._settings,
+                    prompt=self._prompt,
+                    logprobs=None,
+                    has_new_line=self._has_new_line,
+                )
+                return [sse_frame(dumps(unstructure(result)))]
+        return ()
+
+    def error(self, error: BuboError) -> Iterable[bytes]:
+        return [sse_frame(dumps(unstructure(error_envelope(error))))]
+
+
+@blueprint.post("/completion")
+@blueprint.post("/completions")
+async def completion() -> Response:
+    """Raw-prompt completion; needs no model."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.CompletionRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    if body.id_slot not in (None, -1, 0):
+        raise InvalidRequest(f"there is one slot, 0; got id_slot {body.id_slot}", param="id_slot")
+    prepared: PreparedGeneration = await prepare_completion(runtime, translate.completion_request(body))
+    stream = bool(body.stream)
+    settings = translate.generation_settings(
+        prepared.request, n_ctx=runtime.engine.info.n_ctx, model=body.model or runtime.model_id, stream=stream
+    )
+    n_probs = bool(prepared.request.n_probs)
+    if stream:
+        return sse_response(
+            lambda: open_output(runtime, prepared),
+            _CompletionStream(settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)),
+        )
+    async with open_output(runtime, prepared) as output:
+        completion = await collect(output)
+    logprobs: tuple[TokenLogprob, ...] | None = completion.logprobs if n_probs else None
+    return json_response(
+        translate.completion_result(
+            content=completion.text,
+            done=completion.done,
+            settings=settings,
+            prompt=prepared.prompt.text,
+            logprobs=logprobs,
+            has_new_line="\n" in completion.text,
+        )
+    )
+
+
+@blueprint.post("/tokenize")
+async def tokenize() -> Response:
+    """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.TokenizeRequest)
+    tokenizer = runtime.tokenizer
+    content = body.content if body.content is not None else ""
+    pieces = (content,) if isinstance(content, str) else tuple(content)
+    parse_special = body.parse_special is not False
+    ids: list[int] = []
+    for index, piece in enumerate(pieces):
+        if isinstance(piece, str):
+            ids.extend(tokenizer.encode(piece, parse_special=parse_special))
+        elif 0 <= piece < tokenizer.n_vocab:
+            ids.append(piece)
+        else:
+            raise InvalidRequest(f"token id {piece} is outside the vocabulary", param=f"content[{index}]")
+    if body.add_special and tokenizer.add_bos:
+        bos = tokenizer.encode("", add_special=True)[:1]
+        ids[:0] = bos
+    if body.with_pieces:
+        return json_response(
+            wire.Tokens(tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids])
+        )
+    return json_response(wire.Tokens(tokens=ids))
+
+
+@blueprint.post("/detokenize")
+async def detokenize() -> Response:
+    """Token ids to text."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.DetokenizeRequest)
+    tokens = body.tokens or []
+    n_vocab = runtime.tokenizer.n_vocab
+    for index, token in enumerate(tokens):
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
+    return json_response(wire.Detokenized(content=runtime.tokenizer.decode(tokens)))
+
+
+@blueprint.get("/props")
+async def props() -> Response:
+    """Model names, template and default settings; ``?model=`` must name the served model."""
+    runtime = require_runtime()
+    if "model" in request.args:
+        runtime.check_model(request.args["model"])
+    info = runtime.engine.info
+    sampling = runtime.defaults.sampling
+    template = runtime.template
+    return json_response(
+        wire.Props(
+            model=runtime.model_id,
+            model_alias=runtime.model_names[-1],
+            model_path=info.path,
+            model_info=wire.ModelInfo(
+                architecture=info.architecture,
+                description=info.description,
+                n_params=info.n_params,
+                size=info.size_bytes,
+                n_ctx_train=info.n_ctx_train,
+                n_embd=info.n_embd,
+                n_vocab=info.n_vocab,
+                vocab_type=info.vocab_type,
+                tokenizer=runtime.tokenizer.name,
+            ),
+            default_generation_settings=wire.DefaultGenerationSettings(
+                params=wire.SamplingDefaults(
+                    n_predict=runtime.defaults.n_predict,
+                    temperature=sampling.temperature,
+                    top_k=sampling.top_k,
+                    top_p=sampling.top_p,
+                    min_p=sampling.min_p,
+                    repeat_penalty=sampling.repeat_penalty,
+                    repeat_last_n=sampling.repeat_last_n,
+                    presence_penalty=sampling.presence_penalty,
+                    frequency_penalty=sampling.frequency_penalty,
+                    seed=0xFFFFFFFF if sampling.seed is None else sampling.seed,
+                ),
+                n_ctx=info.n_ctx,
+            ),
+            total_slots=len(runtime.engine.statistics().slots),
+            modalities=wire.Modalities(vision=False, audio=False),
+            template=template.source,
+            chat_template=template.source,
+            chat_template_origin=template.origin,
+            bos_token=runtime.tokenizer.bos_token,
+            eos_token=runtime.tokenizer.eos_token,
+            build_info=api_context().fingerprint,
+        )
+    )
+
+
+@blueprint.get("/slots")
+@blueprint.get("/v1/slots")
+async def slots() -> Response:
+    """The session slot's state."""
+    runtime = require_runtime()
+    return json_response([unstructure(translate.slot(s)) for s in runtime.engine.statistics().slots])
+
+
+@blueprint.get("/metrics")
+@blueprint.get("/v1/metrics")
+async def metrics() -> Response:
+    """Prometheus text."""
+    runtime = require_runtime()
+    engine = runtime.engine
+    return Response(render_metrics(engine.statistics, engine.info.n_ctx), content_type=CONTENT_TYPE)

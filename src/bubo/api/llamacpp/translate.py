@@ -1,0 +1,208 @@
+"""llama-server wire ↔ domain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bubo.api._usage import timings, usage
+from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
+from bubo.domain.output import Done
+from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPiece
+from bubo.domain.sampling import BANNED, LogitBias, SamplingOverrides
+from bubo.engine import SlotStatistics
+from bubo.errors import InvalidRequest
+
+from . import wire
+
+__all__ = ["completion_request", "completion_result", "probabilities", "slot", "token_piece"]
+
+_STOP_TYPES = {
+    StopCause.EOS: "eos",
+    StopCause.STOP_WORD: "word",
+    StopCause.LIMIT: "limit",
+    StopCause.CONTEXT: "limit",
+    StopCause.TIME: "limit",
+}
+_MAX_N_PROBS = 100
+
+
+def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
+    """The domain request for ``/completion``.
+
+    Raises:
+        InvalidRequest: no prompt, a bad ``n_predict``, ``n_probs`` or ``logit_bias``.
+    """
+    if body.prompt is None or body.prompt in ("", []):
+        raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
+    prompt: tuple[PromptPiece, ...] = (body.prompt,) if isinstance(body.prompt, str) else tuple(body.prompt)
+    n_predict, param = (
+        (body.n_predict, "n_predict") if body.n_predict is not None else (body.max_tokens, "max_tokens")
+    )
+    if n_predict is not None and n_predict < -1:
+        raise InvalidRequest(f"{param} must be -1 (no limit) or at least 0, got {n_predict}", param=param)
+    if body.n_probs is not None and not 0 <= body.n_probs <= _MAX_N_PROBS:
+        raise InvalidRequest(f"n_probs must be between 0 and {_MAX_N_PROBS}", param="n_probs")
+    if body.t_max_predict_ms is not None and body.t_max_predict_ms < 0:
+        raise InvalidRequest("t_max_predict_ms must not be negative", param="t_max_predict_ms")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return CompletionRequest(
+        prompt=prompt,
+        options=GenerationOptions(
+            max_tokens=n_predict,
+            sampling=SamplingOverrides(
+                temperature=body.temperature,
+                top_k=body.top_k,
+                top_p=body.top_p,
+                min_p=body.min_p,
+                repeat_penalty=body.repeat_penalty,
+                repeat_last_n=body.repeat_last_n,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                seed=body.seed,
+                logit_bias=_logit_bias(body.logit_bias),
+            ),
+            stop=stop,
+            n_probs=body.n_probs if body.n_probs else None,
+            ignore_eos=bool(body.ignore_eos),
+            time_limit_ms=body.t_max_predict_ms or 0,
+        ),
+    )
+
+
+def _bias_value(value: Any, param: str) -> float:
+    if value is False:
+        return BANNED
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest("a logit bias is a number, or false to ban the token", param=param)
+    return float(value)
+
+
+def _bias_target(value: Any, param: str) -> int | str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidRequest("a logit bias names a token id or a text", param=param)
+
+
+def _logit_bias(bias: list[list[Any]] | dict[str, Any] | None) -> LogitBias:
+    """``[[token or text, bias or false], …]`` or ``{"token or text": bias, …}``."""
+    if not bias:
+        return ()
+    out: list[tuple[int | str, float]] = []
+    if isinstance(bias, dict):
+        for key, value in bias.items():
+            target: int | str = int(key) if key.lstrip("-").isdigit() else key
+            out.append((target, _bias_value(value, f"logit_bias.{key}")))
+        return tuple(out)
+    for index, pair in enumerate(bias):
+        param = f"logit_bias[{index}]"
+        if len(pair) != 2:  # noqa: PLR2004 - a pair
+            raise InvalidRequest("each logit bias is a [token, bias] pair", param=param)
+        out.append((_bias_target(pair[0], f"{param}[0]"), _bias_value(pair[1], f"{param}[1]")))
+    return tuple(out)
+
+
+def token_piece(piece: bytes) -> str | list[int]:
+    """A piece as text when it is valid UTF-8, else as its byte values."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
+    """``completion_probabilities`` entries."""
+    return [
+        wire.Probability(
+            id=e.token_id,
+            token=e.piece.decode("utf-8", errors="replace"),
+            bytes=list(e.piece),
+            logprob=e.logprob,
+            top_logprobs=[
+                wire.TopProbability(
+                    id=t.token_id, token=t.piece.decode("utf-8", errors="replace"), bytes=list(t.piece), logprob=t.logprob
+                )
+                for t in e.top
+            ],
+        )
+        for e in entries
+    ]
+
+
+def generation_settings(
+    request: GenerationRequest, *, n_ctx: int, model: str, stream: bool
+) -> wire.GenerationSettings:
+    """The settings the generation ran with."""
+    sampling = request.sampling
+    return wire.GenerationSettings(
+        n_ctx=n_ctx,
+        n_predict=-1 if request.max_new_tokens is None else request.max_new_tokens,
+        model=model,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        repeat_penalty=sampling.repeat_penalty,
+        repeat_last_n=sampling.repeat_last_n,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        seed=0xFFFFFFFF if sampling.seed is None else sampling.seed,
+        stop=list(request.stop),
+        n_probs=request.n_probs or 0,
+        ignore_eos=request.ignore_eos,
+        stream=stream,
+    )
+
+
+def completion_result(
+    *,
+    content: str,
+    done: Done,
+    settings: wire.GenerationSettings,
+    prompt: str,
+    logprobs: Sequence[TokenLogprob] | None,
+    has_new_line: bool,
+) -> wire.CompletionResult:
+    """The final ``/completion`` object (whole response, or the last stream chunk)."""
+    stats = done.stats
+    return wire.CompletionResult(
+        content=content,
+        tokens=[],
+        id_slot=0,
+        stop=True,
+        model=settings.model,
+        tokens_predicted=stats.completion_tokens,
+        tokens_evaluated=stats.prompt_tokens,
+        generation_settings=settings,
+        prompt=prompt,
+        has_new_line=has_new_line,
+        truncated=done.cause is StopCause.CONTEXT,
+        stop_type=_STOP_TYPES[done.cause],
+        stopping_word=done.stop_word or "",
+        tokens_cached=stats.prompt_tokens + stats.completion_tokens,
+        timings=timings(stats),
+        usage=usage(stats),
+        completion_probabilities=probabilities(logprobs) if logprobs is not None else None,
+    )
+
+
+def slot(stats: SlotStatistics) -> wire.Slot:
+    """One ``/slots`` entry."""
+    return wire.Slot(
+        id=stats.id,
+        id_task=stats.id_task,
+        n_ctx=stats.n_ctx,
+        speculative=False,
+        is_processing=stats.is_processing,
+        state="processing" if stats.is_processing else "idle",
+        n_prompt_tokens=stats.n_prompt_tokens,
+        n_prompt_tokens_processed=stats.n_prompt_tokens_processed,
+        n_prompt_tokens_cache=stats.n_prompt_tokens_cache,
+        next_token=[
+            wire.NextToken(
+                has_next_token=stats.is_processing, n_decoded=stats.n_decoded, n_remain=stats.n_remain
+            )
+        ],
+    )

@@ -1,0 +1,272 @@
+"""llama-server's own endpoints: wire models as its README documents them.
+
+https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from bubo.api._usage import Timings, Usage
+
+# ---- requests ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CompletionRequest:
+    """``POST /completion``; ``max_tokens`` is accepted as an alias of ``n_predict``.
+
+    ``cache_prompt`` is accepted and always true in effect: the slot's KV prefix
+    is reused whenever it matches.
+    """
+
+    prompt: str | list[int | str] | None = None
+    model: str | None = None
+    n_predict: int | None = None
+    max_tokens: int | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n_probs: int | None = None
+    ignore_eos: bool | None = None
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
+    cache_prompt: bool | None = None
+    t_max_predict_ms: int | None = None
+    return_progress: bool | None = None
+    return_tokens: bool | None = None
+    id_slot: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TokenizeRequest:
+    """``POST /tokenize``."""
+
+    content: str | list[int | str] | None = None
+    add_special: bool | None = None
+    parse_special: bool | None = None
+    with_pieces: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DetokenizeRequest:
+    """``POST /detokenize``."""
+
+    tokens: list[int] | None = None
+
+
+# ---- responses -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TopProbability:
+    """One candidate token."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class Probability:
+    """One generated token's probability and the top candidates."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+    top_logprobs: list[TopProbability]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationSettings:
+    """The settings a completion actually ran with."""
+
+    n_ctx: int
+    n_predict: int
+    model: str
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+    stop: list[str]
+    n_probs: int
+    ignore_eos: bool
+    stream: bool
+
+
+@attrs.frozen(kw_only=True)
+class CompletionResult:
+    """The ``/completion`` response (and the last chunk of its stream)."""
+
+    index: int = 0
+    content: str
+    tokens: list[int]
+    id_slot: int
+    stop: bool
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    generation_settings: GenerationSettings
+    prompt: str
+    has_new_line: bool
+    truncated: bool
+    stop_type: str
+    stopping_word: str
+    tokens_cached: int
+    timings: Timings
+    usage: Usage
+    completion_probabilities: list[Probability] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PromptProgress:
+    """``prompt_progress`` of a streamed chunk (``return_progress``)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+@attrs.frozen(kw_only=True)
+class CompletionChunk:
+    """A partial ``/completion`` stream chunk."""
+
+    index: int = 0
+    content: str
+    tokens: list[int]
+    stop: bool = False
+    id_slot: int
+    tokens_predicted: int
+    tokens_evaluated: int
+    completion_probabilities: list[Probability] | None = None
+    prompt_progress: PromptProgress | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TokenPiece:
+    """A token with its text (or raw bytes when they are not valid UTF-8)."""
+
+    id: int
+    piece: str | list[int]
+
+
+@attrs.frozen(kw_only=True)
+class Tokens:
+    """``/tokenize`` response."""
+
+    tokens: list[int] | list[TokenPiece]
+
+
+@attrs.frozen(kw_only=True)
+class Detokenized:
+    """``/detokenize`` response."""
+
+    content: str
+
+
+@attrs.frozen(kw_only=True)
+class SamplingDefaults:
+    """``default_generation_settings.params`` of ``/props``."""
+
+    n_predict: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+
+@attrs.frozen(kw_only=True)
+class DefaultGenerationSettings:
+    """``default_generation_settings`` of ``/props``."""
+
+    params: SamplingDefaults
+    n_ctx: int
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    """``model_info`` of ``/props``."""
+
+    architecture: str
+    description: str
+    n_params: int
+    size: int
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    vocab_type: int
+    tokenizer: str
+
+
+@attrs.frozen(kw_only=True)
+class Modalities:
+    """What the model takes besides text."""
+
+    vision: bool
+    audio: bool
+
+
+@attrs.frozen(kw_only=True)
+class Props:
+    """``GET /props``: model names, template and defaults."""
+
+    model: str
+    model_alias: str
+    model_path: str
+    model_info: ModelInfo
+    default_generation_settings: DefaultGenerationSettings
+    total_slots: int
+    modalities: Modalities
+    template: str
+    chat_template: str
+    chat_template_origin: str
+    bos_token: str
+    eos_token: str
+    build_info: str
+
+
+@attrs.frozen(kw_only=True)
+class NextToken:
+    """The slot's generation progress."""
+
+    has_next_token: bool
+    n_decoded: int
+    n_remain: int
+
+
+@attrs.frozen(kw_only=True)
+class Slot:
+    """One ``/slots`` entry."""
+
+    id: int
+    id_task: int
+    n_ctx: int
+    speculative: bool
+    is_processing: bool
+    state: str
+    n_prompt_tokens: int
+    n_prompt_tokens_processed: int
+    n_prompt_tokens_cache: int
+    next_token: list[NextToken]

@@ -1,0 +1,3 @@
+"""The OpenAI dialect: chat completions, text completions, models."""
+
+from .routes import blueprint as blueprint

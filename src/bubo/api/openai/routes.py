@@ -1,0 +1,132 @@
+"""OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+from quart import Blueprint, Response
+
+from bubo.api._context import api_context, json_body, require_runtime
+from bubo.api._converter import make_converter, structure
+from bubo.api._json import json_response
+from bubo.api._sse import sse_response
+from bubo.domain.ids import new_id
+from bubo.model import ALIAS
+from bubo.service.generation import collect, open_output, prepare_chat, prepare_completion
+from bubo.service.prompt import render_chat
+from bubo.service.runtime import Runtime
+
+from . import translate, wire
+from .stream import ChatStream, CompletionStream, StreamIdentity
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("openai", __name__)
+_converter = make_converter()
+
+
+def _identity(model: str) -> StreamIdentity:
+    return StreamIdentity(
+        id=new_id("chatcmpl-"), created=int(time.time()), model=model, fingerprint=api_context().fingerprint
+    )
+
+
+@blueprint.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    """Chat, streaming or not."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
+    runtime.check_model(body.model)
+    prepared = await prepare_chat(runtime, translate.chat_request(body))
+    identity = _identity(body.model or runtime.model_id)
+    logprobs = bool(body.logprobs)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(
+            lambda: open_output(runtime, prepared),
+            ChatStream(identity, include_usage=include_usage, logprobs=logprobs),
+        )
+    async with open_output(runtime, prepared) as output:
+        completion = await collect(output)
+    return json_response(
+        translate.chat_completion(
+            completion,
+            response_id=identity.id,
+            created=identity.created,
+            model=identity.model,
+            fingerprint=identity.fingerprint,
+            logprobs=logprobs,
+        )
+    )
+
+
+@blueprint.post("/v1/completions")
+async def completions() -> Response:
+    """Legacy text completion, streaming or not."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.CompletionRequest)
+    runtime.check_model(body.model)
+    prepared = await prepare_completion(runtime, translate.completion_request(body))
+    identity = _identity(body.model or runtime.model_id)
+    logprobs = body.logprobs is not None
+    if body.stream:
+        return sse_response(lambda: open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs))
+    async with open_output(runtime, prepared) as output:
+        completion = await collect(output)
+    return json_response(
+        translate.text_completion(
+            completion,
+            response_id=identity.id,
+            created=identity.created,
+            model=identity.model,
+            fingerprint=identity.fingerprint,
+            logprobs=logprobs,
+        )
+    )
+
+
+def model_list(runtime: Runtime) -> wire.ModelList:
+    """The served model under each of its names."""
+    info = runtime.engine.info
+    meta = wire.ModelMeta(
+        n_ctx=info.n_ctx,
+        n_ctx_train=info.n_ctx_train,
+        n_vocab=info.n_vocab,
+        n_embd=info.n_embd,
+        n_params=info.n_params,
+        size=info.size_bytes,
+        vocab_type=info.vocab_type,
+    )
+    return wire.ModelList(
+        data=[
+            wire.Model(
+                id=name,
+                created=runtime.created,
+                owned_by=ALIAS,
+                context_length=info.n_ctx,
+                max_model_len=info.n_ctx,
+                meta=meta,
+                architecture=wire.Architecture(input_modalities=["text"]),
+            )
+            for name in runtime.model_names
+        ]
+    )
+
+
+@blueprint.post("/apply-template")
+async def apply_template() -> Response:
+    """llama-server's ``/apply-template``: the chat body rendered as prompt text; no model needed."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    rendered = await trio.to_thread.run_sync(render_chat, runtime, translate.chat_request(body).prompt)
+    return json_response({"prompt": rendered.text})
+
+
+@blueprint.get("/v1/models")
+@blueprint.get("/models")
+async def models() -> Response:
+    """The served model, under its id and the alias ``bubo``."""
+    return json_response(model_list(require_runtime()))

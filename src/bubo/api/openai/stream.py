@@ -1,0 +1,182 @@
+"""OpenAI streaming: ``chat.completion.chunk`` and ``text_completion`` chunks.
+
+Chat, as the reference describes it: the first chunk carries ``delta.role``;
+answer and reasoning text arrive in ``delta.content`` / ``delta.reasoning_content``;
+the last chunk with choices has an empty delta, the ``finish_reason`` and
+``timings``; with ``stream_options.include_usage`` one more chunk follows with
+``choices: []`` and ``usage``; then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from bubo.api._errors import error_envelope
+from bubo.api._json import dumps, unstructure
+from bubo.api._sse import sse_frame
+from bubo.api._usage import timings, usage
+from bubo.domain.output import (
+    Done,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+from bubo.errors import BuboError
+
+from . import wire
+from .translate import chat_logprobs, completion_logprobs
+
+__all__ = ["ChatStream", "CompletionStream", "StreamIdentity"]
+
+_DONE = b"data: [DONE]\n\n"
+
+
+@attrs.frozen(kw_only=True)
+class StreamIdentity:
+    """What every chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+
+
+def _frame(model: object) -> bytes:
+    return sse_frame(dumps(unstructure(model)))
+
+
+def _error_frames(error: BuboError) -> list[bytes]:
+    return [sse_frame(dumps(unstructure(error_envelope(error))))]
+
+
+class ChatStream:
+    """Encodes output events as ``chat.completion.chunk`` frames."""
+
+    def __init__(self, identity: StreamIdentity, *, include_usage: bool, logprobs: bool) -> None:
+        self._identity = identity
+        self._include_usage = include_usage
+        self._logprobs = logprobs
+
+    def _chunk(
+        self,
+        delta: wire.Delta,
+        *,
+        finish_reason: str | None = None,
+        logprobs: wire.ChoiceLogprobs | None = None,
+        timings: wire.Timings | None = None,
+    ) -> bytes:
+        identity = self._identity
+        return _frame(
+            wire.ChatCompletionChunk(
+                id=identity.id,
+                created=identity.created,
+                model=identity.model,
+                system_fingerprint=identity.fingerprint,
+                choices=[wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
+                timings=timings,
+            )
+        )
+
+    def opening(self) -> Iterable[bytes]:
+        """The role chunk."""
+        return [self._chunk(wire.Delta(role="assistant", content=""))]
+
+    def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        """Frames for one output event."""
+        match event:
+            case TextDelta(text=text, logprobs=entries):
+                logprobs = chat_logprobs(entries) if self._logprobs and entries else None
+                if not text and logprobs is None:
+                    return ()
+                return [self._chunk(wire.Delta(content=text), logprobs=logprobs)]
+            case ReasoningDelta(text=text):
+                return [self._chunk(wire.Delta(reasoning_content=text))]
+            case ToolCallStart(index=index, id=call_id, name=name):
+                call = wire.ToolCallDelta(
+                    index=index, id=call_id, type="function", function={"name": name, "arguments": ""}
+                )
+                return [self._chunk(wire.Delta(tool_calls=[call]))]
+            case ToolCallArgumentsDelta(index=index, fragment=fragment):
+                call = wire.ToolCallDelta(index=index, function={"arguments": fragment})
+                return [self._chunk(wire.Delta(tool_calls=[call]))]
+            case Done():
+                return self._closing(event)
+        return ()
+
+    def _closing(self, done: Done) -> list[bytes]:
+        identity = self._identity
+        frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=timings(done.stats))]
+        if self._include_usage:
+            frames.append(
+                _frame(
+                    wire.ChatCompletionChunk(
+                        id=identity.id,
+                        created=identity.created,
+                        model=identity.model,
+                        system_fingerprint=identity.fingerprint,
+                        choices=[],
+                        usage=usage(done.stats, reasoning_tokens=done.reasoning_tokens),
+                    )
+                )
+            )
+        frames.append(_DONE)
+        return frames
+
+    def error(self, error: BuboError) -> Iterable[bytes]:
+        """An ``{"error": …}`` data frame; the stream ends there."""
+        return _error_frames(error)
+
+
+class CompletionStream:
+    """Encodes output events as ``text_completion`` frames (usage always on the last)."""
+
+    def __init__(self, identity: StreamIdentity, *, logprobs: bool) -> None:
+        self._identity = identity
+        self._logprobs = logprobs
+        self._offset = 0
+
+    def _chunk(
+        self,
+        text: str,
+        *,
+        finish_reason: str | None = None,
+        logprobs: wire.CompletionLogprobs | None = None,
+        done: Done | None = None,
+    ) -> bytes:
+        identity = self._identity
+        return _frame(
+            wire.TextCompletion(
+                id=identity.id,
+                created=identity.created,
+                model=identity.model,
+                system_fingerprint=identity.fingerprint,
+                choices=[wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)],
+                usage=usage(done.stats) if done else None,
+                timings=timings(done.stats) if done else None,
+            )
+        )
+
+    def opening(self) -> Iterable[bytes]:
+        """Nothing: the first text chunk opens the stream."""
+        return ()
+
+    def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        """Frames for one output event."""
+        match event:
+            case TextDelta(text=text, logprobs=entries):
+                logprobs = completion_logprobs(entries, self._offset) if self._logprobs and entries else None
+                self._offset += len(text)
+                if not text and logprobs is None:
+                    return ()
+                return [self._chunk(text, logprobs=logprobs)]
+            case Done():
+                return [self._chunk("", finish_reason=event.finish_reason, done=event), _DONE]
+        return ()
+
+    def error(self, error: BuboError) -> Iterable[bytes]:
+        """An ``{"error": …}`` data frame; the stream ends there."""
+        return _error_frames(error)

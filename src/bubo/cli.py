@@ -1,0 +1,99 @@
+"""``bubo serve``: flags (llama-server compatible) over ``BUBO_*`` variables, then Hypercorn.
+
+No business logic here: parse, build settings, serve.  A bad flag or value
+prints one line and exits with status 2; a model that fails to load exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from bubo._logging import configure_logging
+from bubo.config import OPTIONS, ConfigError, Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bubo", description="A local LLM inference server.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a GGUF model over HTTP",
+        description="Serve one GGUF model. Every flag can also be set with the environment variable shown.",
+    )
+    for option in OPTIONS:
+        serve.add_argument(
+            *option.flags,
+            dest=option.key,
+            default=argparse.SUPPRESS,
+            metavar=option.metavar,
+            help=f"{option.help} [{option.env}]",
+        )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        print(f"bubo {version('bubo')}")  # noqa: T201
+        return 0
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    values = {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
+    try:
+        settings = load_settings(values)
+    except ConfigError as error:
+        print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
+        return 2
+    configure_logging(settings.log_level)
+    return trio.run(_serve, settings)
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _serve(settings: Settings) -> int:
+    from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
+    from hypercorn.trio import serve  # noqa: PLC0415
+
+    from bubo.server import create_app  # noqa: PLC0415
+
+    load_failed = trio.Event()
+    app = create_app(settings, on_load_failure=load_failed.set)
+    config = Config()
+    config.bind = [_bind(settings.server.host, settings.server.port)]
+    config.accesslog = logging.getLogger("hypercorn.access")
+    config.errorlog = logging.getLogger("hypercorn.error")
+
+    async def shutdown_trigger() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        break
+                nursery.cancel_scope.cancel()
+
+            async def on_load_failure() -> None:
+                await load_failed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_signal)
+            nursery.start_soon(on_load_failure)
+
+    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    return 1 if load_failed.is_set() else 0

@@ -1,0 +1,165 @@
+"""``create_app(settings)``: pure wiring of routes, errors, auth and the model's lifecycle.
+
+Creating the app loads nothing.  The model loads in a worker thread started
+from ``before_serving`` (in quart-trio's lifespan nursery), so the server
+answers ``/health`` and a 503 ``/ready`` while it loads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from bubo.api import llamacpp, ops, openai
+from bubo.api._context import EXTENSION_KEY, ApiContext
+from bubo.api._errors import render_error
+from bubo.config import Settings
+from bubo.errors import (
+    AuthenticationFailed,
+    BuboError,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+)
+from bubo.model import GGUFError
+from bubo.service.runtime import Runtime, ServerState, Status
+
+__all__ = ["Loader", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+Loader = Callable[[Settings, Callable[[float], None]], Runtime]
+"""Builds the runtime, blocking; ``bubo.loader.load_runtime`` unless a test injects another."""
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # long agent conversations run to a few MB of JSON
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("bubo")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def _terminate_process() -> None:
+    """Default reaction to a model that cannot load: stop serving (Hypercorn exits on SIGTERM)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    load: Loader | None = None,
+    on_load_failure: Callable[[], None] = _terminate_process,
+) -> QuartTrio:
+    """The Quart-trio app serving *settings*' model."""
+    if load is None:
+        from bubo.loader import load_runtime  # noqa: PLC0415 - keeps llama.cpp out of `import bubo.server`
+
+        load = load_runtime
+    app = QuartTrio("bubo")
+    app.config.update(
+        RESPONSE_TIMEOUT=60,  # non-streaming bodies; SSE responses set their own None
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        JSON_SORT_KEYS=False,
+    )
+    state = ServerState()
+    context = ApiContext(state=state, api_key=settings.server.api_key, version=_version())
+    app.extensions[EXTENSION_KEY] = context
+
+    app.register_blueprint(ops.blueprint)
+    app.register_blueprint(openai.blueprint)
+    app.register_blueprint(llamacpp.blueprint)
+
+    @app.before_request
+    async def check_api_key() -> None:
+        if context.api_key is None:
+            return
+        supplied = _supplied_key()
+        if supplied is None or not hmac.compare_digest(supplied.encode(), context.api_key.encode()):
+            raise AuthenticationFailed
+
+    @app.errorhandler(BuboError)
+    async def bubo_error(error: BuboError) -> Response:
+        return render_error(error)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        return render_error(_from_http(error))
+
+    @app.errorhandler(Exception)
+    async def unexpected_error(error: Exception) -> Response:
+        logger.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
+        return render_error(InternalError("the server failed to handle the request"))
+
+    @app.before_serving
+    async def start_loading() -> None:
+        app.nursery.start_soon(_load_model, state, settings, load, on_load_failure)
+
+    @app.after_serving
+    async def free_model() -> None:
+        if state.runtime is not None:
+            runtime, state.runtime = state.runtime, None
+            state.status = Status.LOADING
+            await trio.to_thread.run_sync(runtime.engine.close)
+
+    return app
+
+
+def _supplied_key() -> str | None:
+    """``Authorization: Bearer KEY``, or Anthropic's ``x-api-key``."""
+    authorization = request.headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key")
+
+
+def _from_http(error: HTTPException) -> BuboError:
+    if error.code == 404:  # noqa: PLR2004
+        return NotFound(f"no such endpoint: {request.method} {request.path}")
+    if error.code == 405:  # noqa: PLR2004
+        allowed = ", ".join(sorted(getattr(error, "valid_methods", None) or ()))
+        return MethodNotAllowed(
+            f"{request.path} does not accept {request.method}" + (f"; use {allowed}" if allowed else ""),
+            headers={"Allow": allowed} if allowed else None,
+        )
+    if error.code == 413:  # noqa: PLR2004
+        return PayloadTooLarge(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    status = error.code or 500
+    description = error.description or "the request failed"
+    if status < 500:  # noqa: PLR2004
+        return InvalidRequest(description, code=(error.name or "invalid_request").lower().replace(" ", "_"), status=status)
+    return InternalError(description, status=status)
+
+
+async def _load_model(
+    state: ServerState, settings: Settings, load: Loader, on_load_failure: Callable[[], None]
+) -> None:
+    def progress(fraction: float) -> None:
+        state.load_progress = fraction
+
+    try:
+        runtime = await trio.to_thread.run_sync(load, settings, progress)
+    except Exception as error:
+        state.status = Status.FAILED
+        state.failure = str(error)
+        expected = isinstance(error, BuboError | GGUFError | OSError)
+        logger.critical("the model failed to load: %s", error, exc_info=not expected)
+        on_load_failure()
+        return
+    state.runtime = runtime
+    state.status = Status.READY
