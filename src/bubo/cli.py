@@ -95,5 +95,5 @@ async def _serve(settings: Settings) -> int:
             nursery.start_soon(on_signal)
             nursery.start_soon(on_load_failure)
 
-    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    await serve(app, config, shutdown_trigger=shutdown_trigger)
     return 1 if load_failed.is_set() else 0

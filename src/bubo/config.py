@@ -40,12 +40,12 @@ class ConfigError(ValueError):
     """Invalid configuration; ``str()`` is one line fit for the console."""
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 1:
         raise ConfigError(f"{attribute.name} must be at least 1, got {value}")
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[int], value: float) -> None:
+def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: float) -> None:
     if value < 0:
         raise ConfigError(f"{attribute.name} must not be negative, got {value}")
 
@@ -66,7 +66,7 @@ class ServerSettings:
     api_key: str | None = attrs.field(default=None, repr=False)  # never logged
 
     @port.validator
-    def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
+    def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
         if not 0 <= value <= 65535:
             raise ConfigError(f"port must be between 0 and 65535, got {value}")
 
@@ -198,7 +198,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
            "threads for prompt processing (default: --threads)", "N"),
     Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default 2048)", "N"),
-    Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int, "physical batch size (default 512)", "N"),
+    Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int,
+           "physical batch size (default 512)", "N"),
     Option(("--prefill-chunk",), ("model", "prefill_chunk"), _int,
            "prompt tokens evaluated between cancellation checks (default 256)", "N"),
     Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice("auto", "on", "off"),
@@ -237,6 +238,7 @@ def load_settings(
 
     Raises:
         ConfigError: a value does not parse or is out of range, or no model can be found.
+
     """
     environ = os.environ if environ is None else environ
     cli_values = cli_values or {}
@@ -290,6 +292,7 @@ def default_model_path() -> Path:
 
     Raises:
         ConfigError: the package is not installed or holds no model file.
+
     """
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:

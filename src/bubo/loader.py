@@ -46,10 +46,11 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     Raises:
         bubo.model.GGUFError: the file is not a readable GGUF.
         bubo.engine.EngineFailure: llama.cpp could not load the model.
+
     """
     model = settings.model
     path = model.path
-    assert path is not None, "load_settings always resolves the model path"  # noqa: S101
+    assert path is not None, "load_settings always resolves the model path"
     started = time.perf_counter()
     logger.info("model file: %s", path)
     metadata = read_metadata(path)
@@ -96,7 +97,9 @@ def _tokenizer(metadata: GGUFMetadata, path: Path) -> Tokenizer:
     try:
         return build_hf_tokenizer(metadata)
     except UnsupportedVocab as reason:
-        logger.warning("using llama.cpp's tokenizer: Hugging Face tokenizers cannot reproduce it (%s)", reason)
+        logger.warning(
+            "using llama.cpp's tokenizer: Hugging Face tokenizers cannot reproduce it (%s)", reason
+        )
         return LlamaVocabTokenizer(path)
 
 

@@ -18,7 +18,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from bubo.api import llamacpp, ops, openai
+from bubo.api import llamacpp, openai, ops
 from bubo.api._context import EXTENSION_KEY, ApiContext
 from bubo.api._errors import render_error
 from bubo.config import Settings
@@ -53,6 +53,13 @@ def _version() -> str:
         return "0.0.0"
 
 
+def _load_runtime(settings: Settings, progress: Callable[[float], None]) -> Runtime:
+    """The real loader, imported when the model loads: `import bubo.app` stays free of llama.cpp."""
+    from bubo.loader import load_runtime  # noqa: PLC0415
+
+    return load_runtime(settings, progress)
+
+
 def _terminate_process() -> None:
     """Default reaction to a model that cannot load: stop serving (Hypercorn exits on SIGTERM)."""
     os.kill(os.getpid(), signal.SIGTERM)
@@ -65,10 +72,6 @@ def create_app(
     on_load_failure: Callable[[], None] = _terminate_process,
 ) -> QuartTrio:
     """The Quart-trio app serving *settings*' model."""
-    if load is None:
-        from bubo.loader import load_runtime  # noqa: PLC0415 - keeps llama.cpp out of `import bubo.server`
-
-        load = load_runtime
     app = QuartTrio("bubo")
     app.config.update(
         RESPONSE_TIMEOUT=60,  # non-streaming bodies; SSE responses set their own None
@@ -107,7 +110,7 @@ def create_app(
 
     @app.before_serving
     async def start_loading() -> None:
-        app.nursery.start_soon(_load_model, state, settings, load, on_load_failure)
+        app.nursery.start_soon(_load_model, state, settings, load or _load_runtime, on_load_failure)
 
     @app.after_serving
     async def free_model() -> None:
@@ -129,20 +132,22 @@ def _supplied_key() -> str | None:
 
 
 def _from_http(error: HTTPException) -> BuboError:
-    if error.code == 404:  # noqa: PLR2004
+    if error.code == 404:
         return NotFound(f"no such endpoint: {request.method} {request.path}")
-    if error.code == 405:  # noqa: PLR2004
+    if error.code == 405:
         allowed = ", ".join(sorted(getattr(error, "valid_methods", None) or ()))
         return MethodNotAllowed(
             f"{request.path} does not accept {request.method}" + (f"; use {allowed}" if allowed else ""),
             headers={"Allow": allowed} if allowed else None,
         )
-    if error.code == 413:  # noqa: PLR2004
+    if error.code == 413:
         return PayloadTooLarge(f"the request body exceeds {MAX_BODY_BYTES} bytes")
     status = error.code or 500
     description = error.description or "the request failed"
-    if status < 500:  # noqa: PLR2004
-        return InvalidRequest(description, code=(error.name or "invalid_request").lower().replace(" ", "_"), status=status)
+    if status < 500:
+        return InvalidRequest(
+            description, code=(error.name or "invalid_request").lower().replace(" ", "_"), status=status
+        )
     return InternalError(description, status=status)
 
 

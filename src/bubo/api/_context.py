@@ -43,4 +43,5 @@ def require_runtime() -> Runtime:
 
 async def json_body() -> dict[str, Any]:
     """The request body as a JSON object (400 ``parse_error`` otherwise), whatever its content type."""
-    return parse_json_object(await request.get_data(cache=False))
+    body = await request.get_data(cache=False, as_text=False)
+    return parse_json_object(body.encode() if isinstance(body, str) else body)

@@ -10,7 +10,7 @@ clients send fields a server does not know.
 
 Every failure becomes :class:`bubo.errors.InvalidRequest` with code
 ``parse_error`` and ``param`` set to the first bad field's path, e.g.
-``invalid value for type, expected int @ $.max_tokens``.
+``expected an integer, got string @ $.max_tokens``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,36 @@ __all__ = ["WireValueError", "make_converter", "parse_json_object", "structure"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Hook = Callable[[Any, Any], Any]
 _NONE = type(None)
+
+# the JSON kind of a parsed value, by its exact Python type (json.loads makes no subclasses)
+_KIND_OF_VALUE = {
+    _NONE: "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
+# how error messages name what a type accepts
+_KIND_NAMES = {
+    "null": "null",
+    "boolean": "a boolean",
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "array": "an array",
+    "object": "an object",
+}
+_PRIMITIVE_KINDS: dict[Any, tuple[str, ...]] = {
+    _NONE: ("null",),
+    bool: ("boolean",),
+    int: ("integer",),
+    float: ("number",),
+    str: ("string",),
+}
 
 
 class WireValueError(ValueError):
@@ -43,149 +72,116 @@ class WireValueError(ValueError):
 
 
 def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return _KIND_OF_VALUE.get(type(value), type(value).__name__)
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def _is_sequence(tp: Any) -> bool:
+    return get_origin(tp) in (list, tuple) or tp in (list, tuple)
+
+
+def _is_mapping(tp: Any) -> bool:
+    return get_origin(tp) in (dict, Mapping) or tp is dict or attrs.has(tp)
+
+
+def _is_literal(tp: Any) -> bool:
+    return get_origin(tp) is Literal
+
+
+def _is_dict(tp: Any) -> bool:
+    return tp is dict or get_origin(tp) in (dict, Mapping)
+
+
+def _is_list(tp: Any) -> bool:
+    return get_origin(tp) in (list, tuple) and get_args(tp) != ()
+
+
+def _kinds(tp: Any) -> tuple[str, ...]:
+    """The JSON kinds a non-union, non-Literal type is written as."""
+    if tp in _PRIMITIVE_KINDS:
+        return _PRIMITIVE_KINDS[tp]
+    if _is_sequence(tp):
+        return ("array",)
+    if _is_mapping(tp):
+        return ("object",)
+    return ()
 
 
 def _describe(tp: Any) -> str:
     """A JSON-ish name for a type, for error messages."""
-    origin = get_origin(tp)
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is bool:
-        return "a boolean"
-    if tp is str:
-        return "a string"
-    if tp is _NONE:
-        return "null"
-    if origin is Literal:
+    if _is_union(tp):
+        return " or ".join(_describe(member) for member in get_args(tp))
+    if get_origin(tp) is Literal:
         return "one of " + ", ".join(json.dumps(v) for v in get_args(tp))
-    if origin in (list, tuple) or tp in (list, tuple):
-        return "an array"
-    if origin in (dict, Mapping) or tp is dict or attrs.has(tp):
-        return "an object"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in get_args(tp))
-    return str(tp)
+    return " or ".join(_KIND_NAMES[k] for k in _kinds(tp)) or str(tp)
 
 
 def _accepts(tp: Any, value: Any) -> bool:
     """Whether *value*'s JSON type can be *tp* at all (before structuring it)."""
-    kind = _kind(value)
-    origin = get_origin(tp)
     if tp is Any:
         return True
-    if tp is _NONE:
-        return kind == "null"
-    if tp is bool:
-        return kind == "boolean"
-    if tp is int:
-        return kind == "integer" or (kind == "number" and float(value).is_integer())
-    if tp is float:
-        return kind in ("integer", "number")
-    if tp is str:
-        return kind == "string"
-    if origin is Literal:
+    if get_origin(tp) is Literal:
         return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in get_args(tp))
-    if origin in (list, tuple) or tp in (list, tuple):
-        return kind == "array"
-    if origin in (dict, Mapping) or tp is dict or attrs.has(tp):
-        return kind == "object"
-    return False
+    kind = _kind(value)
+    if tp is int and kind == "number":
+        return float(value).is_integer()
+    if tp is float and kind == "integer":
+        return True
+    return kind in _kinds(tp)
 
 
 def _type_tags(cls: type) -> tuple[Any, ...]:
     """The values a class's ``type`` field may take (a ``Literal`` annotation)."""
-    for field in attrs.fields(cls):
-        if field.name == "type" and get_origin(field.type) is Literal:
-            return get_args(field.type)
-    return ()
+    annotation = typing.get_type_hints(cls).get("type")
+    return get_args(annotation) if get_origin(annotation) is Literal else ()
 
 
-def make_converter() -> cattrs.Converter:
-    """A converter with strict primitives, JSON-type unions and lenient extra keys."""
-    converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+def _checked(tp: Any) -> Hook:
+    """A structure hook for a primitive that rejects every other JSON type."""
 
-    def structure_int(value: Any, _: type) -> int:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise WireValueError(f"expected an integer, got {_kind(value)}")
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise WireValueError(f"expected an integer, got {value!r}")
-            return int(value)
+    def structure(value: Any, _: Any) -> Any:
+        if not _accepts(tp, value):
+            raise WireValueError(f"expected {_describe(tp)}, got {_kind(value)}")
+        return int(value) if tp is int else float(value) if tp is float else value
+
+    return structure
+
+
+def _literal_hook(tp: Any) -> Hook:
+    def structure(value: Any, _: Any) -> Any:
+        if not _accepts(tp, value):
+            raise WireValueError(f"expected {_describe(tp)}, got {json.dumps(value)[:80]}")
         return value
 
-    def structure_float(value: Any, _: type) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise WireValueError(f"expected a number, got {_kind(value)}")
-        return float(value)
+    return structure
 
-    def structure_bool(value: Any, _: type) -> bool:
-        if not isinstance(value, bool):
-            raise WireValueError(f"expected a boolean, got {_kind(value)}")
-        return value
 
-    def structure_str(value: Any, _: type) -> str:
-        if not isinstance(value, str):
-            raise WireValueError(f"expected a string, got {_kind(value)}")
-        return value
-
-    def structure_any(value: Any, _: type) -> Any:
-        return value
-
-    converter.register_structure_hook(int, structure_int)
-    converter.register_structure_hook(float, structure_float)
-    converter.register_structure_hook(bool, structure_bool)
-    converter.register_structure_hook(str, structure_str)
-    converter.register_structure_hook(Any, structure_any)
-
-    def literal_hook(tp: Any) -> Callable[[Any, type], Any]:
-        def structure_literal(value: Any, _: type) -> Any:
-            if not _accepts(tp, value):
-                raise WireValueError(f"expected {_describe(tp)}, got {json.dumps(value)[:80]}")
-            return value
-
-        return structure_literal
-
-    converter.register_structure_hook_factory(lambda tp: get_origin(tp) is Literal, literal_hook)
-
-    def dict_hook(tp: Any) -> Callable[[Any, type], Any]:
+def _dict_hook(converter: cattrs.Converter) -> Callable[[Any], Hook]:
+    def factory(tp: Any) -> Hook:
         args = get_args(tp)
         value_type = args[1] if len(args) == 2 else Any
 
-        def structure_dict(value: Any, _: type) -> dict[str, Any]:
+        def structure(value: Any, _: Any) -> Any:
             if not isinstance(value, dict):
                 raise WireValueError(f"expected an object, got {_kind(value)}")
             if value_type is Any:
                 return value
-            return {k: converter.structure(v, value_type) for k, v in value.items()}
+            return {key: converter.structure(item, value_type) for key, item in value.items()}
 
-        return structure_dict
+        return structure
 
-    converter.register_structure_hook_factory(
-        lambda tp: tp is dict or get_origin(tp) in (dict, Mapping), dict_hook
-    )
+    return factory
 
-    def list_hook(tp: Any) -> Callable[[Any, type], Any]:
+
+def _list_hook(converter: cattrs.Converter) -> Callable[[Any], Hook]:
+    def factory(tp: Any) -> Hook:
         element = get_args(tp)[0]
         make = tuple if get_origin(tp) is tuple else list
 
-        def structure_list(value: Any, cl: type) -> Any:
+        def structure(value: Any, cl: Any) -> Any:
             if not isinstance(value, list):
                 raise WireValueError(f"expected an array, got {_kind(value)}")
             out = []
@@ -193,57 +189,73 @@ def make_converter() -> cattrs.Converter:
             for index, item in enumerate(value):
                 try:
                     out.append(converter.structure(item, element))
-                except Exception as error:  # noqa: BLE001 - collected with its index, re-raised below
-                    error.add_note(IterableValidationNote(f"Structuring {cl} @ index {index}", index, element))
+                except Exception as error:  # noqa: BLE001 - collected with its index, raised below
+                    error.add_note(
+                        IterableValidationNote(f"Structuring {cl} @ index {index}", index, element)
+                    )
                     errors.append(error)
             if errors:
                 raise IterableValidationError(f"While structuring {cl!r}", errors, cl)
             return make(out)
 
-        return structure_list
+        return structure
 
-    converter.register_structure_hook_factory(
-        lambda tp: get_origin(tp) in (list, tuple) and get_args(tp) != (), list_hook
-    )
+    return factory
 
-    def union_hook(tp: Any) -> Callable[[Any, type], Any]:
+
+def _union_hook(converter: cattrs.Converter) -> Callable[[Any], Hook]:
+    def factory(tp: Any) -> Hook:
         members = get_args(tp)
+        tags = {member: _type_tags(member) for member in members if attrs.has(member)}
 
-        def structure_union(value: Any, _: type) -> Any:
+        def structure(value: Any, _: Any) -> Any:
+            if value is None and _NONE in members:
+                return None
             candidates = [m for m in members if _accepts(m, value)]
             if not candidates:
                 raise WireValueError(f"expected {_describe(tp)}, got {_kind(value)}")
             if len(candidates) > 1 and isinstance(value, dict):
-                tagged = [c for c in candidates if attrs.has(c) and value.get("type") in _type_tags(c)]
+                tagged = [c for c in candidates if value.get("type") in tags.get(c, ())]
                 if not tagged:
-                    tags = [t for c in candidates if attrs.has(c) for t in _type_tags(c)]
-                    raise WireValueError(
-                        f"expected an object whose type is one of {', '.join(map(json.dumps, tags))}, "
-                        f"got type {json.dumps(value.get('type'))}"
-                    )
+                    known = ", ".join(json.dumps(t) for c in candidates for t in tags.get(c, ()))
+                    got = json.dumps(value.get("type"))
+                    raise WireValueError(f"expected an object whose type is one of {known}, got type {got}")
                 candidates = tagged
             return converter.structure(value, candidates[0])
 
-        return structure_union
+        return structure
 
-    converter.register_structure_hook_factory(
-        lambda tp: get_origin(tp) in (typing.Union, types.UnionType), union_hook
-    )
+    return factory
 
-    def attrs_hook(cls: type) -> Callable[[Any, type], Any]:
+
+def _attrs_hook(converter: cattrs.Converter) -> Callable[[Any], Hook]:
+    def factory(cls: Any) -> Hook:
         inner = make_dict_structure_fn(cls, converter)
         known = frozenset(a.name for a in attrs.fields(cls))
 
-        def structure_attrs(value: Any, _: type) -> Any:
+        def structure(value: Any, _: Any) -> Any:
             if not isinstance(value, dict):
                 raise WireValueError(f"expected an object, got {_kind(value)}")
             if logger.isEnabledFor(logging.DEBUG) and (extra := value.keys() - known):
                 logger.debug("ignored unknown fields of %s: %s", cls.__name__, ", ".join(sorted(extra)))
             return inner(value, cls)
 
-        return structure_attrs
+        return structure
 
-    converter.register_structure_hook_factory(attrs.has, attrs_hook)
+    return factory
+
+
+def make_converter() -> cattrs.Converter:
+    """A converter with strict primitives, JSON-type unions and lenient extra keys."""
+    converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+    for primitive in (int, float, bool, str):
+        converter.register_structure_hook(primitive, _checked(primitive))
+    converter.register_structure_hook(Any, lambda value, _: value)
+    converter.register_structure_hook_factory(_is_literal, _literal_hook)
+    converter.register_structure_hook_factory(_is_dict, _dict_hook(converter))
+    converter.register_structure_hook_factory(_is_list, _list_hook(converter))
+    converter.register_structure_hook_factory(_is_union, _union_hook(converter))
+    converter.register_structure_hook_factory(attrs.has, _attrs_hook(converter))
     return converter
 
 
@@ -260,10 +272,11 @@ def structure(converter: cattrs.Converter, data: Any, cls: type[T]) -> T:
 
     Raises:
         InvalidRequest: ``parse_error``, ``param`` the first bad field's path.
+
     """
     try:
         return converter.structure(data, cls)
-    except (cattrs.BaseValidationError, WireValueError, ValueError, TypeError) as error:
+    except (cattrs.BaseValidationError, ValueError, TypeError) as error:
         messages = cattrs.transform_error(error, path="$", format_exception=_format)
         first = messages[0] if messages else "invalid request"
         path = first.rpartition(" @ ")[2] if " @ " in first else "$"
@@ -280,6 +293,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
     Raises:
         InvalidRequest: empty, not UTF-8, not JSON (``NaN`` included), or not an object.
+
     """
     if not body.strip():
         raise InvalidRequest("the request body is empty; send a JSON object", code="parse_error")
@@ -288,7 +302,5 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     except (ValueError, RecursionError) as error:
         raise InvalidRequest(f"the request body is not valid JSON: {error}", code="parse_error") from None
     if not isinstance(data, dict):
-        raise InvalidRequest(
-            f"the request body must be a JSON object, got {_kind(data)}", code="parse_error"
-        )
+        raise InvalidRequest(f"the request body must be a JSON object, got {_kind(data)}", code="parse_error")
     return data

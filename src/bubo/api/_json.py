@@ -23,11 +23,9 @@ def _make_converter() -> cattrs.Converter:
 
     def unstructure_fn(cls: type) -> Any:
         omit_none = {
-            field.name: override(omit_if_default=True)
-            for field in attrs.fields(cls)
-            if field.default is None
+            field.name: override(omit_if_default=True) for field in attrs.fields(cls) if field.default is None
         }
-        return make_dict_unstructure_fn(cls, converter, **omit_none)
+        return make_dict_unstructure_fn(cls, converter, **omit_none)  # type: ignore[arg-type] # cattrs types **kw loosely
 
     converter.register_unstructure_hook_factory(attrs.has, unstructure_fn)
     return converter

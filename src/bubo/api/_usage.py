@@ -74,8 +74,6 @@ class Timings:
     draft_n_accepted: int | None = None
 
 
-
-
 def usage(stats: GenerationStats, *, reasoning_tokens: int = 0) -> Usage:
     """The ``usage`` object for one generation."""
     rejected = stats.draft_tokens - stats.draft_accepted

@@ -85,9 +85,7 @@ class Done:
     reasoning_tokens: int = 0
 
 
-OutputEvent = (
-    PromptProgress | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | Done
-)
+OutputEvent = PromptProgress | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | Done
 
 
 @attrs.frozen(kw_only=True)

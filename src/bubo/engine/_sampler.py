@@ -24,13 +24,9 @@ class Sampler:
     """Owns one llama.cpp sampler chain; call :meth:`close` when done."""
 
     def __init__(self, params: SamplingParams, *, n_vocab: int) -> None:
-        self._chain = llama_cpp.llama_sampler_chain_init(
-            llama_cpp.llama_sampler_chain_default_params()
-        )
+        self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._has_penalties = (
-            params.repeat_penalty != 1.0
-            or params.frequency_penalty != 0.0
-            or params.presence_penalty != 0.0
+            params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         ) and params.repeat_last_n != 0
         self.repeat_last_n = params.repeat_last_n
         add = self._add

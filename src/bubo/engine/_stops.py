@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["StopMatcher"]
+import codecs
+
+__all__ = ["GeneratedText", "StopMatcher"]
 
 
 class StopMatcher:
@@ -52,3 +54,34 @@ class StopMatcher:
                     best = size
                     break
         return best
+
+
+class GeneratedText:
+    """Token bytes in, releasable text out: UTF-8 reassembly, then stop strings.
+
+    A character split across tokens is held until complete; text that may start
+    a stop string is held until it cannot.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopMatcher(stops)
+        self.saw_new_line = False
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string found, if any."""
+        return self._stops.matched
+
+    def feed(self, piece: bytes) -> str:
+        """Add one token's bytes; return the text that can be released."""
+        text = self._utf8.decode(piece)
+        self.saw_new_line = self.saw_new_line or "\n" in text
+        return self._stops.feed(text)
+
+    def finish(self) -> str:
+        """Generation ended: release what is held (a stop string may still match in it)."""
+        released = self._stops.feed(self._utf8.decode(b"", final=True))
+        if self._stops.matched is None:
+            released += self._stops.flush()
+        return released

@@ -212,9 +212,7 @@ class SlotEngine(abc.ABC):
             counters.is_processing = False
 
     @abc.abstractmethod
-    async def _produce(
-        self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
-    ) -> None:
+    async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
         """Run one generation while the slot is held."""
 
     def statistics(self) -> EngineStatistics:
@@ -248,8 +246,9 @@ class SlotEngine(abc.ABC):
             slots=(slot,),
         )
 
+    @abc.abstractmethod
     def close(self) -> None:
-        """Release what the engine holds (nothing, unless a subclass says so)."""
+        """Release what the engine holds; the engine is unusable afterwards."""
 
 
 def _as_bubo_error(error: Exception) -> BuboError:
@@ -257,7 +256,7 @@ def _as_bubo_error(error: Exception) -> BuboError:
     if isinstance(error, BuboError):
         logger.error("generation failed: %s", error.message)
         return error
-    logger.exception("generation failed unexpectedly", exc_info=error)
+    logger.error("generation failed unexpectedly", exc_info=error)
     return EngineFailure("the engine failed while generating")
 
 
@@ -274,16 +273,15 @@ class _unwrap_single_error:  # noqa: N801 - used like a function, as contextlib 
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if not isinstance(exc, BaseExceptionGroup):
-            return False
+            return
         _, errors = exc.split(trio.Cancelled)
         if errors is None:
-            return False
-        leaves = list(_leaves(errors))
+            return
+        leaves = _leaves(errors)
         if len(leaves) == 1:
             raise leaves[0]
-        return False
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

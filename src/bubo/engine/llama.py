@@ -12,7 +12,6 @@ what follows the longest common prefix.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import logging
 import time
@@ -38,7 +37,7 @@ from bubo.domain.generation import (
 )
 
 from ._sampler import Sampler
-from ._stops import StopMatcher
+from ._stops import GeneratedText
 from .base import EngineFailure, ModelInfo, SlotEngine
 
 __all__ = ["LlamaEngine", "LlamaOptions", "load_llama_engine"]
@@ -78,6 +77,7 @@ def load_llama_engine(
 
     Raises:
         EngineFailure: llama.cpp could not load the model or create the context.
+
     """
     _route_llama_logs()
     llama_cpp.llama_backend_init()
@@ -102,15 +102,18 @@ def load_llama_engine(
         raise
 
 
-@llama_cpp.llama_log_callback
 def _llama_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
     if text:
         llama_logger.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", text.decode(errors="replace").rstrip())
 
 
+# llama.cpp keeps this pointer for the life of the process: it must never be collected.
+_LLAMA_LOG_CALLBACK = llama_cpp.llama_log_callback(_llama_log)
+
+
 def _route_llama_logs() -> None:
     """Send llama.cpp's own log lines to Python logging (process-wide in llama.cpp)."""
-    llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p())
+    llama_cpp.llama_log_set(_LLAMA_LOG_CALLBACK, ctypes.c_void_p())
 
 
 class LlamaEngine(SlotEngine):
@@ -165,12 +168,8 @@ class LlamaEngine(SlotEngine):
 
     # ---- the generation, on the worker thread -------------------------------------------
 
-    async def _produce(
-        self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
-    ) -> None:
-        await trio.to_thread.run_sync(
-            self._generate_blocking, request, send, thread_name="bubo-decode"
-        )
+    async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+        await trio.to_thread.run_sync(self._generate_blocking, request, send, thread_name="bubo-decode")
 
     def _generate_blocking(
         self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
@@ -209,9 +208,9 @@ class LlamaEngine(SlotEngine):
 
         n_generated = 0
         cause = StopCause.LIMIT
-        stops = StopMatcher(request.stop)
+        text = GeneratedText(request.stop)
         try:
-            n_generated, cause = self._sample_loop(request, stops, emit)
+            n_generated, cause = self._sample_loop(request, text, emit)
         finally:
             predicted_ms = (time.perf_counter() - prompt_done) * 1000.0
             counters.tokens_predicted += n_generated
@@ -219,7 +218,7 @@ class LlamaEngine(SlotEngine):
         emit(
             GenerationFinished(
                 cause=cause,
-                stop_word=stops.matched,
+                stop_word=text.matched,
                 stats=GenerationStats(
                     prompt_tokens=len(prompt),
                     cached_tokens=n_cached,
@@ -234,20 +233,14 @@ class LlamaEngine(SlotEngine):
     def _sample_loop(
         self,
         request: GenerationRequest,
-        stops: StopMatcher,
+        text: GeneratedText,
         emit: Callable[[EngineEvent], None],
     ) -> tuple[int, StopCause]:
-        counters = self._counters
-        n_ctx = self._info.n_ctx
-        eog = self._info.eog_token_ids
-        pieces = self._pieces
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        limit = request.max_new_tokens
-        if limit is not None and limit <= 0:  # evaluate the prompt into the cache, generate nothing
+        budget = _Budget(request, n_ctx=self._info.n_ctx)
+        if budget.limit is not None and budget.limit <= 0:  # evaluate the prompt only
             return 0, StopCause.LIMIT
-        deadline_ms = request.time_limit_ms
-        first_token_at = 0.0
-        has_new_line = False
+        counters = self._counters
+        eog = frozenset() if request.ignore_eos else self._info.eog_token_ids
         sampler = Sampler(request.sampling, n_vocab=self._n_vocab)
         sampler.remember(request.prompt_tokens)
         n_generated = 0
@@ -256,35 +249,19 @@ class LlamaEngine(SlotEngine):
                 token = sampler.sample(self._ctx)
                 n_generated += 1
                 counters.task_decoded = n_generated
-                is_eog = token in eog and not request.ignore_eos
                 logprob = None
-                if request.n_probs is not None and not is_eog:
-                    logprob = self._logprob(token, request.n_probs)
-                cause: StopCause | None = StopCause.EOS if is_eog else None
-                text = "" if is_eog else utf8.decode(pieces[token])
-                released = stops.feed(text)
-                if stops.matched is not None:
+                if token in eog:
+                    cause: StopCause | None = StopCause.EOS
+                    released = text.finish()
+                else:
+                    if request.n_probs is not None:
+                        logprob = self._logprob(token, request.n_probs)
+                    released = text.feed(self._pieces[token])
+                    cause = budget.exhausted(n_generated, len(self._kv_tokens), text)
+                    if cause is not None and text.matched is None:
+                        released += text.finish()
+                if text.matched is not None:
                     cause = StopCause.STOP_WORD
-                elif cause is None:
-                    if n_generated == 1:
-                        first_token_at = time.perf_counter()
-                    has_new_line = has_new_line or "\n" in text
-                    if limit is not None and n_generated >= limit:
-                        cause = StopCause.LIMIT
-                    elif len(self._kv_tokens) + 1 >= n_ctx:
-                        cause = StopCause.CONTEXT
-                    elif (
-                        deadline_ms
-                        and has_new_line
-                        and (time.perf_counter() - first_token_at) * 1000.0 > deadline_ms
-                    ):
-                        cause = StopCause.TIME
-                if cause is not None and cause is not StopCause.STOP_WORD:
-                    released += stops.feed(utf8.decode(b"", final=True))
-                    if stops.matched is not None:
-                        cause = StopCause.STOP_WORD
-                    else:
-                        released += stops.flush()
                 emit(TokenGenerated(token_id=token, text=released, logprob=logprob))
                 if cause is not None:
                     return n_generated, cause
@@ -366,6 +343,33 @@ class LlamaEngine(SlotEngine):
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+
+class _Budget:
+    """When generation must stop besides end-of-generation and stop strings."""
+
+    def __init__(self, request: GenerationRequest, *, n_ctx: int) -> None:
+        self.limit = request.max_new_tokens
+        self._n_ctx = n_ctx
+        self._time_limit_ms = request.time_limit_ms
+        self._started = time.perf_counter()
+
+    def exhausted(self, n_generated: int, kv_tokens: int, text: GeneratedText) -> StopCause | None:
+        """The cause to stop after this token, or ``None`` to go on.
+
+        The time limit counts from the first token and, as in llama-server, only
+        stops once a new line was generated.
+        """
+        if self.limit is not None and n_generated >= self.limit:
+            return StopCause.LIMIT
+        if kv_tokens + 1 >= self._n_ctx:
+            return StopCause.CONTEXT
+        if n_generated == 1:
+            self._started = time.perf_counter()
+        elapsed_ms = (time.perf_counter() - self._started) * 1000.0
+        if self._time_limit_ms and text.saw_new_line and elapsed_ms > self._time_limit_ms:
+            return StopCause.TIME
+        return None
 
 
 def _token_piece(vocab: object, token: int) -> bytes:

@@ -159,6 +159,7 @@ def read_metadata(path: str | Path) -> GGUFMetadata:
     Raises:
         GGUFError: the file is not GGUF, or its metadata is truncated or malformed.
         OSError: the file cannot be opened.
+
     """
     path = Path(path)
     with path.open("rb") as file:

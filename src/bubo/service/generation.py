@@ -10,7 +10,7 @@ non-streaming response.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
 import attrs
@@ -25,6 +25,7 @@ from bubo.domain.generation import (
     TokenGenerated,
     TokenLogprob,
 )
+from bubo.domain.messages import ToolCall
 from bubo.domain.output import (
     Completion,
     Done,
@@ -37,7 +38,6 @@ from bubo.domain.output import (
 )
 from bubo.domain.requests import ChatRequest, CompletionRequest, GenerationOptions
 from bubo.domain.sampling import SamplingParams
-from bubo.domain.messages import ToolCall
 from bubo.engine import EngineFailure
 from bubo.errors import ContextOverflow, InvalidRequest
 
@@ -118,7 +118,9 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
 
 
 @asynccontextmanager
-async def open_output(runtime: Runtime, prepared: PreparedGeneration) -> AsyncIterator[AsyncIterator[OutputEvent]]:
+async def open_output(
+    runtime: Runtime, prepared: PreparedGeneration
+) -> AsyncIterator[AsyncIterator[OutputEvent]]:
     """Wait for the slot, then iterate the generation's output events.
 
     Leaving the block early (a client that disconnects) cancels the decode.
@@ -130,11 +132,13 @@ async def open_output(runtime: Runtime, prepared: PreparedGeneration) -> AsyncIt
         yield output
 
 
-async def _output_events(events: trio.MemoryReceiveChannel[EngineEvent]) -> AsyncIterator[OutputEvent]:
+async def _output_events(events: trio.MemoryReceiveChannel[EngineEvent]) -> AsyncGenerator[OutputEvent, None]:
     async for event in events:
         match event:
             case TokenGenerated(token_id=token_id, text=text, logprob=logprob):
-                yield TextDelta(text=text, token_ids=(token_id,), logprobs=() if logprob is None else (logprob,))
+                yield TextDelta(
+                    text=text, token_ids=(token_id,), logprobs=() if logprob is None else (logprob,)
+                )
             case PromptProgress():
                 yield event
             case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):

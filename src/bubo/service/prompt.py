@@ -38,13 +38,16 @@ def render_chat(runtime: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
     return RenderedPrompt(text=text, tokens=tuple(tokenizer.encode(text, add_special=True)))
 
 
-def tokenize_raw(runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt") -> RenderedPrompt:
+def tokenize_raw(
+    runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt"
+) -> RenderedPrompt:
     """Tokenize a raw prompt of text and/or token ids (llama-server's ``prompt``).
 
     The model's BOS is added in front, as llama-server does.
 
     Raises:
         InvalidRequest: a token id is outside the vocabulary.
+
     """
     tokenizer = runtime.tokenizer
     tokens: list[int] = []

@@ -46,6 +46,7 @@ class Runtime:
         Raises:
             InvalidRequest: no model was given (``missing_model``).
             NotFound: the name is not served here (``model_not_found``).
+
         """
         if name is None or name == "":
             raise InvalidRequest(
@@ -90,6 +91,7 @@ class ServerState:
         Raises:
             ServiceUnavailable: loading (``not_ready``) or failed.
             DeviceLost: the engine was lost.
+
         """
         if self.status is Status.DEVICE_LOST:
             raise DeviceLost("the engine failed and cannot serve requests")

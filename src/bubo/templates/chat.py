@@ -9,7 +9,7 @@ The environment matches transformers' ``chat_template_utils``: ``trim_blocks``,
 
 from __future__ import annotations
 
-import datetime
+import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -35,7 +35,7 @@ CHATML = (
 class _GenerationTag(jinja2.ext.Extension):
     """transformers' ``{% generation %}…{% endgeneration %}`` marks; rendered as their body."""
 
-    tags = frozenset({"generation"})
+    tags = {"generation"}  # noqa: RUF012 - jinja2's own attribute type
 
     def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
         next(parser.stream)
@@ -59,7 +59,7 @@ def _raise_exception(message: str) -> NoReturn:
 
 
 def _strftime_now(format_: str) -> str:
-    return datetime.datetime.now().astimezone().strftime(format_)
+    return dt.datetime.now().astimezone().strftime(format_)
 
 
 class ChatTemplate:
@@ -91,6 +91,7 @@ class ChatTemplate:
         Raises:
             InvalidRequest: the template rejected the conversation (its own
                 ``raise_exception``, e.g. roles that do not alternate) or failed on it.
+
         """
         variables: dict[str, Any] = {
             **prompt.template_kwargs,

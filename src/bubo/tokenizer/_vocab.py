@@ -33,7 +33,7 @@ _FORCED_CONTROL = frozenset(
         "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
         "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
         "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-        "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>",
+        "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>",  # noqa: RUF001 - DeepSeek's literal token
     }
 )  # fmt: skip
 # llama.cpp turns these CONTROL tokens into USER_DEFINED (harmony format markers).
@@ -64,6 +64,7 @@ class GGUFVocab:
         Raises:
             UnsupportedVocab: no vocabulary, or a tokenizer model other than
                 ``gpt2`` (BPE) and ``llama`` (SentencePiece).
+
         """
         model = str(metadata.get("tokenizer.ggml.model", ""))
         tokens = tuple(metadata.get("tokenizer.ggml.tokens", ()))
@@ -72,7 +73,9 @@ class GGUFVocab:
         if model not in ("gpt2", "llama"):
             raise UnsupportedVocab(f"tokenizer model {model!r} is not supported")
         raw_types = metadata.get("tokenizer.ggml.token_type") or (TokenType.NORMAL,) * len(tokens)
-        types = [TokenType(t) if t in TokenType._value2member_map_ else TokenType.UNDEFINED for t in raw_types]
+        types = [
+            TokenType(t) if t in TokenType._value2member_map_ else TokenType.UNDEFINED for t in raw_types
+        ]
         for index, text in enumerate(tokens):
             if text in _FORCED_CONTROL:
                 types[index] = TokenType.CONTROL
@@ -95,7 +98,7 @@ class GGUFVocab:
             eos_id=eos,
             unk_id=unk,
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", default_add_bos)),
-            add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),  # noqa: FBT003
+            add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
             add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", is_spm)),
         )
 

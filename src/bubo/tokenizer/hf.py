@@ -21,9 +21,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizerCore
-from tokenizers import models, normalizers, pre_tokenizers
 
 from ._pretokenizers import bpe_pretokenizer
 from ._vocab import GGUFVocab, TokenType, UnsupportedVocab
@@ -40,6 +39,7 @@ def build_hf_tokenizer(metadata: Mapping[str, Any]) -> HFTokenizer:
     Raises:
         UnsupportedVocab: the file's tokenizer cannot be reproduced exactly
             (the caller falls back to llama.cpp's tokenizer).
+
     """
     vocab = GGUFVocab.from_metadata(metadata)
     core = _build_bpe(vocab) if vocab.model == "gpt2" else _build_spm(vocab)

@@ -28,7 +28,9 @@ _converter = make_converter()
 class _CompletionStream:
     """``/completion`` chunks: one per token, then the full result; no ``[DONE]``."""
 
-    def __init__(self, settings: wire.GenerationSettings, prompt: str, *, n_probs: bool, progress: bool) -> None:
+    def __init__(
+        self, settings: wire.GenerationSettings, prompt: str, *, n_probs: bool, progress: bool
+    ) -> None:
         self._settings = settings
         self._prompt = prompt
         self._n_probs = n_probs
@@ -114,7 +116,9 @@ async def completion() -> Response:
     if stream:
         return sse_response(
             lambda: open_output(runtime, prepared),
-            _CompletionStream(settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)),
+            _CompletionStream(
+                settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)
+            ),
         )
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
@@ -153,7 +157,11 @@ async def tokenize() -> Response:
         ids[:0] = bos
     if body.with_pieces:
         return json_response(
-            wire.Tokens(tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids])
+            wire.Tokens(
+                tokens=[
+                    wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids
+                ]
+            )
         )
     return json_response(wire.Tokens(tokens=ids))
 

@@ -32,6 +32,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
 
     Raises:
         InvalidRequest: no prompt, a bad ``n_predict``, ``n_probs`` or ``logit_bias``.
+
     """
     if body.prompt is None or body.prompt in ("", []):
         raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
@@ -63,7 +64,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
                 logit_bias=_logit_bias(body.logit_bias),
             ),
             stop=stop,
-            n_probs=body.n_probs if body.n_probs else None,
+            n_probs=body.n_probs or None,
             ignore_eos=bool(body.ignore_eos),
             time_limit_ms=body.t_max_predict_ms or 0,
         ),
@@ -98,7 +99,7 @@ def _logit_bias(bias: list[list[Any]] | dict[str, Any] | None) -> LogitBias:
         return tuple(out)
     for index, pair in enumerate(bias):
         param = f"logit_bias[{index}]"
-        if len(pair) != 2:  # noqa: PLR2004 - a pair
+        if len(pair) != 2:
             raise InvalidRequest("each logit bias is a [token, bias] pair", param=param)
         out.append((_bias_target(pair[0], f"{param}[0]"), _bias_value(pair[1], f"{param}[1]")))
     return tuple(out)
@@ -122,7 +123,10 @@ def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
             logprob=e.logprob,
             top_logprobs=[
                 wire.TopProbability(
-                    id=t.token_id, token=t.piece.decode("utf-8", errors="replace"), bytes=list(t.piece), logprob=t.logprob
+                    id=t.token_id,
+                    token=t.piece.decode("utf-8", errors="replace"),
+                    bytes=list(t.piece),
+                    logprob=t.logprob,
                 )
                 for t in e.top
             ],

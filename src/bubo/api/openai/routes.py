@@ -71,7 +71,9 @@ async def completions() -> Response:
     identity = _identity(body.model or runtime.model_id)
     logprobs = body.logprobs is not None
     if body.stream:
-        return sse_response(lambda: open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs))
+        return sse_response(
+            lambda: open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs)
+        )
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
     return json_response(

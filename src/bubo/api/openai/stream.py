@@ -16,7 +16,7 @@ import attrs
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, unstructure
 from bubo.api._sse import sse_frame
-from bubo.api._usage import timings, usage
+from bubo.api._usage import Timings, timings, usage
 from bubo.domain.output import (
     Done,
     OutputEvent,
@@ -67,7 +67,7 @@ class ChatStream:
         *,
         finish_reason: str | None = None,
         logprobs: wire.ChoiceLogprobs | None = None,
-        timings: wire.Timings | None = None,
+        timings: Timings | None = None,
     ) -> bytes:
         identity = self._identity
         return _frame(
@@ -76,7 +76,9 @@ class ChatStream:
                 created=identity.created,
                 model=identity.model,
                 system_fingerprint=identity.fingerprint,
-                choices=[wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
+                choices=[
+                    wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+                ],
                 timings=timings,
             )
         )
@@ -90,22 +92,20 @@ class ChatStream:
         match event:
             case TextDelta(text=text, logprobs=entries):
                 logprobs = chat_logprobs(entries) if self._logprobs and entries else None
-                if not text and logprobs is None:
-                    return ()
-                return [self._chunk(wire.Delta(content=text), logprobs=logprobs)]
+                if text or logprobs is not None:
+                    yield self._chunk(wire.Delta(content=text), logprobs=logprobs)
             case ReasoningDelta(text=text):
-                return [self._chunk(wire.Delta(reasoning_content=text))]
+                yield self._chunk(wire.Delta(reasoning_content=text))
             case ToolCallStart(index=index, id=call_id, name=name):
                 call = wire.ToolCallDelta(
                     index=index, id=call_id, type="function", function={"name": name, "arguments": ""}
                 )
-                return [self._chunk(wire.Delta(tool_calls=[call]))]
+                yield self._chunk(wire.Delta(tool_calls=[call]))
             case ToolCallArgumentsDelta(index=index, fragment=fragment):
                 call = wire.ToolCallDelta(index=index, function={"arguments": fragment})
-                return [self._chunk(wire.Delta(tool_calls=[call]))]
+                yield self._chunk(wire.Delta(tool_calls=[call]))
             case Done():
-                return self._closing(event)
-        return ()
+                yield from self._closing(event)
 
     def _closing(self, done: Done) -> list[bytes]:
         identity = self._identity
@@ -154,7 +154,9 @@ class CompletionStream:
                 created=identity.created,
                 model=identity.model,
                 system_fingerprint=identity.fingerprint,
-                choices=[wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)],
+                choices=[
+                    wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)
+                ],
                 usage=usage(done.stats) if done else None,
                 timings=timings(done.stats) if done else None,
             )

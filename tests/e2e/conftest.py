@@ -1,0 +1,106 @@
+"""A real Hypercorn server process on 127.0.0.1 with the real default model.
+
+Started by PID, stopped by PID (SIGTERM, then SIGKILL after a deadline);
+bounded waits everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@attrs.define
+class Server:
+    """A running server process."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(
+    command: Sequence[str],
+    port: int,
+    log: Path,
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
+) -> Server:
+    """Start *command*, wait (at most 120 s) until /ready answers 200."""
+    environment = {**os.environ, "BUBO_CTX_SIZE": "2048", "BUBO_THREADS": "2", **(env or {})}
+    with log.open("wb") as handle:  # the child keeps its own descriptor
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=environment)
+    server = Server(process=process, base_url=f"http://127.0.0.1:{port}", log=log)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.base_url}/ready", headers=headers, timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError(f"server not ready within 120 s:\n{server.output()}")
+
+
+def stop_server(server: Server) -> int:
+    """SIGTERM the process, SIGKILL after 20 s; return its exit status."""
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=10)
+    return server.process.returncode
+
+
+@pytest.fixture(name="server", scope="session")
+def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`hypercorn bubo.app:app --worker-class trio`, configured by BUBO_* variables."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "hypercorn.log"
+    server = start_server(
+        [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            "bubo.app:app",
+            "--worker-class",
+            "trio",
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
+        port,
+        log,
+    )
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(name="http")
+def _http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        yield client

@@ -1,0 +1,92 @@
+"""The official openai SDK against a real server with the real model."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama]
+
+# SmolLM2 answers this reliably with a plain system prompt (its built-in default one derails it).
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+@pytest.fixture(name="client")
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    """A non-streaming chat completion answers the question with usage."""
+    completion = client.chat.completions.create(model="bubo", messages=QUESTION, max_tokens=40, temperature=0)
+    choice = completion.choices[0]
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason == "stop"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens > 0
+    assert (
+        completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
+    assert completion.id.startswith("chatcmpl-")
+
+
+def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
+    """Streaming yields the role first, text deltas, the finish reason, then a usage chunk."""
+    stream = client.chat.completions.create(
+        model="bubo",
+        messages=QUESTION,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    """logprobs come back per token with alternatives."""
+    completion = client.chat.completions.create(
+        model="bubo",
+        messages=[{"role": "user", "content": "Say yes."}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = completion.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content
+    assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in content)
+
+
+def test_text_completion(client: openai.OpenAI) -> None:
+    """The legacy completions endpoint continues raw text."""
+    completion = client.completions.create(
+        model="bubo", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+def test_models(client: openai.OpenAI) -> None:
+    """The model list has the served id and bubo."""
+    ids = [model.id for model in client.models.list()]
+    assert ids == ["smollm2-135m-instruct-q4-1", "bubo"]
+
+
+def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
+    """The SDK sees a 404 for a model not served."""
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.code == "model_not_found"

@@ -1,0 +1,268 @@
+"""The llama.cpp engine on the real default model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from bubo.domain.generation import (
+    GenerationFinished,
+    GenerationRequest,
+    PromptProgress,
+    StopCause,
+    TokenGenerated,
+)
+from bubo.domain.sampling import BANNED, SamplingParams
+from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.tokenizer import HFTokenizer
+
+pytestmark = pytest.mark.llama
+
+GREEDY = SamplingParams(temperature=0.0)
+QUESTION = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(name="engine", scope="module")
+def _engine(model_path: Path) -> Iterator[LlamaEngine]:
+    engine = load_llama_engine(LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, prefill_chunk=64))
+    yield engine
+    engine.close()
+
+
+async def run(
+    engine: LlamaEngine, request: GenerationRequest
+) -> tuple[str, list[TokenGenerated], GenerationFinished]:
+    tokens: list[TokenGenerated] = []
+    finished = None
+    async with engine.open_generation(request) as events:
+        async for event in events:
+            if isinstance(event, TokenGenerated):
+                tokens.append(event)
+            elif isinstance(event, GenerationFinished):
+                finished = event
+    assert finished is not None
+    return "".join(t.text for t in tokens), tokens, finished
+
+
+def prompt(tokenizer: HFTokenizer, text: str = QUESTION) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text))
+
+
+class TestGeneration:
+    async def test_answers_a_simple_question(self, engine, tokenizer) -> None:
+        """Greedy decoding answers the reference question and stops at end-of-turn."""
+        text, tokens, finished = await run(
+            engine, GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=64, sampling=GREEDY)
+        )
+        assert "Paris" in text
+        assert finished.cause is StopCause.EOS
+        assert finished.stats.completion_tokens == len(tokens)
+        assert finished.stats.prompt_tokens == len(prompt(tokenizer))
+
+    async def test_greedy_is_deterministic(self, engine, tokenizer) -> None:
+        """The same greedy request gives the same tokens, cache or no cache."""
+        request = GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=24, sampling=GREEDY)
+        first = await run(engine, request)
+        await run(
+            engine,
+            GenerationRequest(
+                prompt_tokens=prompt(tokenizer, "Unrelated text"), max_new_tokens=4, sampling=GREEDY
+            ),
+        )
+        second = await run(engine, request)
+        assert [t.token_id for t in first[1]] == [t.token_id for t in second[1]]
+
+    async def test_seeded_sampling_is_reproducible(self, engine, tokenizer) -> None:
+        """With a seed, temperature sampling repeats exactly."""
+        request = GenerationRequest(
+            prompt_tokens=prompt(tokenizer, "Once upon a time"),
+            max_new_tokens=20,
+            sampling=SamplingParams(temperature=1.0, seed=1234),
+        )
+        assert (await run(engine, request))[0] == (await run(engine, request))[0]
+
+    async def test_max_new_tokens(self, engine, tokenizer) -> None:
+        """Generation stops at the limit with cause LIMIT."""
+        _, tokens, finished = await run(
+            engine,
+            GenerationRequest(
+                prompt_tokens=prompt(tokenizer, "Count: 1, 2, 3,"),
+                max_new_tokens=5,
+                sampling=GREEDY,
+                ignore_eos=True,
+            ),
+        )
+        assert len(tokens) == 5
+        assert finished.cause is StopCause.LIMIT
+
+    async def test_zero_new_tokens_only_evaluates_the_prompt(self, engine, tokenizer) -> None:
+        """max_new_tokens 0 evaluates the prompt into the cache and samples nothing."""
+        _, tokens, finished = await run(
+            engine, GenerationRequest(prompt_tokens=prompt(tokenizer, "Warm the cache"), max_new_tokens=0)
+        )
+        assert tokens == []
+        assert finished.cause is StopCause.LIMIT
+
+    async def test_stop_word(self, engine, tokenizer) -> None:
+        """A stop string ends generation; it and what follows are not released."""
+        text, _, finished = await run(
+            engine,
+            GenerationRequest(
+                prompt_tokens=prompt(tokenizer, "Count: 1, 2, 3,"),
+                max_new_tokens=40,
+                sampling=GREEDY,
+                stop=(" 6",),
+                ignore_eos=True,
+            ),
+        )
+        assert finished.cause is StopCause.STOP_WORD
+        assert finished.stop_word == " 6"
+        assert " 6" not in text
+        assert text.endswith("5,")
+
+    async def test_context_end(self, engine, tokenizer) -> None:
+        """Without a limit, generation stops when the context is full."""
+        long_prompt = prompt(tokenizer, "word " * 1000)
+        assert len(long_prompt) < 1024
+        _, tokens, finished = await run(
+            engine,
+            GenerationRequest(
+                prompt_tokens=long_prompt, max_new_tokens=None, sampling=GREEDY, ignore_eos=True
+            ),
+        )
+        assert finished.cause is StopCause.CONTEXT
+        assert len(long_prompt) + len(tokens) == 1024
+
+    async def test_logit_bias_bans_a_token(self, engine, tokenizer) -> None:
+        """A banned token is never sampled."""
+        request = GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=12, sampling=GREEDY)
+        _, tokens, _ = await run(engine, request)
+        banned = tokens[0].token_id
+        biased = GenerationRequest(
+            prompt_tokens=request.prompt_tokens,
+            max_new_tokens=12,
+            sampling=SamplingParams(temperature=0.0, logit_bias=((banned, BANNED),)),
+        )
+        _, tokens, _ = await run(engine, biased)
+        assert banned not in [t.token_id for t in tokens]
+
+    async def test_logprobs(self, engine, tokenizer) -> None:
+        """Greedy tokens are the top candidate; probabilities are normalised."""
+        _, tokens, _ = await run(
+            engine,
+            GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=6, sampling=GREEDY, n_probs=5),
+        )
+        for token in tokens:
+            assert token.logprob is not None
+            assert token.logprob.top[0].token_id == token.token_id
+            assert math.isclose(token.logprob.top[0].logprob, token.logprob.logprob)
+            assert len(token.logprob.top) == 5
+            assert sum(math.exp(t.logprob) for t in token.logprob.top) <= 1.0 + 1e-6
+            assert [t.logprob for t in token.logprob.top] == sorted(
+                (t.logprob for t in token.logprob.top), reverse=True
+            )
+
+    def test_pieces_match_the_tokenizer(self, engine, tokenizer) -> None:
+        """The engine's token pieces equal the HF tokenizer's for every non-control token."""
+        control = {
+            t for t in range(tokenizer.n_vocab) if tokenizer.token_bytes(t) and engine.token_piece(t) == b""
+        }
+        assert control <= set(range(17))  # SmolLM2's 17 special tokens
+        assert all(
+            engine.token_piece(t) == tokenizer.token_bytes(t)
+            for t in range(tokenizer.n_vocab)
+            if t not in control
+        )
+
+
+class TestPromptCache:
+    async def test_identical_prompt_reuses_all_but_the_last_token(self, engine, tokenizer) -> None:
+        """A repeated prompt evaluates only its last token again."""
+        request = GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=2, sampling=GREEDY)
+        await run(engine, request)
+        _, _, finished = await run(engine, request)
+        assert finished.stats.cached_tokens == len(request.prompt_tokens) - 1
+        assert finished.stats.cache.hit
+
+    async def test_shared_prefix_is_reused(self, engine, tokenizer) -> None:
+        """A prompt that extends the previous one evaluates only the new part."""
+        first = prompt(
+            tokenizer, "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        )
+        await run(engine, GenerationRequest(prompt_tokens=first, max_new_tokens=1, sampling=GREEDY))
+        second = first + prompt(tokenizer, "<|im_start|>assistant\n")
+        _, _, finished = await run(
+            engine, GenerationRequest(prompt_tokens=second, max_new_tokens=1, sampling=GREEDY)
+        )
+        assert finished.stats.cached_tokens == len(first)
+
+    async def test_unrelated_prompt_is_a_miss(self, engine, tokenizer) -> None:
+        """No common prefix: a miss with reason no_prefix."""
+        await run(engine, GenerationRequest(prompt_tokens=prompt(tokenizer, "alpha beta"), max_new_tokens=1))
+        _, _, finished = await run(
+            engine, GenerationRequest(prompt_tokens=prompt(tokenizer, "Zebra crossing"), max_new_tokens=1)
+        )
+        assert (finished.stats.cached_tokens, finished.stats.cache.miss_reason) == (0, "no_prefix")
+
+
+class TestCancellation:
+    async def test_cancel_during_generation_frees_the_slot(self, engine, tokenizer) -> None:
+        """Leaving mid-generation stops the decode at the next token; the next request runs normally."""
+        request = GenerationRequest(
+            prompt_tokens=prompt(tokenizer, "Write a long story:"), max_new_tokens=500, ignore_eos=True
+        )
+        received = 0
+        async with engine.open_generation(request) as events:
+            async for event in events:
+                if isinstance(event, TokenGenerated):
+                    received += 1
+                    if received == 5:
+                        break
+        assert engine.statistics().requests_processing == 0
+        assert engine.statistics().slots[0].n_decoded < 40
+        text, _, finished = await run(
+            engine, GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=32, sampling=GREEDY)
+        )
+        assert "Paris" in text
+        assert finished.cause is StopCause.EOS
+
+    async def test_cancel_during_prefill_stops_within_a_chunk(self, engine, tokenizer) -> None:
+        """A cancelled prefill stops after the chunk in progress (64 tokens here)."""
+        long_prompt = prompt(tokenizer, "The history of the world in many words. " * 80)
+        assert len(long_prompt) > 640
+        with trio.move_on_after(5) as scope:
+            async with engine.open_generation(
+                GenerationRequest(prompt_tokens=long_prompt, max_new_tokens=1)
+            ) as events:
+                async for event in events:
+                    if isinstance(event, PromptProgress) and event.processed >= 64:
+                        scope.cancel()
+        assert scope.cancelled_caught
+        processed = engine.statistics().slots[0].n_prompt_tokens_processed
+        assert processed <= 64 * 3  # the chunk in flight and at most one queued progress event
+        assert engine.statistics().requests_processing == 0
+
+    async def test_queued_request_cancelled_while_waiting(self, engine, tokenizer) -> None:
+        """A request cancelled in the queue never runs and leaves the running one whole."""
+        running = GenerationRequest(
+            prompt_tokens=prompt(tokenizer), max_new_tokens=64, sampling=GREEDY, ignore_eos=True
+        )
+        results: list[str] = []
+
+        async def first() -> None:
+            results.append((await run(engine, running))[0])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            with trio.fail_after(5):
+                while engine.statistics().requests_processing == 0:
+                    await trio.sleep(0.001)
+            with trio.move_on_after(0.05):
+                async with engine.open_generation(running):
+                    pytest.fail("the queued request must not get the slot while the first runs")
+            assert engine.statistics().requests_deferred == 0
+        assert "Paris" in results[0]

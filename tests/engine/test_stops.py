@@ -1,0 +1,68 @@
+"""StopMatcher: stop strings across token boundaries; held-back prefixes."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bubo.engine import StopMatcher
+
+
+class TestStopMatcher:
+    def test_no_stops_passes_everything(self) -> None:
+        """Without stop strings every piece is released at once."""
+        matcher = StopMatcher(())
+        assert [matcher.feed(p) for p in ("a", "b")] == ["a", "b"]
+
+    def test_match_across_pieces(self) -> None:
+        """A stop string split over pieces is found; text before it is released, the rest dropped."""
+        matcher = StopMatcher(("STOP",))
+        released = [matcher.feed(p) for p in ("hello S", "TO", "P and more")]
+        assert "".join(released) == "hello "
+        assert matcher.matched == "STOP"
+
+    def test_partial_prefix_is_held_then_released(self) -> None:
+        """A possible beginning of a stop string is held until it cannot be one."""
+        matcher = StopMatcher(("\n\n",))
+        assert matcher.feed("line\n") == "line"
+        assert matcher.feed("next") == "\nnext"
+        assert matcher.matched is None
+
+    def test_flush_releases_held_text(self) -> None:
+        """At the end, held text is released."""
+        matcher = StopMatcher(("###",))
+        assert matcher.feed("abc#") == "abc"
+        assert matcher.flush() == "#"
+
+    def test_earliest_stop_wins(self) -> None:
+        """With several stop strings the one that occurs first ends the text."""
+        matcher = StopMatcher(("world", "lo w"))
+        assert matcher.feed("hello world") == "hel"
+        assert matcher.matched == "lo w"
+
+    @given(
+        text=st.text(alphabet="ab\nS TOP", max_size=40),
+        cuts=st.lists(st.integers(0, 40), max_size=8),
+        stops=st.lists(st.text(alphabet="ab\nSTOP", min_size=1, max_size=4), max_size=3),
+    )
+    def test_chunking_does_not_matter(self, text: str, cuts: list[int], stops: list[str]) -> None:
+        """Feeding the text in any pieces releases the same text as feeding it whole."""
+
+        def run(pieces: list[str]) -> tuple[str, str | None]:
+            matcher = StopMatcher(tuple(stops))
+            out = "".join(matcher.feed(p) for p in pieces)
+            if matcher.matched is None:
+                out += matcher.flush()
+            return out, matcher.matched
+
+        bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+        pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+        whole = run([text])
+        assert run(pieces) == whole
+        released, matched = whole
+        if matched is None:
+            assert released == text
+        else:
+            assert text.startswith(released + matched)

@@ -1,0 +1,98 @@
+"""The layers import downward only (docs/design.md, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "bubo"
+
+# package -> the bubo packages it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    "domain": set(),
+    "errors": set(),
+    "model": {"domain", "errors"},
+    "tokenizer": {"domain", "errors"},
+    "templates": {"domain", "errors"},
+    "parsers": {"domain", "errors"},
+    "engine": {"domain", "errors"},
+    "service": {"domain", "errors", "engine", "model", "tokenizer", "templates", "parsers"},
+    "api": {"domain", "errors", "engine", "model", "service"},
+    "server": {"domain", "errors", "api", "config", "loader", "model", "service"},
+    "config": {"domain", "errors"},
+}
+# third-party packages only some layers may touch
+RESTRICTED = {
+    "llama_cpp": {"engine"},
+    "quart": {"api", "server"},
+    "quart_trio": {"api", "server"},
+    "hypercorn": {"cli"},
+    "jinja2": {"templates"},
+    "tokenizers": {"tokenizer"},
+    "prometheus_client": {"api"},
+}
+DIALECTS = tuple(sorted(p.name for p in (SRC / "api").iterdir() if p.is_dir() and not p.name.startswith("_")))
+
+
+def modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def layer_of(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return parts[0]
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ["bubo", *path.relative_to(SRC).parent.parts]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_down(path: Path) -> None:
+    """Each module imports only the layers beneath it."""
+    layer = layer_of(path)
+    allowed = ALLOWED.get(layer)
+    for name in imports_of(path):
+        top, _, rest = name.partition(".")
+        if top == "bubo" and allowed is not None:
+            target = rest.partition(".")[0]
+            assert target in allowed | {layer}, f"{layer} must not import bubo.{target}"
+        if top in RESTRICTED:
+            assert layer in RESTRICTED[top], f"{layer} must not import {top}"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_dialects_do_not_import_each_other(dialect: str) -> None:
+    """A dialect translates to the domain, never through another dialect."""
+    folder = SRC / "api" / dialect
+    others = {f"bubo.api.{d}" for d in DIALECTS if d != dialect}
+    for path in folder.rglob("*.py"):
+        for name in imports_of(path):
+            assert not any(name == o or name.startswith(o + ".") for o in others), (
+                f"{path.name} imports {name}"
+            )
+
+
+def test_importing_the_app_loads_no_model() -> None:
+    """`import bubo.app` builds the app without loading llama.cpp or the model."""
+    code = "import sys, bubo.app; assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr

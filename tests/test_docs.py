@@ -1,0 +1,31 @@
+"""The docs stay true: every setting and every route is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from quart_trio import QuartTrio
+
+from bubo.config import OPTIONS
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.env)
+def test_every_setting_is_documented(option) -> None:
+    """docs/configuration.md lists each flag and its variable."""
+    text = (DOCS / "configuration.md").read_text()
+    assert f"`{option.env}`" in text
+    assert all(f"`{flag}`" in text for flag in option.flags)
+
+
+async def test_every_route_is_documented(app) -> None:
+    """Each served path appears in the API docs."""
+    quart_app: QuartTrio = app.app
+    text = "".join(p.read_text() for p in DOCS.glob("*.md"))
+    for rule in quart_app.url_map.iter_rules():
+        path = rule.rule.split("<")[0].rstrip("/") or "/"
+        if rule.endpoint == "static":
+            continue
+        assert f"`{path}" in text, path

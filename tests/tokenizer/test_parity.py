@@ -1,0 +1,63 @@
+"""The HF tokenizer built from GGUF metadata gives llama.cpp's ids exactly (MODELS.md fixtures)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bubo.config import default_model_path
+from bubo.engine.vocab import LlamaVocabTokenizer
+from bubo.model import read_metadata
+from bubo.tokenizer import build_hf_tokenizer
+
+from .._models import gemma3_path, qwen25_coder_path
+from .corpus import corpus
+
+pytestmark = pytest.mark.llama
+
+MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2": default_model_path,
+    "qwen2.5-coder": qwen25_coder_path,
+    "gemma3": gemma3_path,
+}
+
+
+@pytest.fixture(name="pair", scope="module", params=list(MODELS))
+def _pair(request: pytest.FixtureRequest):
+    path = MODELS[request.param]()
+    reference = LlamaVocabTokenizer(path)
+    yield build_hf_tokenizer(read_metadata(path)), reference
+    reference.close()
+
+
+def test_zero_mismatches_on_the_corpus(pair) -> None:
+    """Every string of a 3,000-string corpus tokenizes to llama.cpp's ids (parse_special on)."""
+    ours, reference = pair
+    mismatches = [text for text in corpus() if ours.encode(text) != reference.encode(text)]
+    assert mismatches == []
+
+
+def test_parse_special_off(pair) -> None:
+    """With special-token parsing off, markup tokenizes as text, as in llama.cpp."""
+    ours, reference = pair
+    texts = [t for t in corpus(400) if "<" in t] + ["<|im_start|>", "<start_of_turn>", "<eos>"]
+    for text in texts:
+        assert ours.encode(text, parse_special=False) == reference.encode(text, parse_special=False), text
+
+
+def test_add_special(pair) -> None:
+    """BOS handling follows the GGUF's add_bos_token."""
+    ours, reference = pair
+    for text in ("Hello", ""):
+        assert ours.encode(text, add_special=True) == reference.encode(text, add_special=True)
+    assert ours.add_bos == reference.add_bos
+    assert ours.bos_token == reference.bos_token
+
+
+def test_every_piece(pair) -> None:
+    """Each token renders to the same bytes (llama_token_to_piece, special on)."""
+    ours, reference = pair
+    assert ours.n_vocab == reference.n_vocab
+    assert [t for t in range(ours.n_vocab) if ours.token_bytes(t) != reference.token_bytes(t)] == []
