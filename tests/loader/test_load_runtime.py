@@ -1,0 +1,86 @@
+"""Loading a runtime from settings: template choice, tokenizer, names (real GGUFs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bubo.config import load_settings
+from bubo.domain.messages import ChatPrompt, Message
+from bubo.loader import load_runtime
+from bubo.service.prompt import render_chat
+
+from .._models import gemma3_path
+
+pytestmark = pytest.mark.llama
+
+
+def test_default_model(model_path: Path) -> None:
+    """The default model loads with its own template, the HF tokenizer and a derived id."""
+    progress: list[float] = []
+    runtime = load_runtime(load_settings({"model__ctx_size": "512"}, environ={}), progress.append)
+    try:
+        assert runtime.model_id == "smollm2-135m-instruct-q4-1"
+        assert runtime.template.origin == "gguf"
+        assert runtime.tokenizer.name == "huggingface-tokenizers"
+        assert runtime.engine.info.n_ctx == 512
+        assert progress[-1] == 1.0
+    finally:
+        runtime.engine.close()
+
+
+def test_chat_template_file_overrides(model_path: Path, tmp_path: Path) -> None:
+    """--chat-template-file replaces the model's template."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>>")
+    runtime = load_runtime(
+        load_settings({"model__ctx_size": "256", "model__chat_template_file": str(template)}, environ={}),
+        lambda _: None,
+    )
+    try:
+        assert runtime.template.origin == f"file:{template}"
+        rendered = render_chat(runtime, ChatPrompt(messages=(Message(role="user", content="hi"),)))
+        assert rendered.text == "[user] hi\n>>"
+    finally:
+        runtime.engine.close()
+
+
+def test_model_without_template_gets_chatml_and_single_bos() -> None:
+    """A GGUF without a chat template (Gemma 3 base) renders ChatML; BOS is added once."""
+    runtime = load_runtime(
+        load_settings({"model__path": str(gemma3_path()), "model__ctx_size": "256"}, environ={}),
+        lambda _: None,
+    )
+    try:
+        assert runtime.template.origin == "builtin-chatml"
+        rendered = render_chat(runtime, ChatPrompt(messages=(Message(role="user", content="hi"),)))
+        assert rendered.text.startswith("<|im_start|>user\nhi<|im_end|>")
+        bos = runtime.tokenizer.encode("", add_special=True)
+        assert bos
+        assert rendered.tokens[: len(bos)] == tuple(bos)
+        assert rendered.tokens.count(bos[0]) == 1
+    finally:
+        runtime.engine.close()
+
+
+def test_template_printing_bos_does_not_double_it(tmp_path: Path) -> None:
+    """A template that prints BOS while the tokenizer adds it gives one BOS, as in llama.cpp."""
+    template = tmp_path / "bos.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    settings = load_settings(
+        {
+            "model__path": str(gemma3_path()),
+            "model__ctx_size": "256",
+            "model__chat_template_file": str(template),
+        },
+        environ={},
+    )
+    runtime = load_runtime(settings, lambda _: None)
+    try:
+        rendered = render_chat(runtime, ChatPrompt(messages=(Message(role="user", content="hi"),)))
+        bos = runtime.tokenizer.encode("", add_special=True)[0]
+        assert rendered.text == "hi"
+        assert rendered.tokens == (bos, *runtime.tokenizer.encode("hi"))
+    finally:
+        runtime.engine.close()
