@@ -37,10 +37,16 @@ class TestStopMatcher:
         assert matcher.flush() == "#"
 
     def test_earliest_stop_wins(self) -> None:
-        """With several stop strings the one that occurs first ends the text."""
+        """With several stop strings the one complete first ends the text."""
         matcher = StopMatcher(("world", "lo w"))
         assert matcher.feed("hello world") == "hel"
         assert matcher.matched == "lo w"
+
+    def test_a_stop_complete_first_wins_over_one_that_started_earlier(self) -> None:
+        """'OaO' starts earlier but 'a' is complete first, as a character stream would see it."""
+        matcher = StopMatcher(("a", "OaO"))
+        assert matcher.feed("OOaO") == "OO"
+        assert matcher.matched == "a"
 
     @given(
         text=st.text(alphabet="ab\nS TOP", max_size=40),

@@ -12,7 +12,10 @@ class StopMatcher:
 
     ``feed`` returns the text that is safe to release.  Once a stop string
     matches, :attr:`matched` is set, the text before it is released and
-    everything from the stop string on is dropped.
+    everything from the stop string on is dropped.  "First" means the stop
+    string that is complete earliest (then the one that starts earliest), which
+    is what streaming one character at a time would find: how the text is cut
+    into pieces never changes the result.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
@@ -27,15 +30,15 @@ class StopMatcher:
         if not self._stops:
             return text
         pending = self._held + text
-        first: tuple[int, str] | None = None
+        first: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self._stops:
-            index = pending.find(stop)
-            if index != -1 and (first is None or index < first[0]):
-                first = (index, stop)
+            start = pending.find(stop)
+            if start != -1 and (first is None or (start + len(stop), start) < first[:2]):
+                first = (start + len(stop), start, stop)
         if first is not None:
-            self.matched = first[1]
+            _, start, self.matched = first
             self._held = ""
-            return pending[: first[0]]
+            return pending[:start]
         keep = self._longest_partial(pending)
         self._held = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]
