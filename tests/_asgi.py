@@ -1,12 +1,14 @@
-"""A minimal ASGI client that can disconnect mid-response, as Hypercorn does.
+"""A minimal ASGI client for streams: long ones, and ones a client leaves mid-way.
 
-quart-trio's test client waits forever for a response body that a cancelled
-handler never finishes, so disconnect tests drive the app's ASGI callable
-directly: the same ``http.request`` / ``http.disconnect`` events Hypercorn sends.
+quart-trio's test client buffers at most 10 body chunks before it reads any
+(a longer stream deadlocks), and waits forever for the body of a handler that
+was cancelled.  These helpers drive the app's ASGI callable directly with the
+same ``http.request`` / ``http.disconnect`` events Hypercorn sends.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +34,18 @@ class Exchange:
                 self.status = message["status"]
             elif message["type"] == "http.response.body" and message.get("body"):
                 return bytes(message["body"])
+
+    async def read_all(self) -> bytes:
+        """Every body chunk up to the end of the response."""
+        body = bytearray()
+        while True:
+            message = await self._from_app.receive()
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+            elif message["type"] == "http.response.body":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return bytes(body)
 
     async def disconnect(self) -> None:
         """The client goes away."""
@@ -62,3 +76,9 @@ async def exchange(app: Any, path: str, body: bytes, method: str = "POST") -> As
     async with trio.open_nursery() as nursery:
         nursery.start_soon(app, scope, app_receive.receive, app_send.send)
         yield Exchange(from_app, to_app)
+
+
+async def post_stream(app: Any, path: str, payload: Any) -> bytes:
+    """POST JSON and return the whole (streamed) response body."""
+    async with exchange(app, path, json.dumps(payload).encode()) as connection:
+        return await connection.read_all()

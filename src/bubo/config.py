@@ -64,6 +64,8 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = attrs.field(default=8080)
     api_key: str | None = attrs.field(default=None, repr=False)  # never logged
+    responses_max_stored: int = attrs.field(default=1000, validator=_non_negative)
+    responses_store_mib: int = attrs.field(default=64, validator=_non_negative)
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -189,6 +191,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--port",), ("server", "port"), _int, "port to listen on (default 8080)", "N"),
     Option(("--api-key",), ("server", "api_key"), _text,
            "require this key as 'Authorization: Bearer KEY' on every request", "KEY"),
+    Option(("--responses-max-stored",), ("server", "responses_max_stored"), _int,
+           "Responses API: how many finished responses to keep for previous_response_id (1000)", "N"),
+    Option(("--responses-store-mib",), ("server", "responses_store_mib"), _int,
+           "Responses API: memory budget of the stored responses in MiB (64)", "MIB"),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
            "model id to serve (default: derived from the model file name)", "NAME"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,

@@ -10,18 +10,20 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from bubo.api import llamacpp, openai, ops
-from bubo.api._context import EXTENSION_KEY, ApiContext
+from bubo.api import anthropic, llamacpp, openai, ops, responses
+from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.config import Settings
+from bubo.domain.ids import new_id
 from bubo.errors import (
     AuthenticationFailed,
     BuboError,
@@ -32,6 +34,7 @@ from bubo.errors import (
     PayloadTooLarge,
 )
 from bubo.model import GGUFError
+from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
 __all__ = ["Loader", "create_app"]
@@ -41,7 +44,9 @@ logger = logging.getLogger(__name__)
 Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 """Builds the runtime, blocking; ``bubo.loader.load_runtime`` unless a test injects another."""
 
-MAX_BODY_BYTES = 32 * 1024 * 1024  # long agent conversations run to a few MB of JSON
+MAX_BODY_BYTES = 32 * 1024 * 1024
+REQUEST_ID_HEADER = "X-Request-Id"
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # long agent conversations run to a few MB of JSON
 
 
 def _version() -> str:
@@ -80,33 +85,25 @@ def create_app(
         JSON_SORT_KEYS=False,
     )
     state = ServerState()
-    context = ApiContext(state=state, api_key=settings.server.api_key, version=_version())
+    context = ApiContext(
+        state=state,
+        api_key=settings.server.api_key,
+        version=_version(),
+        responses=ResponseStore(
+            max_entries=settings.server.responses_max_stored,
+            max_bytes=settings.server.responses_store_mib * 1024 * 1024,
+        ),
+    )
     app.extensions[EXTENSION_KEY] = context
 
-    app.register_blueprint(ops.blueprint)
-    app.register_blueprint(openai.blueprint)
-    app.register_blueprint(llamacpp.blueprint)
-
-    @app.before_request
-    async def check_api_key() -> None:
-        if context.api_key is None:
-            return
-        supplied = _supplied_key()
-        if supplied is None or not hmac.compare_digest(supplied.encode(), context.api_key.encode()):
-            raise AuthenticationFailed
-
-    @app.errorhandler(BuboError)
-    async def bubo_error(error: BuboError) -> Response:
-        return render_error(error)
-
-    @app.errorhandler(HTTPException)
-    async def http_error(error: HTTPException) -> Response:
-        return render_error(_from_http(error))
-
-    @app.errorhandler(Exception)
-    async def unexpected_error(error: Exception) -> Response:
-        logger.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
-        return render_error(InternalError("the server failed to handle the request"))
+    for blueprint in (ops, openai, anthropic, responses, llamacpp):
+        app.register_blueprint(blueprint.blueprint)
+    app.before_request(_assign_request_id)
+    app.before_request(_check_api_key)
+    app.after_request(_echo_request_id)
+    app.register_error_handler(BuboError, _render)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
 
     @app.before_serving
     async def start_loading() -> None:
@@ -120,6 +117,42 @@ def create_app(
             await trio.to_thread.run_sync(runtime.engine.close)
 
     return app
+
+
+async def _assign_request_id() -> None:
+    supplied = request.headers.get(REQUEST_ID_HEADER, "")
+    g.request_id = supplied if _SANE_REQUEST_ID.fullmatch(supplied) else new_id("req_")
+
+
+async def _echo_request_id(response: Response) -> Response:
+    response.headers[REQUEST_ID_HEADER] = request_id()
+    return response
+
+
+async def _check_api_key() -> None:
+    """With ``--api-key``, every route needs it; compared in constant time."""
+    expected = api_context().api_key
+    if expected is None:
+        return
+    supplied = _supplied_key()
+    if supplied is None or not hmac.compare_digest(supplied.encode(), expected.encode()):
+        raise AuthenticationFailed
+
+
+async def _http_error(error: HTTPException) -> Response:
+    return await _render(_from_http(error))
+
+
+async def _unexpected_error(error: Exception) -> Response:
+    logger.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
+    return await _render(InternalError("the server failed to handle the request"))
+
+
+async def _render(error: BuboError) -> Response:
+    """The error in the envelope of the dialect that owns the path."""
+    if request.path == anthropic.PATH_PREFIX or request.path.startswith(anthropic.PATH_PREFIX + "/"):
+        return anthropic.render_error(error, request_id())
+    return render_error(error)
 
 
 def _supplied_key() -> str | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from dirty_equals import IsStr
 
 from bubo.config import load_settings
 from bubo.server import create_app
+from bubo.templates import ChatTemplate
 
 from ..conftest import wait_until_ready
 
@@ -129,13 +131,30 @@ class TestSemanticErrors:
         )
         assert response.status_code == 400
 
-    async def test_template_rejection_is_a_400(self, app) -> None:
-        """A conversation the template rejects is a 400, never a 500."""
+    async def test_template_rejection_is_a_400(self, make_runtime, tokenizer) -> None:
+        """A conversation the template rejects (raise_exception) is a 400, never a 500."""
+        source = "{% if messages[0].role != 'system' %}{{ raise_exception('a system turn must come first') }}{% endif %}"
+        template = ChatTemplate(source, bos_token="", eos_token="", origin="test")
+        runtime = attrs.evolve(make_runtime(), template=template)
+        app = create_app(
+            load_settings({}, environ={}), load=lambda _s, _p: runtime, on_load_failure=lambda: None
+        )
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            response = await test_app.test_client().post(CHAT, json={"model": "bubo", "messages": USER})
+        assert response.status_code == 400
+        body = await response.get_json()
+        assert body == envelope("template_error", param="messages")
+        assert "a system turn must come first" in body["error"]["message"]
+
+    @pytest.mark.parametrize("role", ["user", "system", "tool"])
+    async def test_null_content_is_only_for_assistants(self, app, role) -> None:
+        """content: null is accepted for assistant turns only."""
         response = await app.test_client().post(
-            CHAT, json={"model": "bubo", "messages": [{"role": "user", "content": None}]}
+            CHAT, json={"model": "bubo", "messages": [{"role": role, "content": None}]}
         )
         assert response.status_code == 400
-        assert (await response.get_json())["error"]["code"] == "template_error"
+        assert (await response.get_json())["error"]["param"] == "messages[0].content"
 
 
 class TestRoutingErrors:

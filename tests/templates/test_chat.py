@@ -53,8 +53,9 @@ class TestEnvironment:
     def test_tools_and_tool_calls(self) -> None:
         """Tools and earlier tool calls reach the template as transformers passes them."""
         source = (
-            "{{ tools[0].function.name }}|{{ messages[0].tool_calls[0].function.arguments.city }}"
-            "|{{ messages[1].tool_call_id }}"
+            "{% if tools %}{{ tools[0].function.name }}{% endif %}"
+            "{% for m in messages %}{% for c in m.tool_calls or [] %}|{{ c.function.name }}:{{ c.function.arguments.city }}"
+            "{% endfor %}{% if m.role == 'tool' %}|{{ m.tool_call_id }}={{ m.content }}{% endif %}{% endfor %}"
         )
         prompt = ChatPrompt(
             messages=(
@@ -67,7 +68,7 @@ class TestEnvironment:
             ),
             tools=(ToolSpec(name="get_weather", parameters={"type": "object"}),),
         )
-        assert render(source, prompt) == "get_weather|Oslo|c1"
+        assert render(source, prompt) == "get_weather|w:Oslo|c1=sunny"
 
 
 class TestErrors:
@@ -87,9 +88,54 @@ class TestErrors:
             )
 
     def test_render_failure_is_a_400(self) -> None:
-        """A template that fails on the input (None + str) is a 400, not a 500."""
+        """A template that fails on the input (str + int) is a 400, not a 500."""
         with pytest.raises(InvalidRequest):
-            render(
-                CHATML.replace("(message['content'] or '')", "message['content']"),
-                ChatPrompt(messages=(Message(role="user", content=None),)),
+            render("{{ messages[0].content + 1 }}", ChatPrompt(messages=USER))
+
+
+class TestPolyfills:
+    def test_probe_of_the_default_model_template(self, template) -> None:
+        """SmolLM2's ChatML knows no tools and needs string content; it renders tool results."""
+        caps = template.capabilities
+        assert (caps.tools, caps.tool_calls, caps.null_content) == (False, False, False)
+        assert (caps.tool_responses, caps.system_role) == (True, True)
+
+    def test_tools_become_a_system_section(self, template) -> None:
+        """Tools a template ignores are offered in the generic <tools> section."""
+        prompt = ChatPrompt(
+            messages=(Message(role="system", content="Be brief."), *USER),
+            tools=(ToolSpec(name="get_weather", description="Weather", parameters={"type": "object"}),),
+        )
+        text = template.render(prompt)
+        assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+        assert '"name": "get_weather"' in text
+        assert "<tool_call></tool_call> XML tags" in text
+
+    def test_tool_calls_become_markup(self, template) -> None:
+        """Calls a template drops are written into the assistant's content."""
+        prompt = ChatPrompt(
+            messages=(
+                *USER,
+                Message(
+                    role="assistant",
+                    content=None,
+                    tool_calls=(ToolCall(id="c", name="f", arguments='{"x": 1}'),),
+                ),
+                Message(role="tool", content="42", tool_call_id="c"),
             )
+        )
+        text = template.render(prompt)
+        assert (
+            '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>'
+            in text
+        )
+        assert "<|im_start|>tool\n42<|im_end|>" in text
+
+    def test_system_folded_when_rejected(self) -> None:
+        """A template that rejects the system role gets the system text in the first user turn."""
+        source = (
+            "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+            "[{{ m.role }}]{{ m.content }}{% endfor %}"
+        )
+        prompt = ChatPrompt(messages=(Message(role="system", content="Rules."), *USER))
+        assert render(source, prompt) == "[user]Rules.\n\nHi"

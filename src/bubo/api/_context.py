@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from quart import current_app, request
+from quart import current_app, g, request
 
+from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState
 
 from ._converter import parse_json_object
 
-__all__ = ["ApiContext", "api_context", "json_body", "require_runtime"]
+__all__ = ["ApiContext", "api_context", "json_body", "request_id", "require_runtime"]
 
 EXTENSION_KEY = "bubo"
 
@@ -23,6 +24,7 @@ class ApiContext:
     state: ServerState
     api_key: str | None = attrs.field(default=None, repr=False)
     version: str = "0.0.0"
+    responses: ResponseStore = attrs.field(factory=ResponseStore)
 
     @property
     def fingerprint(self) -> str:
@@ -45,3 +47,9 @@ async def json_body() -> dict[str, Any]:
     """The request body as a JSON object (400 ``parse_error`` otherwise), whatever its content type."""
     body = await request.get_data(cache=False, as_text=False)
     return parse_json_object(body.encode() if isinstance(body, str) else body)
+
+
+def request_id() -> str:
+    """The current request's id (the client's ``X-Request-Id`` when it sent a sane one)."""
+    value: str = g.request_id
+    return value

@@ -267,8 +267,8 @@ def _format(exc: BaseException, tp: type | None) -> str:
     return format_exception(exc, tp)
 
 
-def structure(converter: cattrs.Converter, data: Any, cls: type[T]) -> T:
-    """Structure *data* as *cls* or raise a 400 naming every bad field.
+def structure(converter: cattrs.Converter, data: Any, cls: type[T], path: str = "$") -> T:
+    """Structure *data* (found at JSON *path*) as *cls* or raise a 400 naming every bad field.
 
     Raises:
         InvalidRequest: ``parse_error``, ``param`` the first bad field's path.
@@ -277,10 +277,10 @@ def structure(converter: cattrs.Converter, data: Any, cls: type[T]) -> T:
     try:
         return converter.structure(data, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError) as error:
-        messages = cattrs.transform_error(error, path="$", format_exception=_format)
+        messages = cattrs.transform_error(error, path=path, format_exception=_format)
         first = messages[0] if messages else "invalid request"
-        path = first.rpartition(" @ ")[2] if " @ " in first else "$"
-        param = path.removeprefix("$").removeprefix(".") or None
+        where = first.rpartition(" @ ")[2] if " @ " in first else path
+        param = where.removeprefix("$").removeprefix(".") or None
         raise InvalidRequest("; ".join(messages), code="parse_error", param=param) from None
 
 

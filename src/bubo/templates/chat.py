@@ -21,6 +21,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from bubo.domain.messages import ChatPrompt, Message, ToolSpec
 from bubo.errors import InvalidRequest
 
+from ._polyfill import adapt, probe
+
 __all__ = ["CHATML", "ChatTemplate"]
 
 CHATML = (
@@ -79,20 +81,20 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = environment.from_string(source)
+        self.capabilities = probe(self._render_variables)
 
-    @property
-    def supports_tools(self) -> bool:
-        """Whether the template renders a ``tools`` list itself."""
-        return "tools" in self.source
+    def _render_variables(self, variables: dict[str, Any]) -> str:
+        return self._template.render({"bos_token": self.bos_token, "eos_token": self.eos_token, **variables})
 
     def render(self, prompt: ChatPrompt) -> str:
-        """The prompt text for *prompt*.
+        """The prompt text for *prompt*, with the generic forms for what the template lacks.
 
         Raises:
             InvalidRequest: the template rejected the conversation (its own
                 ``raise_exception``, e.g. roles that do not alternate) or failed on it.
 
         """
+        prompt = adapt(prompt, self.capabilities)
         variables: dict[str, Any] = {
             **prompt.template_kwargs,
             "messages": [_message_dict(m) for m in prompt.messages],

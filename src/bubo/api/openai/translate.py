@@ -158,6 +158,8 @@ def _role(role: str) -> Role:
 
 def _message(message: wire.ChatMessage, index: int) -> Message:
     param = f"messages[{index}]"
+    if message.content is None and message.role != "assistant":
+        raise InvalidRequest(f"a {message.role} message needs content", param=f"{param}.content")
     return Message(
         role=_role(message.role),
         content=_content(message.content, f"{param}.content"),

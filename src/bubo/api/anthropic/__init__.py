@@ -1,0 +1,5 @@
+"""The Anthropic dialect: Messages and count_tokens, with Anthropic's error envelope."""
+
+from .errors import render_error as render_error
+from .routes import PATH_PREFIX as PATH_PREFIX
+from .routes import blueprint as blueprint

@@ -1,0 +1,194 @@
+"""Anthropic wire ↔ domain: requests down, completions up."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+from bubo.domain.generation import GenerationStats, StopCause
+from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
+from bubo.domain.output import Completion, Done
+from bubo.domain.requests import ChatRequest, GenerationOptions
+from bubo.domain.sampling import SamplingOverrides
+from bubo.errors import InvalidRequest
+
+from . import wire
+
+__all__ = ["chat_prompt", "message", "messages_request", "stop_reason", "tool_use_id", "usage"]
+
+logger = logging.getLogger(__name__)
+
+_EMPTY_SCHEMA = {"type": "object", "properties": {}}
+_STOP_REASONS = {
+    StopCause.EOS: "end_turn",
+    StopCause.STOP_WORD: "stop_sequence",
+    StopCause.LIMIT: "max_tokens",
+    StopCause.CONTEXT: "max_tokens",
+    StopCause.TIME: "max_tokens",
+}
+
+
+def messages_request(body: wire.MessagesRequest) -> ChatRequest:
+    """The domain request for ``POST /v1/messages``.
+
+    Raises:
+        InvalidRequest: no messages, ``max_tokens`` below 1, unsupported content.
+
+    """
+    if body.max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {body.max_tokens}", param="max_tokens")
+    return ChatRequest(
+        prompt=chat_prompt(body.system, body.messages, body.tools, body.tool_choice),
+        options=GenerationOptions(
+            max_tokens=body.max_tokens,
+            sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
+            stop=tuple(body.stop_sequences or ()),
+        ),
+    )
+
+
+def chat_prompt(
+    system: str | list[wire.TextBlock] | None,
+    messages: list[wire.InputMessage] | None,
+    tools: list[wire.Tool] | None,
+    tool_choice: wire.ToolChoice | None,
+) -> ChatPrompt:
+    """The conversation as the chat template sees it (shared by generation and counting)."""
+    if not messages:
+        raise InvalidRequest(
+            "messages is required and must be a non-empty array", code="missing_messages", param="messages"
+        )
+    turns: list[Message] = []
+    if system:
+        text = system if isinstance(system, str) else "\n".join(block.text for block in system)
+        turns.append(Message(role="system", content=text))
+    for index, turn in enumerate(messages):
+        turns.extend(_turn(turn, f"messages[{index}]"))
+    offered = () if tool_choice is not None and tool_choice.type == "none" else _tools(tools or ())
+    return ChatPrompt(messages=tuple(turns), tools=offered)
+
+
+def _unsupported(block: wire.ContentBlock, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"this model takes text only; {block.type} content is not supported",
+        code="unsupported_content",
+        param=param,
+    )
+
+
+def _turn(turn: wire.InputMessage, param: str) -> list[Message]:
+    """One Anthropic turn as domain messages; a user turn's tool results come first, as ``tool`` messages."""
+    if isinstance(turn.content, str):
+        return [Message(role=turn.role, content=turn.content)]
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[ToolCall] = []
+    results: list[Message] = []
+    for index, block in enumerate(turn.content):
+        where = f"{param}.content[{index}]"
+        match block:
+            case wire.TextBlock(text=text):
+                texts.append(text)
+            case wire.ThinkingBlock(thinking=text) if turn.role == "assistant":
+                thinking.append(text)
+            case wire.RedactedThinkingBlock():
+                pass
+            case wire.ToolUseBlock(id=call_id, name=name, input=arguments) if turn.role == "assistant":
+                calls.append(
+                    ToolCall(id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+                )
+            case wire.ToolResultBlock() if turn.role == "user":
+                results.append(
+                    Message(role="tool", content=_result_text(block, where), tool_call_id=block.tool_use_id)
+                )
+            case wire.ImageBlock() | wire.DocumentBlock():
+                raise _unsupported(block, where)
+            case _:
+                raise InvalidRequest(f"a {turn.role} turn cannot hold a {block.type} block", param=where)
+    if turn.role == "assistant":
+        return [
+            Message(
+                role="assistant",
+                content="\n".join(texts) if texts else None,
+                reasoning="\n".join(thinking) if thinking else None,
+                tool_calls=tuple(calls),
+            )
+        ]
+    return [*results, Message(role="user", content="\n".join(texts))] if texts else results
+
+
+def _result_text(block: wire.ToolResultBlock, param: str) -> str:
+    content = block.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, wire.TextBlock):
+            raise _unsupported(part, f"{param}.content[{index}]")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _tools(tools: Sequence[wire.Tool]) -> tuple[ToolSpec, ...]:
+    out = []
+    for tool in tools:
+        if tool.type not in (None, "custom"):
+            logger.warning("skipping tool %r: server tool type %r is not supported", tool.name, tool.type)
+            continue
+        out.append(
+            ToolSpec(
+                name=tool.name, description=tool.description, parameters=tool.input_schema or _EMPTY_SCHEMA
+            )
+        )
+    return tuple(out)
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's ``toolu_`` spelling of a tool call id."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(done: Done) -> str:
+    """``end_turn``, ``max_tokens``, ``stop_sequence`` or ``tool_use``."""
+    return "tool_use" if done.finish_reason == "tool_calls" else _STOP_REASONS[done.cause]
+
+
+def usage(stats: GenerationStats, output_tokens: int | None = None) -> wire.Usage:
+    """Anthropic usage: ``input_tokens`` excludes the prompt tokens read from the cache."""
+    return wire.Usage(
+        input_tokens=stats.prompt_tokens - stats.cached_tokens,
+        output_tokens=stats.completion_tokens if output_tokens is None else output_tokens,
+        cache_read_input_tokens=stats.cached_tokens,
+        cache_creation_input_tokens=0,
+    )
+
+
+def _arguments(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def message(completion: Completion, *, message_id: str, model: str) -> wire.Message:
+    """A whole Messages response."""
+    content: list[wire.TextOut | wire.ThinkingOut | wire.ToolUseOut] = []
+    if completion.reasoning:
+        content.append(wire.ThinkingOut(thinking=completion.reasoning, signature=""))
+    if completion.text:
+        content.append(wire.TextOut(text=completion.text))
+    content.extend(
+        wire.ToolUseOut(id=tool_use_id(call.id), name=call.name, input=_arguments(call.arguments))
+        for call in completion.tool_calls
+    )
+    done = completion.done
+    return wire.Message(
+        id=message_id,
+        model=model,
+        content=content,
+        stop_reason=stop_reason(done),
+        stop_sequence=done.stop_word if done.cause is StopCause.STOP_WORD else None,
+        usage=usage(done.stats),
+    )

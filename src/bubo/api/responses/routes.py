@@ -1,0 +1,98 @@
+"""Responses routes: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``."""
+
+from __future__ import annotations
+
+import time
+
+from quart import Blueprint, Response
+
+from bubo.api._context import api_context, json_body, require_runtime
+from bubo.api._converter import make_converter, structure
+from bubo.api._json import dumps, json_response, unstructure
+from bubo.api._sse import sse_response
+from bubo.domain.ids import new_id
+from bubo.domain.messages import Message
+from bubo.errors import NotFound
+from bubo.service.generation import collect, open_output, prepare_chat
+from bubo.service.response_store import StoredResponse
+
+from . import translate, wire
+from .stream import ResponseStream
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("responses", __name__)
+_converter = make_converter()
+
+
+def _not_stored(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(
+        f"response {response_id!r} is not stored here: unknown, created with store: false, deleted, "
+        "or evicted to keep the store within its limits",
+        code="response_not_found",
+        param=param,
+    )
+
+
+@blueprint.post("/v1/responses")
+async def create() -> Response:
+    """A response, streaming or not; stored for continuation unless ``store`` is false."""
+    runtime = require_runtime()
+    store = api_context().responses
+    body = structure(_converter, await json_body(), wire.ResponsesRequest)
+    runtime.check_model(body.model)
+    previous: tuple[Message, ...] = ()
+    if body.previous_response_id is not None:
+        stored = store.get(body.previous_response_id)
+        if stored is None:
+            raise _not_stored(body.previous_response_id, "previous_response_id")
+        previous = stored.conversation
+    conversation = translate.responses_request(_converter, body, previous)
+    prepared = await prepare_chat(runtime, conversation.request)
+    response_id = new_id("resp_")
+    created_at = int(time.time())
+    model = body.model or runtime.model_id
+
+    def remember(response: wire.Response, assistant: Message) -> None:
+        if body.store is not False:
+            entry = StoredResponse(
+                body=dumps(unstructure(response)).encode(), conversation=(*conversation.history, assistant)
+            )
+            store.put(response_id, entry)
+
+    if body.stream:
+        encoder = ResponseStream(
+            body, response_id=response_id, created_at=created_at, model=model, on_finished=remember
+        )
+        return sse_response(lambda: open_output(runtime, prepared), encoder)
+    async with open_output(runtime, prepared) as output:
+        completion = await collect(output)
+    response = translate.response(
+        body,
+        response_id=response_id,
+        created_at=created_at,
+        model=model,
+        output=translate.output_items(completion),
+        done=completion.done,
+    )
+    remember(response, translate.assistant_message(completion))
+    return json_response(response)
+
+
+@blueprint.get("/v1/responses/<response_id>")
+async def retrieve(response_id: str) -> Response:
+    """A stored response."""
+    require_runtime()
+    stored = api_context().responses.get(response_id)
+    if stored is None:
+        raise _not_stored(response_id)
+    return Response(stored.body, content_type="application/json")
+
+
+@blueprint.delete("/v1/responses/<response_id>")
+async def delete(response_id: str) -> Response:
+    """Forget a stored response."""
+    require_runtime()
+    if not api_context().responses.delete(response_id):
+        raise _not_stored(response_id)
+    return json_response(wire.Deleted(id=response_id, deleted=True))

@@ -1,0 +1,206 @@
+"""Responses streaming: the full event sequence, with sequence numbers.
+
+``response.created``, ``response.in_progress``; per output item
+``response.output_item.added``, its content (``response.content_part.added``,
+``response.output_text.delta``/``.done``, ``response.reasoning_text.delta``/
+``.done``, ``response.function_call_arguments.delta``/``.done``,
+``response.content_part.done``) and ``response.output_item.done``; then
+``response.completed`` (or ``response.incomplete``) with the whole response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from bubo.api._json import dumps, unstructure
+from bubo.api._sse import sse_frame
+from bubo.domain.ids import new_id
+from bubo.domain.messages import Message, ToolCall
+from bubo.domain.output import (
+    Done,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+from bubo.errors import BuboError
+
+from . import translate, wire
+
+__all__ = ["ResponseStream"]
+
+OnFinished = Callable[[wire.Response, Message], None]
+
+
+class _OpenItem:
+    """The output item being streamed."""
+
+    def __init__(self, kind: str, item_id: str, output_index: int) -> None:
+        self.kind = kind  # "reasoning", "message" or "function_call"
+        self.id = item_id
+        self.output_index = output_index
+        self.text: list[str] = []
+        self.call: ToolCall | None = None
+
+
+class ResponseStream:
+    """Encodes output events as Responses stream events."""
+
+    def __init__(
+        self,
+        body: wire.ResponsesRequest,
+        *,
+        response_id: str,
+        created_at: int,
+        model: str,
+        on_finished: OnFinished,
+    ) -> None:
+        self._body = body
+        self._response_id = response_id
+        self._created_at = created_at
+        self._model = model
+        self._on_finished = on_finished
+        self._sequence = 0
+        self._items: list[wire.OutputItem] = []
+        self._open: _OpenItem | None = None
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCall] = []
+
+    def _event(self, name: str, data: dict[str, Any]) -> bytes:
+        frame = sse_frame(dumps({"type": name, "sequence_number": self._sequence, **data}), event=name)
+        self._sequence += 1
+        return frame
+
+    def _response(self, done: Done | None) -> wire.Response:
+        return translate.response(
+            self._body,
+            response_id=self._response_id,
+            created_at=self._created_at,
+            model=self._model,
+            output=list(self._items),
+            done=done,
+        )
+
+    def opening(self) -> Iterable[bytes]:
+        """``response.created`` and ``response.in_progress``."""
+        in_progress = {"response": unstructure(self._response(None))}
+        yield self._event("response.created", in_progress)
+        yield self._event("response.in_progress", in_progress)
+
+    def _add(self, kind: str, item: wire.OutputItem, part: dict[str, Any] | None) -> Iterator[bytes]:
+        yield from self._close()
+        self._open = _OpenItem(kind, item.id, len(self._items))
+        yield self._event(
+            "response.output_item.added", {"output_index": self._open.output_index, "item": unstructure(item)}
+        )
+        if part is not None:
+            yield self._event("response.content_part.added", {**self._where(), "part": part})
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open.id, "output_index": self._open.output_index, "content_index": 0}
+
+    def _close(self) -> Iterator[bytes]:
+        current = self._open
+        if current is None:
+            return
+        self._open = None
+        where = {"item_id": current.id, "output_index": current.output_index, "content_index": 0}
+        text = "".join(current.text)
+        item: wire.OutputItem
+        if current.kind == "reasoning":
+            item = translate.reasoning_item(current.id, text)
+            yield self._event("response.reasoning_text.done", {**where, "text": text})
+            yield self._event(
+                "response.content_part.done", {**where, "part": {"type": "reasoning_text", "text": text}}
+            )
+        elif current.kind == "message":
+            item = translate.message_item(current.id, text)
+            yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            yield self._event("response.content_part.done", {**where, "part": part})
+        else:
+            assert current.call is not None
+            call = ToolCall(id=current.call.id, name=current.call.name, arguments=text)
+            self._calls.append(call)
+            item = translate.function_call_item(current.id, call)
+            yield self._event(
+                "response.function_call_arguments.done",
+                {
+                    "item_id": current.id,
+                    "output_index": current.output_index,
+                    "arguments": text,
+                    "name": call.name,
+                },
+            )
+        self._items.append(item)
+        yield self._event(
+            "response.output_item.done", {"output_index": current.output_index, "item": unstructure(item)}
+        )
+
+    def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        """Frames for one output event."""
+        match event:
+            case ReasoningDelta(text=text) if text:
+                if self._open is None or self._open.kind != "reasoning":
+                    item_id = new_id("rs_")
+                    part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+                    yield from self._add(
+                        "reasoning", translate.reasoning_item(item_id, "", "in_progress"), part
+                    )
+                assert self._open is not None
+                self._open.text.append(text)
+                self._reasoning.append(text)
+                yield self._event("response.reasoning_text.delta", {**self._where(), "delta": text})
+            case TextDelta(text=text) if text:
+                if self._open is None or self._open.kind != "message":
+                    item_id = new_id("msg_")
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    yield from self._add("message", translate.message_item(item_id, "", "in_progress"), part)
+                assert self._open is not None
+                self._open.text.append(text)
+                self._text.append(text)
+                yield self._event(
+                    "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
+                )
+            case ToolCallStart(id=call_id, name=name):
+                item_id = new_id("fc_")
+                call = ToolCall(id=call_id, name=name, arguments="")
+                yield from self._add(
+                    "function_call", translate.function_call_item(item_id, call, "in_progress"), None
+                )
+                assert self._open is not None
+                self._open.call = call
+            case ToolCallArgumentsDelta(fragment=fragment) if (
+                self._open is not None and self._open.kind == "function_call"
+            ):
+                self._open.text.append(fragment)
+                yield self._event(
+                    "response.function_call_arguments.delta",
+                    {"item_id": self._open.id, "output_index": self._open.output_index, "delta": fragment},
+                )
+            case Done():
+                yield from self._finish(event)
+
+    def _finish(self, done: Done) -> Iterator[bytes]:
+        yield from self._close()
+        if not self._items:  # an empty answer is still a message
+            item = translate.message_item(new_id("msg_"), "")
+            self._items.append(item)
+        response = self._response(done)
+        name = "response.completed" if response.status == "completed" else "response.incomplete"
+        yield self._event(name, {"response": unstructure(response)})
+        assistant = Message(
+            role="assistant",
+            content="".join(self._text) or None,
+            reasoning="".join(self._reasoning) or None,
+            tool_calls=tuple(self._calls),
+        )
+        self._on_finished(response, assistant)
+
+    def error(self, error: BuboError) -> Iterable[bytes]:
+        """An ``error`` event; the stream ends there."""
+        return [self._event("error", {"code": error.code, "message": error.message, "param": error.param})]

@@ -1,0 +1,289 @@
+"""Responses wire ↔ domain: input items down, output items up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import cattrs
+
+from bubo.api._converter import structure
+from bubo.domain.generation import StopCause
+from bubo.domain.ids import new_id
+from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
+from bubo.domain.output import Completion, Done
+from bubo.domain.requests import ChatRequest, GenerationOptions
+from bubo.domain.sampling import SamplingOverrides
+from bubo.errors import InvalidRequest
+
+from . import wire
+
+__all__ = [
+    "ITEM_TYPES",
+    "Conversation",
+    "assistant_message",
+    "function_call_item",
+    "message_item",
+    "reasoning_item",
+    "response",
+    "responses_request",
+    "usage",
+]
+
+logger = logging.getLogger(__name__)
+
+ITEM_TYPES: dict[str, type[Any]] = {
+    "message": wire.MessageItem,
+    "function_call": wire.FunctionCallItem,
+    "function_call_output": wire.FunctionCallOutputItem,
+    "custom_tool_call": wire.CustomToolCallItem,
+    "custom_tool_call_output": wire.CustomToolCallOutputItem,
+    "reasoning": wire.ReasoningItem,
+}
+_EMPTY_SCHEMA = {"type": "object", "properties": {}}
+
+
+@attrs.frozen(kw_only=True)
+class Conversation:
+    """A request's conversation: what is sent to the template and what a continuation keeps.
+
+    ``history`` excludes ``instructions``, which (as in OpenAI's API) do not
+    carry over to a response that continues this one.
+    """
+
+    request: ChatRequest
+    history: tuple[Message, ...]
+
+
+def responses_request(
+    converter: cattrs.Converter, body: wire.ResponsesRequest, previous: Sequence[Message]
+) -> Conversation:
+    """The domain request for ``POST /v1/responses``, continuing *previous* turns.
+
+    Raises:
+        InvalidRequest: no input, an unknown item type, unsupported content,
+            ``max_output_tokens`` below 1.
+
+    """
+    if not body.input:
+        raise InvalidRequest("input is required", code="missing_input", param="input")
+    if body.max_output_tokens is not None and body.max_output_tokens < 1:
+        raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
+    items = (
+        [Message(role="user", content=body.input)]
+        if isinstance(body.input, str)
+        else _messages(converter, body.input)
+    )
+    history = (*previous, *items)
+    system = (Message(role="system", content=body.instructions),) if body.instructions else ()
+    offered = () if body.tool_choice == "none" else _tools(converter, body.tools or ())
+    request = ChatRequest(
+        prompt=ChatPrompt(messages=(*system, *history), tools=offered),
+        options=GenerationOptions(
+            max_tokens=body.max_output_tokens,
+            sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p),
+        ),
+    )
+    return Conversation(request=request, history=history)
+
+
+def _messages(converter: cattrs.Converter, items: list[dict[str, Any]]) -> list[Message]:
+    out: list[Message] = []
+    reasoning: list[str] = []
+    for index, raw in enumerate(items):
+        path = f"$.input[{index}]"
+        kind = raw.get("type", "message")
+        cls = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            known = ", ".join(ITEM_TYPES)
+            raise InvalidRequest(
+                f"input item type {kind!r} is not supported; use one of {known}", param=f"input[{index}].type"
+            )
+        item: object = structure(converter, raw, cls, path=path)
+        match item:
+            case wire.ReasoningItem():
+                reasoning.extend(part.text for part in (item.content or item.summary or ()))
+            case wire.MessageItem():
+                role = "system" if item.role == "developer" else item.role
+                text = _text(item.content, f"input[{index}].content")
+                if role == "assistant":
+                    _add_assistant(out, reasoning, text=text)
+                else:
+                    out.append(Message(role=role, content=text))
+            case wire.FunctionCallItem() | wire.CustomToolCallItem():
+                arguments = item.arguments if isinstance(item, wire.FunctionCallItem) else item.input
+                _add_assistant(
+                    out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
+                )
+            case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
+                output = _text(item.output, f"input[{index}].output")
+                out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
+    return out
+
+
+def _add_assistant(
+    out: list[Message], reasoning: list[str], *, text: str | None = None, call: ToolCall | None = None
+) -> None:
+    """Fold consecutive assistant items (reasoning, text, calls) into one assistant turn."""
+    last = out[-1] if out else None
+    if last is not None and last.role == "assistant" and (call is not None or not last.tool_calls):
+        merged = attrs.evolve(
+            last,
+            content=_join(last.content, text),
+            tool_calls=(*last.tool_calls, call) if call else last.tool_calls,
+            reasoning=_join(last.reasoning, "\n".join(reasoning) or None),
+        )
+        out[-1] = merged
+    else:
+        out.append(
+            Message(
+                role="assistant",
+                content=text,
+                reasoning="\n".join(reasoning) or None,
+                tool_calls=(call,) if call else (),
+            )
+        )
+    reasoning.clear()
+
+
+def _join(first: str | None, second: str | None) -> str | None:
+    if first and second:
+        return f"{first}\n{second}"
+    return first or second
+
+
+def _text(content: str | list[wire.InputContent], param: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for index, part in enumerate(content):
+        match part:
+            case wire.InputText(text=text) | wire.OutputTextIn(text=text):
+                texts.append(text)
+            case wire.RefusalIn(refusal=text):
+                texts.append(text)
+            case _:
+                raise InvalidRequest(
+                    f"this model takes text only; {part.type} content is not supported",
+                    code="unsupported_content",
+                    param=f"{param}[{index}]",
+                )
+    return "\n".join(texts)
+
+
+def _tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> tuple[ToolSpec, ...]:
+    out = []
+    for index, raw in enumerate(tools):
+        if raw.get("type") != "function":
+            logger.warning(
+                "skipping tool %s of type %r: only function tools are served", index, raw.get("type")
+            )
+            continue
+        tool = structure(converter, raw, wire.FunctionTool, path=f"$.tools[{index}]")
+        out.append(
+            ToolSpec(
+                name=tool.name,
+                description=tool.description,
+                parameters=tool.parameters or _EMPTY_SCHEMA,
+                strict=tool.strict,
+            )
+        )
+    return tuple(out)
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> wire.ReasoningOut:
+    """A reasoning output item."""
+    return wire.ReasoningOut(
+        id=item_id, summary=[], content=[wire.ReasoningText(text=text)] if text else [], status=status
+    )
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> wire.MessageOut:
+    """A message output item."""
+    content = [wire.OutputText(text=text, annotations=[], logprobs=[])] if status == "completed" else []
+    return wire.MessageOut(id=item_id, status=status, content=content)
+
+
+def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> wire.FunctionCallOut:
+    """A function call output item."""
+    return wire.FunctionCallOut(
+        id=item_id, call_id=call.id, name=call.name, arguments=call.arguments, status=status
+    )
+
+
+def output_items(completion: Completion) -> list[wire.OutputItem]:
+    """The output of a whole completion: reasoning, then the message, then calls."""
+    items: list[wire.OutputItem] = []
+    if completion.reasoning:
+        items.append(reasoning_item(new_id("rs_"), completion.reasoning))
+    if completion.text or not completion.tool_calls:
+        items.append(message_item(new_id("msg_"), completion.text))
+    items.extend(function_call_item(new_id("fc_"), call) for call in completion.tool_calls)
+    return items
+
+
+def usage(done: Done) -> wire.Usage:
+    """Responses usage: input tokens include those read from the cache."""
+    stats = done.stats
+    return wire.Usage(
+        input_tokens=stats.prompt_tokens,
+        input_tokens_details=wire.InputTokensDetails(cached_tokens=stats.cached_tokens),
+        output_tokens=stats.completion_tokens,
+        output_tokens_details=wire.OutputTokensDetails(reasoning_tokens=done.reasoning_tokens),
+        total_tokens=stats.prompt_tokens + stats.completion_tokens,
+    )
+
+
+def response(
+    body: wire.ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    model: str,
+    output: list[wire.OutputItem],
+    done: Done | None,
+) -> wire.Response:
+    """A response object; ``done`` ``None`` means still in progress."""
+    status, incomplete = "in_progress", None
+    if done is not None:
+        truncated = done.cause in (StopCause.LIMIT, StopCause.CONTEXT, StopCause.TIME)
+        status = "incomplete" if truncated else "completed"
+        incomplete = wire.IncompleteDetails(reason="max_output_tokens") if truncated else None
+    return wire.Response(
+        id=response_id,
+        created_at=created_at,
+        status=status,
+        error=None,
+        incomplete_details=incomplete,
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        model=model,
+        output=output,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        previous_response_id=body.previous_response_id,
+        reasoning=body.reasoning or wire.ReasoningConfig(),
+        store=body.store is not False,
+        temperature=body.temperature,
+        text=body.text or wire.TextConfig(format={"type": "text"}),
+        tool_choice=body.tool_choice or "auto",
+        tools=body.tools or [],
+        top_p=body.top_p,
+        truncation=body.truncation or "disabled",
+        usage=usage(done) if done is not None else None,
+        metadata=body.metadata or {},
+    )
+
+
+def assistant_message(completion: Completion) -> Message:
+    """The turn a completion adds to the conversation (for continuations)."""
+    return Message(
+        role="assistant",
+        content=completion.text or None,
+        reasoning=completion.reasoning or None,
+        tool_calls=completion.tool_calls,
+    )

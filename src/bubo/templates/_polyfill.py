@@ -1,0 +1,158 @@
+"""What a chat template can render, probed once, and the generic format for what it cannot.
+
+Many GGUF templates (the default model's ChatML among them) know nothing of
+tools: they ignore the ``tools`` variable, drop ``tool_calls`` and choke on an
+assistant turn whose content is null.  Like llama.cpp's minja polyfills, Bubo
+probes each template once with marker values and, for what it does not render,
+rewrites the conversation into a generic, documented form before rendering:
+
+- tools it ignores become a system section listing them in ``<tools></tools>``
+  and asking for ``<tool_call>{"name": …, "arguments": …}</tool_call>`` replies
+  (the Hermes/Qwen format Bubo's default tool parser reads);
+- tool calls it drops become that same markup in the assistant's content;
+- tool results it drops become a user turn wrapped in ``<tool_response>``;
+- a system role it rejects is folded into the first user turn;
+- null content becomes an empty string when the template needs a string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
+
+__all__ = ["TemplateCapabilities", "adapt", "probe", "tool_call_markup", "tools_section"]
+
+_TOOL = "bubo_probe_tool"
+_CALL = "bubo_probe_call"
+_RESULT = "bubo_probe_result"
+_SYSTEM = "bubo_probe_system"
+
+
+@attrs.frozen(kw_only=True)
+class TemplateCapabilities:
+    """What the template renders by itself."""
+
+    tools: bool
+    tool_calls: bool
+    tool_responses: bool
+    system_role: bool
+    null_content: bool
+
+
+def probe(render: Callable[[dict[str, Any]], str]) -> TemplateCapabilities:
+    """Render marker conversations with *render* (template variables → text) to learn its abilities."""
+
+    def shows(marker: str, messages: list[dict[str, Any]], **extra: Any) -> bool:
+        try:
+            return marker in render({"messages": messages, "add_generation_prompt": False, **extra})
+        except Exception:  # noqa: BLE001 - a template that fails on a feature does not support it
+            return False
+
+    user = {"role": "user", "content": "x"}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": _CALL, "arguments": {"a": 1}}}
+        ],
+    }
+    tool = {
+        "type": "function",
+        "function": {"name": _TOOL, "description": "", "parameters": {"type": "object"}},
+    }
+    return TemplateCapabilities(
+        tools=shows(_TOOL, [user], tools=[tool]),
+        tool_calls=shows(_CALL, [user, call]),
+        tool_responses=shows(
+            _RESULT, [user, call, {"role": "tool", "content": _RESULT, "tool_call_id": "call_1"}]
+        ),
+        system_role=shows(_SYSTEM, [{"role": "system", "content": _SYSTEM}, user]),
+        null_content=shows("x", [user, {"role": "assistant", "content": None}]),
+    )
+
+
+def tools_section(tools: tuple[ToolSpec, ...]) -> str:
+    """The generic system section that offers *tools*."""
+    listed = "\n".join(
+        json.dumps(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description or "",
+                    "parameters": dict(tool.parameters),
+                },
+            },
+            ensure_ascii=False,
+        )
+        for tool in tools
+    )
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def tool_call_markup(call: ToolCall) -> str:
+    """One call in the generic format."""
+    try:
+        arguments: Any = json.loads(call.arguments)
+    except ValueError:
+        arguments = call.arguments
+    payload = json.dumps({"name": call.name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def adapt(prompt: ChatPrompt, caps: TemplateCapabilities) -> ChatPrompt:
+    """*prompt* rewritten so the template renders everything in it."""
+    messages = list(prompt.messages)
+    tools = prompt.tools
+    if tools and not caps.tools:
+        messages = _with_system(messages, tools_section(tools))
+        tools = ()
+    out: list[Message] = []
+    for message in messages:
+        if message.tool_calls and not caps.tool_calls:
+            calls = "\n".join(tool_call_markup(call) for call in message.tool_calls)
+            content = f"{message.content}\n{calls}" if message.content else calls
+            message = attrs.evolve(message, content=content, tool_calls=())  # noqa: PLW2901
+        if message.role == "tool" and not caps.tool_responses:
+            content = f"<tool_response>\n{message.content or ''}\n</tool_response>"
+            message = Message(role="user", content=content)  # noqa: PLW2901
+        if message.content is None and not caps.null_content:
+            message = attrs.evolve(message, content="")  # noqa: PLW2901
+        out.append(message)
+    if not caps.system_role:
+        out = _fold_system(out)
+    return attrs.evolve(prompt, messages=tuple(out), tools=tools)
+
+
+def _with_system(messages: list[Message], section: str) -> list[Message]:
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        content = f"{first.content}\n\n{section}" if first.content else section
+        return [attrs.evolve(first, content=content), *messages[1:]]
+    return [Message(role="system", content=section), *messages]
+
+
+def _fold_system(messages: list[Message]) -> list[Message]:
+    """System turns become the start of the first user turn (for templates that reject them)."""
+    system = [m.content for m in messages if m.role == "system" and m.content]
+    rest = [m for m in messages if m.role != "system"]
+    if not system:
+        return rest
+    preamble = "\n\n".join(system)
+    for index, message in enumerate(rest):
+        if message.role == "user":
+            rest[index] = attrs.evolve(message, content=f"{preamble}\n\n{message.content or ''}")
+            return rest
+    return [Message(role="user", content=preamble), *rest]

@@ -1,0 +1,265 @@
+"""POST /v1/responses, stored responses and continuations, over the fake engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dirty_equals import IsInt, IsStr
+
+from bubo.api.responses import wire
+from bubo.api.responses.stream import ResponseStream
+from bubo.domain.generation import GenerationStats, StopCause
+from bubo.domain.output import Done, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
+from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.service.response_store import ResponseStore, StoredResponse
+
+from .._asgi import post_stream
+
+PATH = "/v1/responses"
+
+
+def events(raw: bytes) -> list[dict]:
+    out = []
+    for frame in raw.decode().split("\n\n"):
+        if frame:
+            name, data = frame.split("\n", 1)
+            payload = json.loads(data.removeprefix("data: "))
+            assert payload["type"] == name.removeprefix("event: ")
+            out.append(payload)
+    return out
+
+
+class TestCreate:
+    async def test_response_shape(self, app, script: FakeScript) -> None:
+        """A completed response with a message item holding output_text, and usage."""
+        script.reply = "Hi there"
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": "Say hi", "max_output_tokens": 32}
+        )
+        assert response.status_code == 200
+        body = await response.get_json()
+        assert body["id"] == IsStr(regex=r"resp_[0-9a-f]{32}")
+        assert (body["object"], body["status"], body["incomplete_details"], body["error"]) == (
+            "response",
+            "completed",
+            None,
+            None,
+        )
+        assert body["output"] == [
+            {
+                "type": "message", "id": IsStr(regex=r"msg_[0-9a-f]{32}"), "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hi there", "annotations": [], "logprobs": []}],
+            }
+        ]  # fmt: skip
+        assert body["usage"] == {
+            "input_tokens": IsInt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 2,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": IsInt,
+        }  # fmt: skip
+        assert body["max_output_tokens"] == 32
+        assert (body["store"], body["parallel_tool_calls"], body["tool_choice"]) == (True, True, "auto")
+
+    async def test_max_output_tokens_is_incomplete(self, app, script: FakeScript) -> None:
+        """Running into max_output_tokens gives status incomplete with its reason."""
+        script.reply = "one two three"
+        body = await (
+            await app.test_client().post(PATH, json={"model": "bubo", "input": "x", "max_output_tokens": 1})
+        ).get_json()
+        assert (body["status"], body["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+
+    async def test_items_reach_the_template(self, app, fake_engine: FakeEngine, tokenizer) -> None:
+        """Instructions, messages, calls and their outputs, and reasoning are rendered in order."""
+        items = [
+            {"role": "developer", "content": "Use tools."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "call it"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "It is sunny."}]},
+            {"role": "user", "content": "Thanks"},
+        ]
+        tools = [
+            {"type": "function", "name": "weather", "parameters": {"type": "object"}},
+            {"type": "web_search"},
+            {"type": "custom", "name": "apply_patch"},
+        ]
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "instructions": "Be brief.", "input": items, "tools": tools}
+        )
+        assert response.status_code == 200
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        order = [
+            "system\nBe brief.",
+            "system\nUse tools.",
+            "user\nWeather?",
+            "tool\nSunny",
+            "It is sunny.",
+            "user\nThanks",
+        ]
+        positions = [prompt.index(fragment) for fragment in order]
+        assert positions == sorted(positions)
+
+    @pytest.mark.parametrize(
+        ("body", "code", "param"),
+        [
+            ({"model": "bubo"}, "missing_input", "input"),
+            ({"model": "bubo", "input": [{"type": "computer_call"}]}, "invalid_request", "input[0].type"),
+            ({"model": "bubo", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "unsupported_content", "input[0].content[0]"),
+            ({"model": "bubo", "input": [{"type": "function_call", "name": "f"}]}, "parse_error", "input[0].call_id"),
+            ({"model": "bubo", "input": "x", "tools": [{"type": "function"}]}, "parse_error", "tools[0].name"),
+            ({"model": "bubo", "input": "x", "max_output_tokens": 0}, "invalid_request", "max_output_tokens"),
+            ({"input": "x"}, "missing_model", "model"),
+        ],
+    )  # fmt: skip
+    async def test_errors(self, app, body, code, param) -> None:
+        """Bad requests are 400s naming the field."""
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == (code, param)
+
+
+class TestStreaming:
+    async def test_event_sequence(self, app, script: FakeScript) -> None:
+        """created, in_progress, the message item's events, completed; sequence numbers count up."""
+        script.reply = "Hi there"
+        stream = events(
+            await post_stream(app.app, PATH, {"model": "bubo", "input": "Say hi", "stream": True})
+        )
+        assert [e["type"] for e in stream] == [
+            "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+            "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+            "response.content_part.done", "response.output_item.done", "response.completed",
+        ]  # fmt: skip
+        assert [e["sequence_number"] for e in stream] == list(range(len(stream)))
+        assert stream[0]["response"]["status"] == "in_progress"
+        assert stream[6]["text"] == "Hi there"
+        final = stream[-1]["response"]
+        assert final["status"] == "completed"
+        assert final["output"][0]["content"][0]["text"] == "Hi there"
+        assert final["output"][0]["id"] == stream[2]["item"]["id"]
+
+    def test_reasoning_and_function_call_items(self) -> None:
+        """Reasoning text and function-call arguments stream as their own items."""
+        stored: list[tuple[wire.Response, object]] = []
+        body = wire.ResponsesRequest(model="bubo", input="x")
+        encoder = ResponseStream(
+            body,
+            response_id="resp_1",
+            created_at=0,
+            model="bubo",
+            on_finished=lambda r, m: stored.append((r, m)),
+        )
+        done = Done(
+            finish_reason="tool_calls",
+            cause=StopCause.EOS,
+            stats=GenerationStats(prompt_tokens=5, completion_tokens=7),
+            reasoning_tokens=2,
+        )
+        output = [
+            ReasoningDelta(text="think"), ToolCallStart(index=0, id="call_1", name="weather"),
+            ToolCallArgumentsDelta(index=0, fragment='{"a":'), ToolCallArgumentsDelta(index=0, fragment="1}"), done,
+        ]  # fmt: skip
+        stream = events(b"".join([*encoder.opening(), *(f for e in output for f in encoder.encode(e))]))
+        assert [e["type"] for e in stream] == [
+            "response.created", "response.in_progress",
+            "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+            "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+            "response.output_item.added", "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta", "response.function_call_arguments.done",
+            "response.output_item.done", "response.completed",
+        ]  # fmt: skip
+        assert stream[11]["arguments"] == '{"a":1}'
+        final = stream[-1]["response"]
+        assert [item["type"] for item in final["output"]] == ["reasoning", "function_call"]
+        assert final["output"][1] == {
+            "type": "function_call", "id": IsStr(regex="fc_[0-9a-f]{32}"), "call_id": "call_1", "name": "weather",
+            "arguments": '{"a":1}', "status": "completed",
+        }  # fmt: skip
+        assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 2
+        _, assistant = stored[0]
+        assert assistant.reasoning == "think"
+        assert assistant.tool_calls[0].arguments == '{"a":1}'
+
+
+class TestStore:
+    async def test_continuation_by_previous_response_id(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A continuation renders the stored conversation, the stored answer, then the new input."""
+        client = app.test_client()
+        script.reply = "Paris."
+        first = await (
+            await client.post(
+                PATH, json={"model": "bubo", "instructions": "Be brief.", "input": "Capital of France?"}
+            )
+        ).get_json()
+        script.reply = "About two million."
+        second = await client.post(
+            PATH, json={"model": "bubo", "input": "How many people?", "previous_response_id": first["id"]}
+        )
+        assert second.status_code == 200
+        assert (await second.get_json())["previous_response_id"] == first["id"]
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert "Be brief." not in prompt  # instructions do not carry over
+        assert prompt.index("Capital of France?") < prompt.index("Paris.") < prompt.index("How many people?")
+
+    async def test_retrieve_and_delete(self, app) -> None:
+        """GET returns the stored response; DELETE forgets it; then both are 404."""
+        client = app.test_client()
+        created = await (await client.post(PATH, json={"model": "bubo", "input": "x"})).get_json()
+        fetched = await (await client.get(f"{PATH}/{created['id']}")).get_json()
+        assert fetched == created
+        deleted = await (await client.delete(f"{PATH}/{created['id']}")).get_json()
+        assert deleted == {"id": created["id"], "object": "response", "deleted": True}
+        for method in (client.get, client.delete):
+            response = await method(f"{PATH}/{created['id']}")
+            assert response.status_code == 404
+            assert (await response.get_json())["error"]["code"] == "response_not_found"
+
+    async def test_store_false_is_not_kept(self, app) -> None:
+        """store: false responses cannot be continued."""
+        client = app.test_client()
+        created = await (
+            await client.post(PATH, json={"model": "bubo", "input": "x", "store": False})
+        ).get_json()
+        response = await client.post(
+            PATH, json={"model": "bubo", "input": "y", "previous_response_id": created["id"]}
+        )
+        assert response.status_code == 404
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("response_not_found", "previous_response_id")
+
+    async def test_streamed_responses_are_stored(self, app) -> None:
+        """A streamed response is stored when it completes."""
+        client = app.test_client()
+        raw = await post_stream(app.app, PATH, {"model": "bubo", "input": "x", "stream": True})
+        response_id = events(raw)[-1]["response"]["id"]
+        assert (await client.get(f"{PATH}/{response_id}")).status_code == 200
+
+
+class TestResponseStore:
+    def entry(self, size: int) -> StoredResponse:
+        return StoredResponse(body=b"x" * size, conversation=())
+
+    def test_lru_by_count(self) -> None:
+        """Past max_entries the least recently used entry goes."""
+        store = ResponseStore(max_entries=2, max_bytes=10**6)
+        store.put("a", self.entry(1))
+        store.put("b", self.entry(1))
+        assert store.get("a") is not None  # a is now the most recent
+        store.put("c", self.entry(1))
+        assert (store.get("a"), store.get("b")) == (store.get("a"), None)
+        assert store.get("c") is not None
+        assert store.evictions == 1
+
+    def test_lru_by_bytes(self) -> None:
+        """Past max_bytes entries go until the budget holds; a too-large entry is not kept."""
+        store = ResponseStore(max_entries=100, max_bytes=150)
+        store.put("a", self.entry(100))
+        store.put("b", self.entry(100))
+        assert len(store) == 1
+        assert store.get("b") is not None
+        store.put("huge", self.entry(1000))
+        assert store.get("huge") is None
+        assert store.total_bytes <= 150
