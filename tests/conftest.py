@@ -11,6 +11,7 @@ import importlib.metadata
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from quart_trio import QuartTrio
@@ -94,6 +95,20 @@ async def wait_until_ready(app: QuartTrio) -> None:
 async def _app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
     """The real app over the fake engine, lifespan running, model loaded."""
     app = create_app(settings, load=lambda _settings, _progress: make_runtime(), on_load_failure=lambda: None)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app  # type: ignore[misc]
+
+
+QWEN3_STYLE = Path(__file__).parent / "fixtures" / "qwen3_style.jinja"
+
+
+@pytest.fixture(name="thinking_app")
+async def _thinking_app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
+    """The app over the fake engine with a Qwen3-style template (tools, <think>)."""
+    template = ChatTemplate(QWEN3_STYLE.read_text(), bos_token="", eos_token="<|im_end|>", origin="test")
+    runtime = attrs.evolve(make_runtime(), template=template)
+    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
     async with app.test_app() as test_app:
         await wait_until_ready(app)
         yield test_app  # type: ignore[misc]

@@ -18,12 +18,13 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"domain", "errors"},
     "tokenizer": {"domain", "errors"},
     "templates": {"domain", "errors"},
-    "parsers": {"domain", "errors"},
+    "grammar": {"domain", "errors"},
+    "parsers": {"domain", "errors", "grammar"},
     "engine": {"domain", "errors"},
-    "service": {"domain", "errors", "engine", "model", "tokenizer", "templates", "parsers"},
+    "service": {"domain", "errors", "engine", "grammar", "model", "tokenizer", "templates", "parsers"},
     "api": {"domain", "errors", "engine", "model", "service"},
     "server": {"domain", "errors", "api", "config", "loader", "model", "service"},
-    "config": {"domain", "errors"},
+    "config": {"domain", "errors", "parsers"},
 }
 # third-party packages only some layers may touch
 RESTRICTED = {

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from bubo.domain.sampling import SamplingParams
+from bubo.parsers import available_tool_parsers
 
 __all__ = [
     "OPTIONS",
@@ -88,6 +89,8 @@ class ModelSettings:
     flash_attn: str = "auto"
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
+    tool_call_parser: str = "auto"  # auto: chosen from the chat template
+    grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
 
 
 @attrs.frozen(kw_only=True)
@@ -214,6 +217,11 @@ OPTIONS: tuple[Option, ...] = (
            "layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
     Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
            "Jinja chat template to use instead of the model's", "PATH"),
+    Option(("--tool-call-parser",), ("model", "tool_call_parser"), _choice("auto", *available_tool_parsers()),
+           "tool-call format to parse and force: auto (from the chat template), "
+           + ", ".join(available_tool_parsers()), "NAME"),
+    Option(("--grammar-file",), ("model", "grammar_file"), _existing_file,
+           "a GBNF grammar that constrains every request that sets no constraint of its own", "PATH"),
     Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
            "default limit on generated tokens (default -1: until the model stops)", "N"),
     Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature (0.8)", "T"),

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bubo.config import Settings
+from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import LlamaOptions, load_llama_engine
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.model import GGUFMetadata, model_id_from_path, read_metadata
+from bubo.parsers.registry import format_for_template
 from bubo.service.runtime import GenerationDefaults, Runtime
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -71,15 +73,23 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         on_progress=_ProgressLog(on_progress),
     )
     model_id = model.served_model_name or model_id_from_path(path)
+    tool_parser = model.tool_call_parser
+    if tool_parser == "auto":
+        tool_parser = format_for_template(template.source)
+    default_grammar = None
+    if model.grammar_file is not None:
+        default_grammar = GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
+        engine.check_grammar(default_grammar)
     info = engine.info
     logger.info(
-        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template)",
+        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls)",
         time.perf_counter() - started,
         model_id,
         info.description,
         info.n_ctx,
         tokenizer.name,
         template.origin,
+        tool_parser,
     )
     return Runtime(
         model_id=model_id,
@@ -90,6 +100,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         defaults=GenerationDefaults(
             n_predict=settings.generation.n_predict, sampling=settings.generation.sampling
         ),
+        tool_parser=tool_parser,
+        default_grammar=default_grammar,
     )
 
 

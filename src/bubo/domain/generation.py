@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -15,12 +17,40 @@ __all__ = [
     "GenerationFinished",
     "GenerationRequest",
     "GenerationStats",
+    "GrammarSpec",
     "PromptProgress",
     "StopCause",
+    "ThinkingBudget",
     "TokenGenerated",
     "TokenLogprob",
     "TopLogprob",
 ]
+
+
+@attrs.frozen(kw_only=True)
+class GrammarSpec:
+    """A GBNF grammar whose rules may use rules the engine derives from JSON schemas.
+
+    ``rules`` defines ``root``; each ``(name, schema)`` in ``schemas`` becomes
+    rule ``name`` (llama.cpp's JSON-schema-to-grammar conversion).
+    """
+
+    rules: str
+    schemas: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ThinkingBudget:
+    """End thinking after ``budget`` generated tokens by inserting ``end_text``.
+
+    Applies only once thinking has begun: at once when ``started``, else when
+    the output contains ``start_text``; never once ``end_text`` was generated.
+    """
+
+    budget: int
+    start_text: str = "<think>"
+    end_text: str = "</think>"
+    started: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -41,6 +71,8 @@ class GenerationRequest:
     ignore_eos: bool = False
     n_probs: int | None = None
     time_limit_ms: int = 0
+    grammar: GrammarSpec | None = None
+    thinking_budget: ThinkingBudget | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Literal
+
 import attrs
 
 from .messages import ChatPrompt
 from .sampling import SamplingOverrides
 
-__all__ = ["ChatRequest", "CompletionRequest", "GenerationOptions", "PromptPiece"]
+__all__ = [
+    "ChatRequest",
+    "CompletionRequest",
+    "GenerationOptions",
+    "OutputFormat",
+    "PromptPiece",
+    "ReasoningControl",
+    "ToolChoice",
+]
 
 PromptPiece = int | str
 """A raw prompt is text, token ids, or a mix of both (llama-server's ``prompt``)."""
@@ -30,11 +41,60 @@ class GenerationOptions:
 
 
 @attrs.frozen(kw_only=True)
+class ToolChoice:
+    """Whether and which tool the model must call.
+
+    ``none``: no tools are offered.  ``auto``: the model decides.
+    ``required``: it must call one of the tools.  ``named``: it must call
+    ``name``.  ``param`` is the wire path to name in errors.
+    """
+
+    mode: Literal["none", "auto", "required", "named"] = "auto"
+    name: str | None = None
+    param: str = "tool_choice"
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningControl:
+    """What the request says about thinking.
+
+    ``enabled`` ``None`` keeps the template's default (on, where it thinks);
+    ``effort`` reaches the template as ``reasoning_effort``; ``budget_tokens``
+    ends the thinking after that many tokens.
+    """
+
+    enabled: bool | None = None
+    effort: str | None = None
+    budget_tokens: int | None = None
+
+    @classmethod
+    def from_effort(cls, effort: str | None) -> ReasoningControl:
+        """``off`` (or ``none``) turns thinking off; any other level turns it on at that level."""
+        if effort is None:
+            return cls()
+        if effort in ("off", "none"):
+            return cls(enabled=False)
+        return cls(enabled=True, effort=effort)
+
+
+@attrs.frozen(kw_only=True)
+class OutputFormat:
+    """The answer must be one JSON value matching ``schema``; ``param`` names the wire field."""
+
+    schema: Mapping[str, Any]
+    param: str = "response_format"
+
+
+@attrs.frozen(kw_only=True)
 class ChatRequest:
     """A conversation to continue."""
 
     prompt: ChatPrompt
     options: GenerationOptions = attrs.field(factory=GenerationOptions)
+    tool_choice: ToolChoice = attrs.field(factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    reasoning: ReasoningControl = attrs.field(factory=ReasoningControl)
+    output_format: OutputFormat | None = None
 
 
 @attrs.frozen(kw_only=True)

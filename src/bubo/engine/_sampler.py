@@ -1,7 +1,8 @@
 """A llama.cpp sampler chain built from :class:`SamplingParams`.
 
-The order follows llama-server's default (``logit_bias``, ``penalties``,
-``top_k``, ``top_p``, ``min_p``, ``temperature``, then a seeded ``dist``);
+The order follows llama-server's default (a request's ``grammar`` first, then
+``logit_bias``, ``penalties``, ``top_k``, ``top_p``, ``min_p``,
+``temperature``, and a seeded ``dist``);
 ``temperature <= 0`` ends the chain with ``greedy`` instead.  Neutral stages
 (penalties of 1.0/0.0, no bias) are left out: each costs time per token.
 
@@ -10,6 +11,8 @@ Only the engine thread that owns the context calls into a sampler.
 
 from __future__ import annotations
 
+import ctypes
+import math
 import secrets
 from collections.abc import Sequence
 
@@ -17,35 +20,47 @@ import llama_cpp
 
 from bubo.domain.sampling import SamplingParams
 
+from .base import EngineFailure
+
 __all__ = ["Sampler"]
 
 
 class Sampler:
     """Owns one llama.cpp sampler chain; call :meth:`close` when done."""
 
-    def __init__(self, params: SamplingParams, *, n_vocab: int) -> None:
+    def __init__(
+        self, params: SamplingParams, *, n_vocab: int, vocab: object = None, grammar: str | None = None
+    ) -> None:
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        self._has_penalties = (
+        self._penalties = None
+        self._grammar = None
+        wants_penalties = (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         ) and params.repeat_last_n != 0
         self.repeat_last_n = params.repeat_last_n
         add = self._add
+        if grammar is not None:
+            constraint = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+            if not constraint:
+                self.close()
+                raise EngineFailure("llama.cpp could not parse the grammar for this request")
+            self._grammar = constraint
+            add(constraint)
         if params.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for slot, (token, bias) in zip(biases, params.logit_bias, strict=True):
                 slot.token = token
                 slot.bias = bias
             add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
-        if self._has_penalties:
-            add(
-                llama_cpp.llama_sampler_init_penalties(
-                    n_vocab,
-                    params.repeat_last_n,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
+        if wants_penalties:
+            self._penalties = llama_cpp.llama_sampler_init_penalties(
+                n_vocab,
+                params.repeat_last_n,
+                params.repeat_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
             )
+            add(self._penalties)
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
         else:
@@ -60,12 +75,27 @@ class Sampler:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
     def remember(self, tokens: Sequence[int]) -> None:
-        """Show the penalties stage the tokens that came before generation began."""
-        if not self._has_penalties or not tokens:
+        """Show the penalties stage (only) the tokens that came before generation began."""
+        if self._penalties is None or not tokens:
             return
         window = tokens if self.repeat_last_n < 0 else tokens[-self.repeat_last_n :]
         for token in window:
-            llama_cpp.llama_sampler_accept(self._chain, token)
+            llama_cpp.llama_sampler_accept(self._penalties, token)
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar (if any) admits *token* next; accepting one it rejects aborts llama.cpp."""
+        if self._grammar is None:
+            return True
+        candidate = llama_cpp.llama_token_data(id=token, logit=0.0, p=0.0)
+        array = llama_cpp.llama_token_data_array(
+            data=ctypes.pointer(candidate), size=1, selected=-1, sorted=False
+        )
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return math.isfinite(candidate.logit)
+
+    def accept(self, token: int) -> None:
+        """Record a token the engine inserted itself (so penalties and the grammar see it)."""
+        llama_cpp.llama_sampler_accept(self._chain, token)
 
     def sample(self, ctx: object) -> int:
         """Sample (and accept) the next token from the context's last logits."""

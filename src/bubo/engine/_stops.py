@@ -6,6 +6,8 @@ import codecs
 
 __all__ = ["GeneratedText", "StopMatcher"]
 
+_RECENT = 64
+
 
 class StopMatcher:
     """Find the first stop string in streamed text, holding back possible prefixes.
@@ -70,6 +72,7 @@ class GeneratedText:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopMatcher(stops)
         self.saw_new_line = False
+        self.recent = ""  # the last characters decoded, stop strings or not (for markers)
 
     @property
     def matched(self) -> str | None:
@@ -80,6 +83,7 @@ class GeneratedText:
         """Add one token's bytes; return the text that can be released."""
         text = self._utf8.decode(piece)
         self.saw_new_line = self.saw_new_line or "\n" in text
+        self.recent = (self.recent + text)[-_RECENT:]
         return self._stops.feed(text)
 
     def finish(self) -> str:

@@ -29,13 +29,17 @@ from bubo.domain.generation import (
     GenerationFinished,
     GenerationRequest,
     GenerationStats,
+    GrammarSpec,
     PromptProgress,
     StopCause,
+    ThinkingBudget,
     TokenGenerated,
     TokenLogprob,
     TopLogprob,
 )
+from bubo.domain.sampling import SamplingParams
 
+from ._grammar import to_gbnf
 from ._sampler import Sampler
 from ._stops import GeneratedText
 from .base import EngineFailure, ModelInfo, SlotEngine
@@ -162,6 +166,15 @@ class LlamaEngine(SlotEngine):
         )
         self._kv_tokens: list[int] = []  # what the KV cache holds for sequence 0, in order
 
+    def check_grammar(self, grammar: GrammarSpec) -> None:
+        """Build (and free) a sampler for *grammar*.
+
+        Raises:
+            EngineFailure: llama.cpp cannot parse it.
+
+        """
+        Sampler(SamplingParams(), n_vocab=self._n_vocab, vocab=self._vocab, grammar=to_gbnf(grammar)).close()
+
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]
@@ -241,12 +254,24 @@ class LlamaEngine(SlotEngine):
             return 0, StopCause.LIMIT
         counters = self._counters
         eog = frozenset() if request.ignore_eos else self._info.eog_token_ids
-        sampler = Sampler(request.sampling, n_vocab=self._n_vocab)
+        grammar = to_gbnf(request.grammar) if request.grammar is not None else None
+        sampler = Sampler(request.sampling, n_vocab=self._n_vocab, vocab=self._vocab, grammar=grammar)
         sampler.remember(request.prompt_tokens)
+        thinking = _ThinkingClock(request.thinking_budget, self._tokenize)
+        forced: list[int] = []  # tokens the engine inserts instead of sampling (end of thinking)
         n_generated = 0
         try:
             while True:
-                token = sampler.sample(self._ctx)
+                if forced and sampler.allows(forced[0]):
+                    token = forced.pop(0)
+                    sampler.accept(token)
+                else:
+                    if forced:
+                        logger.warning(
+                            "the grammar does not admit the end of thinking here; budget not enforced"
+                        )
+                        forced.clear()
+                    token = sampler.sample(self._ctx)
                 n_generated += 1
                 counters.task_decoded = n_generated
                 logprob = None
@@ -265,10 +290,17 @@ class LlamaEngine(SlotEngine):
                 emit(TokenGenerated(token_id=token, text=released, logprob=logprob))
                 if cause is not None:
                     return n_generated, cause
+                forced.extend(thinking.observe(text.recent))
                 trio.from_thread.check_cancelled()
                 self._decode((token,))
         finally:
             sampler.close()
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        data = text.encode()
+        out = (llama_cpp.llama_token * (len(data) + 4))()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), out, len(out), False, True)  # noqa: FBT003
+        return tuple(out[: max(count, 0)])
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> tuple[int, CacheReport]:
         """Trim the KV cache to its common prefix with *prompt*; return its length.
@@ -343,6 +375,34 @@ class LlamaEngine(SlotEngine):
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+
+class _ThinkingClock:
+    """Counts thinking tokens and says when to insert the end of thinking (``ThinkingBudget``)."""
+
+    def __init__(self, spec: ThinkingBudget | None, tokenize: Callable[[str], tuple[int, ...]]) -> None:
+        self._spec = spec
+        self._tokenize = tokenize
+        self._thinking = spec is not None and spec.started
+        self._over = spec is None
+        self._count = 0
+
+    def observe(self, recent: str) -> tuple[int, ...]:
+        """After each generated token: the tokens to insert now, if the budget is spent."""
+        if self._over:
+            return ()
+        assert self._spec is not None
+        if not self._thinking:
+            self._thinking = self._spec.start_text in recent
+            return ()
+        if self._spec.end_text in recent:
+            self._over = True
+            return ()
+        self._count += 1
+        if self._count < self._spec.budget:
+            return ()
+        self._over = True
+        return self._tokenize("\n" + self._spec.end_text + "\n\n")
 
 
 class _Budget:

@@ -1,28 +1,24 @@
 """Admission and output: from token ids to a stream of parsed output events.
 
-``prepare_*`` do everything that can fail on bad input before anything is
-queued or streamed (render, tokenize, context check, logit-bias resolution), so
-those errors become ordinary HTTP errors.  :func:`open_output` then waits for
-the slot and yields the output events; :func:`collect` gathers them for a
-non-streaming response.
+``prepare_*`` (here and in :mod:`.chat`) do everything that can fail on bad
+input before anything is queued or streamed (render, tokenize, context check,
+logit-bias resolution, grammars), so those errors become ordinary HTTP errors.
+:func:`open_output` then waits for the slot and yields the output events;
+:func:`collect` gathers them for a non-streaming response.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
 import attrs
 import trio
 
 from bubo.domain.generation import (
-    EngineEvent,
-    GenerationFailed,
-    GenerationFinished,
     GenerationRequest,
     PromptProgress,
-    TokenGenerated,
     TokenLogprob,
 )
 from bubo.domain.messages import ToolCall
@@ -34,17 +30,17 @@ from bubo.domain.output import (
     TextDelta,
     ToolCallArgumentsDelta,
     ToolCallStart,
-    finish_reason_for,
 )
-from bubo.domain.requests import ChatRequest, CompletionRequest, GenerationOptions
+from bubo.domain.requests import CompletionRequest, GenerationOptions
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import EngineFailure
 from bubo.errors import ContextOverflow, InvalidRequest
 
-from .prompt import RenderedPrompt, render_chat, tokenize_raw
+from .output import OutputPlan, output_events
+from .prompt import RenderedPrompt, tokenize_raw
 from .runtime import Runtime
 
-__all__ = ["PreparedGeneration", "collect", "open_output", "prepare_chat", "prepare_completion"]
+__all__ = ["PreparedGeneration", "collect", "generation_request", "open_output", "prepare_completion"]
 
 
 @attrs.frozen(kw_only=True)
@@ -53,15 +49,7 @@ class PreparedGeneration:
 
     prompt: RenderedPrompt
     request: GenerationRequest
-
-
-async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
-    """Render, tokenize and check a chat request (off the event loop: long prompts take ms)."""
-    rendered = await trio.to_thread.run_sync(render_chat, runtime, request.prompt)
-    return PreparedGeneration(
-        prompt=rendered,
-        request=_generation_request(runtime, rendered, request.options, prompt_param="messages"),
-    )
+    plan: OutputPlan = attrs.field(factory=OutputPlan)
 
 
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
@@ -69,13 +57,20 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     rendered = await trio.to_thread.run_sync(tokenize_raw, runtime, request.prompt)
     return PreparedGeneration(
         prompt=rendered,
-        request=_generation_request(runtime, rendered, request.options, prompt_param="prompt"),
+        request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
     )
 
 
-def _generation_request(
+def generation_request(
     runtime: Runtime, rendered: RenderedPrompt, options: GenerationOptions, *, prompt_param: str
 ) -> GenerationRequest:
+    """The engine request for a rendered prompt, after the context check.
+
+    Raises:
+        InvalidRequest: an empty prompt or a bad logit bias.
+        ContextOverflow: the prompt does not fit the context.
+
+    """
     n_ctx = runtime.engine.info.n_ctx
     n_prompt = len(rendered.tokens)
     if n_prompt == 0:
@@ -127,31 +122,9 @@ async def open_output(
     """
     async with (
         runtime.engine.open_generation(prepared.request) as events,
-        aclosing(_output_events(events)) as output,
+        aclosing(output_events(events, prepared.plan)) as output,
     ):
         yield output
-
-
-async def _output_events(events: trio.MemoryReceiveChannel[EngineEvent]) -> AsyncGenerator[OutputEvent, None]:
-    async for event in events:
-        match event:
-            case TokenGenerated(token_id=token_id, text=text, logprob=logprob):
-                yield TextDelta(
-                    text=text, token_ids=(token_id,), logprobs=() if logprob is None else (logprob,)
-                )
-            case PromptProgress():
-                yield event
-            case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
-                yield Done(
-                    finish_reason=finish_reason_for(cause, called_tools=False),
-                    cause=cause,
-                    stats=stats,
-                    stop_word=stop_word,
-                )
-                return
-            case GenerationFailed(error=error):
-                raise error
-    raise EngineFailure("the generation ended without a result")
 
 
 async def collect(output: AsyncIterator[OutputEvent]) -> Completion:

@@ -6,6 +6,7 @@ import enum
 
 import attrs
 
+from bubo.domain.generation import GrammarSpec
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
@@ -34,6 +35,8 @@ class Runtime:
     tokenizer: Tokenizer
     template: ChatTemplate
     defaults: GenerationDefaults = attrs.field(factory=GenerationDefaults)
+    tool_parser: str = "hermes"  # the format tool calls are parsed (and forced) in
+    default_grammar: GrammarSpec | None = None  # constrains every request that sets none itself
 
     @property
     def model_names(self) -> tuple[str, ...]:

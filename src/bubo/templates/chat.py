@@ -83,6 +83,11 @@ class ChatTemplate:
         self._template = environment.from_string(source)
         self.capabilities = probe(self._render_variables)
 
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the template knows ``<think>`` reasoning (Qwen3-style ``enable_thinking``)."""
+        return "<think>" in self.source or "enable_thinking" in self.source
+
     def _render_variables(self, variables: dict[str, Any]) -> str:
         return self._template.render({"bos_token": self.bos_token, "eos_token": self.eos_token, **variables})
 

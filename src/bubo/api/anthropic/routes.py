@@ -15,8 +15,8 @@ from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.errors import InvalidRequest
-from bubo.service.generation import collect, open_output, prepare_chat
-from bubo.service.prompt import render_chat
+from bubo.service.chat import prepare_chat, render_chat_request
+from bubo.service.generation import collect, open_output
 
 from . import translate, wire
 from .stream import MessageStream
@@ -60,6 +60,5 @@ async def count_tokens() -> Response:
     runtime.check_model(body.model)
     if body.stream:
         raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
-    prompt = translate.chat_prompt(body.system, body.messages, body.tools, body.tool_choice)
-    rendered = await trio.to_thread.run_sync(render_chat, runtime, prompt)
+    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.count_request(body))
     return json_response(wire.TokenCount(input_tokens=len(rendered.tokens)))

@@ -6,16 +6,26 @@ import json
 import logging
 from collections.abc import Sequence
 
+import attrs
+
 from bubo.domain.generation import GenerationStats, StopCause
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
-from bubo.domain.requests import ChatRequest, GenerationOptions
+from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest
 
 from . import wire
 
-__all__ = ["chat_prompt", "message", "messages_request", "stop_reason", "tool_use_id", "usage"]
+__all__ = [
+    "chat_prompt",
+    "count_request",
+    "message",
+    "messages_request",
+    "stop_reason",
+    "tool_use_id",
+    "usage",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +43,14 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
     """The domain request for ``POST /v1/messages``.
 
     Raises:
-        InvalidRequest: no messages, ``max_tokens`` below 1, unsupported content.
+        InvalidRequest: no messages, ``max_tokens`` below 1, unsupported content,
+            disagreeing thinking controls.
 
     """
     if body.max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {body.max_tokens}", param="max_tokens")
-    return ChatRequest(
-        prompt=chat_prompt(body.system, body.messages, body.tools, body.tool_choice),
+    return attrs.evolve(
+        count_request(body),
         options=GenerationOptions(
             max_tokens=body.max_tokens,
             sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
@@ -48,13 +59,58 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
     )
 
 
+def count_request(body: wire.MessagesRequest | wire.CountTokensRequest) -> ChatRequest:
+    """The conversation as generation renders it (``count_tokens`` counts exactly this)."""
+    choice = body.tool_choice
+    return ChatRequest(
+        prompt=chat_prompt(body.system, body.messages, body.tools),
+        tool_choice=_tool_choice(choice),
+        parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
+        reasoning=_reasoning(body.thinking, body.output_config),
+        output_format=(
+            OutputFormat(schema=body.output_config.format.schema, param="output_config.format.schema")
+            if body.output_config is not None and body.output_config.format is not None
+            else None
+        ),
+    )
+
+
+def _tool_choice(choice: wire.ToolChoice | None) -> ToolChoice:
+    if choice is None or choice.type == "auto":
+        return ToolChoice()
+    if choice.type == "none":
+        return ToolChoice(mode="none")
+    if choice.type == "any":
+        return ToolChoice(mode="required")
+    if choice.name is None:
+        raise InvalidRequest('tool_choice of type "tool" needs a name', param="tool_choice.name")
+    return ToolChoice(mode="named", name=choice.name, param="tool_choice.name")
+
+
+def _reasoning(thinking: wire.ThinkingConfig | None, output: wire.OutputConfig | None) -> ReasoningControl:
+    effort = output.effort if output is not None else None
+    control = ReasoningControl.from_effort(effort)
+    if thinking is None:
+        return control
+    enabled = thinking.type != "disabled"
+    if effort is not None and not enabled:
+        raise InvalidRequest(
+            f"thinking is disabled but output_config.effort asks for {effort}",
+            code="conflicting_reasoning",
+            param="thinking",
+        )
+    budget = thinking.budget_tokens if thinking.type == "enabled" else None
+    if budget is not None and budget < 1:
+        raise InvalidRequest("thinking.budget_tokens must be at least 1", param="thinking.budget_tokens")
+    return attrs.evolve(control, enabled=enabled, budget_tokens=budget)
+
+
 def chat_prompt(
     system: str | list[wire.TextBlock] | None,
     messages: list[wire.InputMessage] | None,
     tools: list[wire.Tool] | None,
-    tool_choice: wire.ToolChoice | None,
 ) -> ChatPrompt:
-    """The conversation as the chat template sees it (shared by generation and counting)."""
+    """The conversation as the chat template sees it."""
     if not messages:
         raise InvalidRequest(
             "messages is required and must be a non-empty array", code="missing_messages", param="messages"
@@ -65,8 +121,7 @@ def chat_prompt(
         turns.append(Message(role="system", content=text))
     for index, turn in enumerate(messages):
         turns.extend(_turn(turn, f"messages[{index}]"))
-    offered = () if tool_choice is not None and tool_choice.type == "none" else _tools(tools or ())
-    return ChatPrompt(messages=tuple(turns), tools=offered)
+    return ChatPrompt(messages=tuple(turns), tools=_tools(tools or ()))
 
 
 def _unsupported(block: wire.ContentBlock, param: str) -> InvalidRequest:

@@ -119,10 +119,27 @@ class ToolChoice:
 
 @attrs.frozen(kw_only=True)
 class ThinkingConfig:
-    """``{"type": "enabled", "budget_tokens": N}`` or ``{"type": "disabled"}``."""
+    """``enabled`` (with ``budget_tokens``), ``adaptive``, ``between_tools`` or ``disabled``."""
 
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
+    display: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OutputFormat:
+    """``{"type": "json_schema", "schema": {...}}``."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class OutputConfig:
+    """``output_config``: a structured ``format`` and an ``effort`` level."""
+
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +166,7 @@ class MessagesRequest:
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -161,6 +179,7 @@ class CountTokensRequest:
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
     stream: bool | None = None
 
 

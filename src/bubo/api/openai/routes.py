@@ -13,8 +13,8 @@ from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
-from bubo.service.generation import collect, open_output, prepare_chat, prepare_completion
-from bubo.service.prompt import render_chat
+from bubo.service.chat import prepare_chat, render_chat_request
+from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
 
 from . import translate, wire
@@ -123,7 +123,7 @@ async def apply_template() -> Response:
     body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
-    rendered = await trio.to_thread.run_sync(render_chat, runtime, translate.chat_request(body).prompt)
+    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.chat_request(body))
     return json_response({"prompt": rendered.text})
 
 

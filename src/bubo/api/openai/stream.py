@@ -95,7 +95,7 @@ class ChatStream:
                 if text or logprobs is not None:
                     yield self._chunk(wire.Delta(content=text), logprobs=logprobs)
             case ReasoningDelta(text=text):
-                yield self._chunk(wire.Delta(reasoning_content=text))
+                yield self._chunk(wire.Delta(reasoning_content=text, reasoning=text))
             case ToolCallStart(index=index, id=call_id, name=name):
                 call = wire.ToolCallDelta(
                     index=index, id=call_id, type="function", function={"name": name, "arguments": ""}

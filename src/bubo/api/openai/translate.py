@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import TokenLogprob
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
 from bubo.domain.output import Completion
-from bubo.domain.requests import ChatRequest, CompletionRequest, GenerationOptions, PromptPiece
+from bubo.domain.requests import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationOptions,
+    OutputFormat,
+    PromptPiece,
+    ReasoningControl,
+    ToolChoice,
+)
 from bubo.domain.sampling import LogitBias, SamplingOverrides
 from bubo.errors import InvalidRequest
 
@@ -61,7 +71,79 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             stop=_stop(body.stop),
             n_probs=n_probs,
         ),
+        tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        reasoning=reasoning_control(body),
+        output_format=_output_format(body.response_format),
     )
+
+
+def _tool_choice(choice: str | wire.NamedToolChoice | None) -> ToolChoice:
+    if choice is None:
+        return ToolChoice()
+    if isinstance(choice, wire.NamedToolChoice):
+        return ToolChoice(mode="named", name=choice.function.name, param="tool_choice.function.name")
+    return ToolChoice(mode=choice)  # type: ignore[arg-type]
+
+
+def _output_format(response_format: wire.ResponseFormat | None) -> OutputFormat | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return OutputFormat(schema={"type": "object"}, param="response_format")
+    spec = response_format.json_schema
+    if spec is None or spec.schema is None:
+        raise InvalidRequest(
+            "response_format json_schema needs json_schema.schema", param="response_format.json_schema.schema"
+        )
+    return OutputFormat(schema=spec.schema, param="response_format.json_schema.schema")
+
+
+def reasoning_control(body: wire.ChatCompletionRequest) -> ReasoningControl:
+    """Thinking as ``reasoning_effort``, ``thinking`` and ``chat_template_kwargs`` say, which must agree.
+
+    Raises:
+        InvalidRequest: two of them disagree; the message names both fields.
+
+    """
+    control = ReasoningControl.from_effort(body.reasoning_effort)
+    said = "reasoning_effort"
+    if body.thinking is not None:
+        wanted = body.thinking.type == "enabled"
+        if control.enabled is not None and control.enabled != wanted:
+            raise InvalidRequest(
+                f"reasoning_effort ({body.reasoning_effort}) and thinking ({body.thinking.type}) disagree",
+                code="conflicting_reasoning",
+                param="thinking",
+            )
+        control = attrs.evolve(control, enabled=wanted, budget_tokens=body.thinking.budget_tokens)
+        said = "thinking"
+    kwargs = body.chat_template_kwargs or {}
+    if "enable_thinking" in kwargs:
+        value = kwargs["enable_thinking"]
+        if not isinstance(value, bool):
+            raise InvalidRequest(
+                "chat_template_kwargs.enable_thinking must be a boolean",
+                param="chat_template_kwargs.enable_thinking",
+            )
+        if control.enabled is not None and value != control.enabled:
+            raise InvalidRequest(
+                f"chat_template_kwargs.enable_thinking ({str(value).lower()}) disagrees with {said}",
+                code="conflicting_reasoning",
+                param="chat_template_kwargs.enable_thinking",
+            )
+    if (
+        "reasoning_effort" in kwargs
+        and control.effort is not None
+        and kwargs["reasoning_effort"] != control.effort
+    ):
+        raise InvalidRequest(
+            f"chat_template_kwargs.reasoning_effort ({kwargs['reasoning_effort']}) disagrees with "
+            f"reasoning_effort ({control.effort})",
+            code="conflicting_reasoning",
+            param="chat_template_kwargs.reasoning_effort",
+        )
+    return control
 
 
 def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
@@ -280,6 +362,7 @@ def chat_completion(
                 message=wire.AssistantMessage(
                     content=completion.text if completion.text or not tool_calls else None,
                     reasoning_content=completion.reasoning or None,
+                    reasoning=completion.reasoning or None,
                     tool_calls=tool_calls or None,
                 ),
                 logprobs=chat_logprobs(completion.logprobs) if logprobs else None,

@@ -115,6 +115,50 @@ class Tool:
 
 
 @attrs.frozen(kw_only=True)
+class NamedFunction:
+    """The function a named tool choice forces."""
+
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class NamedToolChoice:
+    """``{"type": "function", "function": {"name": …}}``."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+@attrs.frozen(kw_only=True)
+class JsonSchemaFormat:
+    """``response_format.json_schema``."""
+
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ResponseFormat:
+    """``text``, ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThinkingSwitch:
+    """``thinking``: ``{"type": "enabled"}`` or ``{"type": "disabled"}`` (optional ``budget_tokens``)."""
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = None
+
+
+ReasoningEffort = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+@attrs.frozen(kw_only=True)
 class StreamOptions:
     """``stream_options``."""
 
@@ -140,6 +184,10 @@ class ChatCompletionRequest:
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None
     top_logprobs: int | None = None
     top_p: float | None = None
     user: str | None = None
@@ -148,6 +196,7 @@ class ChatCompletionRequest:
     min_p: float | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
+    thinking: ThinkingSwitch | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -236,6 +285,7 @@ class AssistantMessage:
     role: Literal["assistant"] = "assistant"
     content: str | None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text, for clients that read this name
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -280,6 +330,7 @@ class Delta:
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text, for clients that read this name
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -13,7 +13,8 @@ from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.domain.messages import Message
 from bubo.errors import NotFound
-from bubo.service.generation import collect, open_output, prepare_chat
+from bubo.service.chat import prepare_chat
+from bubo.service.generation import collect, open_output
 from bubo.service.response_store import StoredResponse
 
 from . import translate, wire

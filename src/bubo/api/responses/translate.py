@@ -14,7 +14,7 @@ from bubo.domain.generation import StopCause
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
-from bubo.domain.requests import ChatRequest, GenerationOptions
+from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest
 
@@ -78,15 +78,61 @@ def responses_request(
     )
     history = (*previous, *items)
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
-    offered = () if body.tool_choice == "none" else _tools(converter, body.tools or ())
     request = ChatRequest(
-        prompt=ChatPrompt(messages=(*system, *history), tools=offered),
+        prompt=ChatPrompt(messages=(*system, *history), tools=_tools(converter, body.tools or ())),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
             sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p),
         ),
+        tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        reasoning=_reasoning(body.reasoning),
+        output_format=_output_format(body.text),
     )
     return Conversation(request=request, history=history)
+
+
+def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
+    """``none``/``auto``/``required`` or ``{"type": "function", "name": …}``."""
+    if choice is None:
+        return ToolChoice()
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise InvalidRequest(f"tool_choice {choice!r} is not none, auto or required", param="tool_choice")
+        return ToolChoice(mode=choice)  # type: ignore[arg-type]
+    name = choice.get("name")
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest(
+            'tool_choice must name a function as {"type": "function", "name": …}', param="tool_choice"
+        )
+    return ToolChoice(mode="named", name=name, param="tool_choice.name")
+
+
+_EFFORTS = frozenset({"none", "off", "minimal", "low", "medium", "high", "xhigh", "max"})
+
+
+def _reasoning(config: wire.ReasoningConfig | None) -> ReasoningControl:
+    effort = config.effort if config is not None else None
+    if effort is not None and effort not in _EFFORTS:
+        raise InvalidRequest(
+            f"reasoning.effort {effort!r} is not one of {', '.join(sorted(_EFFORTS))}",
+            param="reasoning.effort",
+        )
+    return ReasoningControl.from_effort(effort)
+
+
+def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
+    spec = text.format if text is not None else None
+    if not spec or spec.get("type") == "text":
+        return None
+    if spec.get("type") == "json_object":
+        return OutputFormat(schema={"type": "object"}, param="text.format")
+    if spec.get("type") == "json_schema":
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest("text.format json_schema needs a schema object", param="text.format.schema")
+        return OutputFormat(schema=schema, param="text.format.schema")
+    raise InvalidRequest(f"text.format type {spec.get('type')!r} is not supported", param="text.format.type")
 
 
 def _messages(converter: cattrs.Converter, items: list[dict[str, Any]]) -> list[Message]:

@@ -1,0 +1,12 @@
+"""Grammar pieces for constrained decoding: GBNF literals, the thinking prefix, schema checks.
+
+Pure: the JSON-schema-to-GBNF conversion itself is llama.cpp's (through the
+engine); this package only decides what to constrain and refuses schemas that
+conversion would not enforce.
+"""
+
+from .gbnf import THINK_BODY as THINK_BODY
+from .gbnf import literal as literal
+from .gbnf import thinking_prefix as thinking_prefix
+from .schema import check_schema as check_schema
+from .schema import output_grammar as output_grammar

@@ -1,0 +1,1 @@
+"""Tool-call parsers, one module per wire format (see ``parsers/registry.py``)."""

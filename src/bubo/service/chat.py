@@ -1,0 +1,113 @@
+"""Chat requests: thinking controls, the template render, tools, grammars, parsers.
+
+Everything here happens before the request is queued, so every refusal is an
+ordinary 400.  The order matters: the template needs the thinking variables;
+the rendered prompt tells whether the output starts inside ``<think>``; that
+decides the reasoning parser and the grammars' thinking prefix.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from bubo.domain.generation import GrammarSpec, ThinkingBudget
+from bubo.domain.messages import ChatPrompt
+from bubo.domain.requests import ChatRequest
+from bubo.errors import InvalidRequest
+from bubo.grammar import check_schema, output_grammar, thinking_prefix
+from bubo.parsers import ParserConfig
+from bubo.parsers.registry import tool_format
+
+from .generation import PreparedGeneration, generation_request
+from .output import OutputPlan
+from .prompt import RenderedPrompt, render_chat
+from .runtime import Runtime
+
+__all__ = ["prepare_chat", "render_chat_request", "starts_inside_thinking"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def starts_inside_thinking(prompt_text: str) -> bool:
+    """Whether the prompt ends inside an opened ``<think>`` (the output continues the reasoning)."""
+    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+
+
+def _with_thinking_variables(request: ChatRequest) -> ChatPrompt:
+    """The prompt with ``enable_thinking``/``reasoning_effort`` set as the request asks."""
+    reasoning = request.reasoning
+    variables = dict(request.prompt.template_kwargs)
+    if reasoning.enabled is not None:
+        variables["enable_thinking"] = reasoning.enabled
+    if reasoning.effort is not None:
+        variables["reasoning_effort"] = reasoning.effort
+    prompt = request.prompt
+    if request.tool_choice.mode == "none":
+        prompt = attrs.evolve(prompt, tools=())
+    return attrs.evolve(prompt, template_kwargs=variables)
+
+
+def render_chat_request(runtime: Runtime, request: ChatRequest) -> RenderedPrompt:
+    """The prompt exactly as generation renders it (also for ``count_tokens``)."""
+    return render_chat(runtime, _with_thinking_variables(request))
+
+
+async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
+    """Render, tokenize, check, and plan grammar and parsers for a chat request."""
+    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, request)
+    inside = starts_inside_thinking(rendered.text)
+    may_think = runtime.template.supports_thinking
+    thinking = inside or may_think
+    tools = () if request.tool_choice.mode == "none" else request.prompt.tools
+    max_calls = None if request.parallel_tool_calls else 1
+    grammar = _grammar(runtime, request, starts_inside=inside, may_think=may_think and not inside)
+    budget = request.reasoning.budget_tokens
+    generation = attrs.evolve(
+        generation_request(runtime, rendered, request.options, prompt_param="messages"),
+        grammar=grammar,
+        thinking_budget=(
+            ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
+            if budget is not None and thinking
+            else None
+        ),
+    )
+    plan = OutputPlan(
+        reasoning=thinking,
+        starts_inside=inside,
+        tool_format=runtime.tool_parser if tools else None,
+        tool_config=ParserConfig(tools=tools, max_calls=max_calls),
+    )
+    return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
+
+
+def _grammar(
+    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool
+) -> GrammarSpec | None:
+    """Forced tool calls, else a JSON answer, else the server's default grammar, else none."""
+    choice = request.tool_choice
+    tools = request.prompt.tools
+    prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
+    max_calls = None if request.parallel_tool_calls else 1
+    if choice.mode == "named":
+        chosen = [t for t in tools if t.name == choice.name]
+        if not chosen:
+            names = ", ".join(repr(t.name) for t in tools) or "none"
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not among the tools offered ({names})",
+                param=choice.param,
+            )
+        tools = tuple(chosen)
+    if choice.mode in ("required", "named"):
+        if not tools:
+            raise InvalidRequest(
+                "tool_choice requires a tool call but no tools were offered", param=choice.param
+            )
+        for index, tool in enumerate(tools):
+            check_schema(tool.parameters, f"tools[{index}]")
+        return tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls)
+    if request.output_format is not None:
+        check_schema(request.output_format.schema, request.output_format.param)
+        return output_grammar(request.output_format.schema, starts_inside=starts_inside, may_think=may_think)
+    return runtime.default_grammar

@@ -1,0 +1,120 @@
+"""Engine events to output events: the per-request parser pipeline.
+
+Generated text goes through the reasoning parser (``<think>`` split), and
+the answer part through the tool-call parser; either may be absent.  The
+pipeline also counts reasoning tokens and decides the finish reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import attrs
+import trio
+
+from bubo.domain.generation import (
+    EngineEvent,
+    GenerationFailed,
+    GenerationFinished,
+    PromptProgress,
+    TokenGenerated,
+)
+from bubo.domain.output import Done, OutputEvent, ReasoningDelta, TextDelta, finish_reason_for
+from bubo.engine import EngineFailure
+from bubo.parsers import ParserConfig, StreamParser, ThinkParser, make_tool_parser
+
+__all__ = ["OutputPlan", "output_events"]
+
+
+@attrs.frozen(kw_only=True)
+class OutputPlan:
+    """Which parsers a request's output goes through (parsers are made per request)."""
+
+    reasoning: bool = False  # split <think> reasoning out
+    starts_inside: bool = False  # the prompt already opened <think>
+    tool_format: str | None = None  # parse tool calls of this format
+    tool_config: ParserConfig = attrs.field(factory=ParserConfig)
+
+
+class _Pipeline:
+    """The parsers of one request, and what they have seen."""
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self._reasoning = ThinkParser(starts_inside=plan.starts_inside) if plan.reasoning else None
+        self._tools: StreamParser | None = (
+            make_tool_parser(plan.tool_format, plan.tool_config) if plan.tool_format else None
+        )
+        self.called_tools = False
+        self.reasoning_tokens = 0
+
+    def feed(self, event: TokenGenerated) -> list[OutputEvent]:
+        if self._reasoning is None and self._tools is None:
+            logprobs = () if event.logprob is None else (event.logprob,)
+            return [TextDelta(text=event.text, token_ids=(event.token_id,), logprobs=logprobs)]
+        was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
+        events = self._route(
+            self._reasoning.feed(event.text) if self._reasoning else [TextDelta(text=event.text)]
+        )
+        if was_reasoning or any(isinstance(e, ReasoningDelta) for e in events):
+            self.reasoning_tokens += 1
+        if event.logprob is not None:
+            events = _attach_logprob(events, event)
+        return events
+
+    def finish(self) -> list[OutputEvent]:
+        flushed = self._route(self._reasoning.finish()) if self._reasoning else []
+        if self._tools is not None:
+            flushed += self._tools.finish()
+        self.called_tools = self.called_tools or any(
+            not isinstance(e, TextDelta | ReasoningDelta) for e in flushed
+        )
+        return flushed
+
+    def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        if self._tools is None:
+            return events
+        out: list[OutputEvent] = []
+        for event in events:
+            out.extend(self._tools.feed(event.text) if isinstance(event, TextDelta) else [event])
+        self.called_tools = self.called_tools or any(
+            not isinstance(e, TextDelta | ReasoningDelta) for e in out
+        )
+        return out
+
+
+def _attach_logprob(events: list[OutputEvent], token: TokenGenerated) -> list[OutputEvent]:
+    """Put the token's log-probability on the first answer text it produced (if any)."""
+    assert token.logprob is not None
+    for index, event in enumerate(events):
+        if isinstance(event, TextDelta):
+            events[index] = attrs.evolve(event, token_ids=(token.token_id,), logprobs=(token.logprob,))
+            break
+    return events
+
+
+async def output_events(
+    events: trio.MemoryReceiveChannel[EngineEvent], plan: OutputPlan
+) -> AsyncGenerator[OutputEvent, None]:
+    """The parsed output of one generation, ending with :class:`Done`."""
+    pipeline = _Pipeline(plan)
+    async for event in events:
+        match event:
+            case TokenGenerated():
+                for output in pipeline.feed(event):
+                    yield output
+            case PromptProgress():
+                yield event
+            case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
+                for output in pipeline.finish():
+                    yield output
+                yield Done(
+                    finish_reason=finish_reason_for(cause, called_tools=pipeline.called_tools),
+                    cause=cause,
+                    stats=stats,
+                    stop_word=stop_word,
+                    reasoning_tokens=pipeline.reasoning_tokens,
+                )
+                return
+            case GenerationFailed(error=error):
+                raise error
+    raise EngineFailure("the generation ended without a result")
