@@ -89,6 +89,10 @@ class ModelSettings:
     flash_attn: str = "auto"
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
+    cache_ram: int = attrs.field(default=1024, validator=_non_negative)  # MiB of snapshots; 0: off
+    draft_max: int = attrs.field(default=16, validator=_non_negative)  # prompt-lookup draft; 0: off
+    draft_ngram_min: int = attrs.field(default=2, validator=_positive)
+    reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
     tool_call_parser: str = "auto"  # auto: chosen from the chat template
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
 
@@ -138,6 +142,14 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+def _switch(text: str) -> bool:
+    if text.lower() in ("on", "true", "1"):
+        return True
+    if text.lower() in ("off", "false", "0"):
+        return False
+    raise ValueError(f"expected on or off, got {text!r}")
 
 
 def _existing_file(text: str) -> Path:
@@ -217,6 +229,16 @@ OPTIONS: tuple[Option, ...] = (
            "layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
     Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
            "Jinja chat template to use instead of the model's", "PATH"),
+    Option(("-cram", "--cache-ram"), ("model", "cache_ram"), _int,
+           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (1024; 0: off)",
+           "MIB"),
+    Option(("--draft-max",), ("model", "draft_max"), _int,
+           "prompt-lookup speculative decoding: most tokens drafted per step (16; 0: off)", "N"),
+    Option(("--draft-ngram-min",), ("model", "draft_ngram_min"), _int,
+           "prompt-lookup: shortest repeated n-gram that proposes a draft (2)", "N"),
+    Option(("--reasoning-preserve",), ("model", "reasoning_preserve"), _switch,
+           "on: templates that can keep earlier turns' reasoning are asked to (stable prompt-cache prefix); "
+           "off: the template's own default (on)", "on|off"),
     Option(("--tool-call-parser",), ("model", "tool_call_parser"), _choice("auto", *available_tool_parsers()),
            "tool-call format to parse and force: auto (from the chat template), "
            + ", ".join(available_tool_parsers()), "NAME"),

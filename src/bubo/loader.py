@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bubo.config import Settings
 from bubo.domain.generation import GrammarSpec
-from bubo.engine.llama import LlamaOptions, load_llama_engine
+from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.model import GGUFMetadata, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
@@ -69,6 +69,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             prefill_chunk=model.prefill_chunk,
             flash_attn=model.flash_attn,
             n_gpu_layers=model.n_gpu_layers,
+            cache_ram_mib=model.cache_ram,
+            drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
         ),
         on_progress=_ProgressLog(on_progress),
     )
@@ -124,4 +126,10 @@ def _template(metadata: GGUFMetadata, settings: Settings, tokenizer: Tokenizer) 
     else:
         logger.warning("the model has no chat template; using ChatML")
         source, origin = CHATML, "builtin-chatml"
-    return ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, origin=origin)
+    return ChatTemplate(
+        source,
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        origin=origin,
+        preserve_reasoning=settings.model.reasoning_preserve,
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
@@ -139,3 +141,52 @@ class TestPolyfills:
         )
         prompt = ChatPrompt(messages=(Message(role="system", content="Rules."), *USER))
         assert render(source, prompt) == "[user]Rules.\n\nHi"
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+class TestPastReasoning:
+    """Earlier turns' reasoning stays in the prompt where the template can keep it (stable cache prefix)."""
+
+    FIRST_TURN = (Message(role="system", content="Be brief."), Message(role="user", content="Hi"))
+    ANSWER = Message(role="assistant", content="Hello!", reasoning="They greet me.")
+
+    def conversation(self, *, template_kwargs: dict[str, object] | None = None) -> ChatPrompt:
+        return ChatPrompt(
+            messages=(*self.FIRST_TURN, self.ANSWER, Message(role="user", content="Bye")),
+            template_kwargs=template_kwargs or {},
+        )
+
+    def qwen36(self, *, preserve_reasoning: bool = True) -> ChatTemplate:
+        source = (FIXTURES / "qwen36_preserve.jinja").read_text()
+        return ChatTemplate(
+            source, bos_token="", eos_token="", origin="test", preserve_reasoning=preserve_reasoning
+        )
+
+    def test_probe_finds_the_preserving_variable(self) -> None:
+        caps = self.qwen36().capabilities
+        assert (caps.past_reasoning, caps.preserve_reasoning) == (False, ("preserve_thinking", True))
+
+    def test_probe_of_a_template_that_always_keeps_it(self) -> None:
+        source = (FIXTURES / "qwen3_style.jinja").read_text()
+        caps = ChatTemplate(source, bos_token="", eos_token="", origin="test").capabilities
+        assert (caps.past_reasoning, caps.preserve_reasoning) == (True, None)
+
+    def test_probe_of_a_template_without_reasoning(self, template) -> None:
+        caps = template.capabilities
+        assert (caps.past_reasoning, caps.preserve_reasoning) == (False, None)
+
+    def test_second_turn_extends_the_first_turn_as_generated(self) -> None:
+        """The next prompt starts with the previous prompt and the reasoning and answer it produced."""
+        template = self.qwen36()
+        first = template.render(ChatPrompt(messages=self.FIRST_TURN))
+        generated = "<think>\nThey greet me.\n</think>\n\nHello!<|im_end|>\n"
+        assert template.render(self.conversation()).startswith(first + generated)
+
+    def test_a_request_may_turn_it_off(self) -> None:
+        text = self.qwen36().render(self.conversation(template_kwargs={"preserve_thinking": False}))
+        assert "They greet me." not in text
+
+    def test_the_server_may_turn_it_off(self) -> None:
+        assert "They greet me." not in self.qwen36(preserve_reasoning=False).render(self.conversation())

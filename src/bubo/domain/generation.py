@@ -12,6 +12,7 @@ from .sampling import SamplingParams
 
 __all__ = [
     "CacheReport",
+    "CacheTags",
     "EngineEvent",
     "GenerationFailed",
     "GenerationFinished",
@@ -54,6 +55,19 @@ class ThinkingBudget:
 
 
 @attrs.frozen(kw_only=True)
+class CacheTags:
+    """Who a prompt belongs to, for the prompt cache's miss reasons.
+
+    ``conversation`` identifies the conversation (a hash of its opening turns);
+    ``template`` how it was rendered (template, variables, tools).  The same
+    conversation rendered differently is a ``template_changed`` miss.
+    """
+
+    conversation: str
+    template: str
+
+
+@attrs.frozen(kw_only=True)
 class GenerationRequest:
     """One decode job: prompt token ids in, at most ``max_new_tokens`` tokens out.
 
@@ -73,6 +87,7 @@ class GenerationRequest:
     time_limit_ms: int = 0
     grammar: GrammarSpec | None = None
     thinking_budget: ThinkingBudget | None = None
+    cache_tags: CacheTags | None = None
 
 
 @attrs.frozen(kw_only=True)

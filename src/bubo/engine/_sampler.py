@@ -97,9 +97,9 @@ class Sampler:
         """Record a token the engine inserted itself (so penalties and the grammar see it)."""
         llama_cpp.llama_sampler_accept(self._chain, token)
 
-    def sample(self, ctx: object) -> int:
-        """Sample (and accept) the next token from the context's last logits."""
-        token: int = llama_cpp.llama_sampler_sample(self._chain, ctx, -1)
+    def sample(self, ctx: object, index: int = -1) -> int:
+        """Sample (and accept) a token from the logits at batch position *index* (-1: the last)."""
+        token: int = llama_cpp.llama_sampler_sample(self._chain, ctx, index)
         return token
 
     def close(self) -> None:

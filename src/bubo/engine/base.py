@@ -161,10 +161,10 @@ class SlotEngine(abc.ABC):
     must send events into ``send`` (it need not close it).
     """
 
-    def __init__(self, info: ModelInfo) -> None:
+    def __init__(self, info: ModelInfo, counters: EngineCounters | None = None) -> None:
         self._info = info
         self._slot = trio.Lock()  # trio.Lock is FIFO-fair: the queue is its waiters
-        self._counters = EngineCounters()
+        self._counters = counters or EngineCounters()
         self._next_task_id = 0
 
     @property

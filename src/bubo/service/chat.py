@@ -8,10 +8,12 @@ decides the reasoning parser and the grammars' thinking prefix.
 
 from __future__ import annotations
 
+import hashlib
+
 import attrs
 import trio
 
-from bubo.domain.generation import GrammarSpec, ThinkingBudget
+from bubo.domain.generation import CacheTags, GrammarSpec, ThinkingBudget
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import ChatRequest
 from bubo.errors import InvalidRequest
@@ -21,7 +23,7 @@ from bubo.parsers.registry import tool_format
 
 from .generation import PreparedGeneration, generation_request
 from .output import OutputPlan
-from .prompt import RenderedPrompt, render_chat
+from .prompt import RenderedPrompt, render_chat, stable_prompt
 from .runtime import Runtime
 
 __all__ = ["prepare_chat", "render_chat_request", "starts_inside_thinking"]
@@ -67,6 +69,7 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     generation = attrs.evolve(
         generation_request(runtime, rendered, request.options, prompt_param="messages"),
         grammar=grammar,
+        cache_tags=cache_tags(runtime, _with_thinking_variables(request)),
         thinking_budget=(
             ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
             if budget is not None and thinking
@@ -80,6 +83,21 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
         tool_config=ParserConfig(tools=tools, max_calls=max_calls),
     )
     return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
+
+
+def cache_tags(runtime: Runtime, prompt: ChatPrompt) -> CacheTags:
+    """Which conversation this is (its opening turns) and how it is rendered, for cache reports."""
+    opening = [(m.role, m.content or "") for m in stable_prompt(prompt).messages[:2]]
+    rendering = [
+        runtime.template.source,
+        sorted((k, repr(v)) for k, v in prompt.template_kwargs.items()),
+        [(t.name, t.description, repr(t.parameters)) for t in prompt.tools],
+    ]
+    return CacheTags(conversation=_digest(opening), template=_digest(rendering))
+
+
+def _digest(value: object) -> str:
+    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
 
 
 def _grammar(

@@ -6,6 +6,8 @@ Generation, ``/apply-template``, ``/tokenize``-free counting and Anthropic's
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from bubo.domain.messages import ChatPrompt
@@ -14,7 +16,7 @@ from bubo.errors import InvalidRequest
 
 from .runtime import Runtime
 
-__all__ = ["RenderedPrompt", "render_chat", "tokenize_raw"]
+__all__ = ["RenderedPrompt", "render_chat", "stable_prompt", "tokenize_raw"]
 
 
 @attrs.frozen(kw_only=True)
@@ -25,13 +27,34 @@ class RenderedPrompt:
     tokens: tuple[int, ...]
 
 
+_VOLATILE_STAMP = re.compile(r"(x-anthropic-billing-header:[^\n]*?\bcch=)[^;\n]*")
+
+
+def stable_prompt(prompt: ChatPrompt) -> ChatPrompt:
+    """*prompt* with volatile stamps that would defeat the prompt cache made constant.
+
+    Claude Code starts its system prompt with ``x-anthropic-billing-header: …;
+    cch=<hash>;``, where the hash changes every turn; a changed first line would
+    make every turn a full cache miss.  The hash means nothing to a local model.
+    """
+    if not any(m.role == "system" and m.content and "cch=" in m.content for m in prompt.messages):
+        return prompt
+    messages = tuple(
+        attrs.evolve(m, content=_VOLATILE_STAMP.sub(r"\g<1>0", m.content))
+        if m.role == "system" and m.content
+        else m
+        for m in prompt.messages
+    )
+    return attrs.evolve(prompt, messages=messages)
+
+
 def render_chat(runtime: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
     """Render *prompt* with the chat template and tokenize it.
 
     A template that prints the BOS token itself (Gemma, Llama 3) would double it
     when the tokenizer adds BOS too; the printed one is dropped, as llama.cpp does.
     """
-    text = runtime.template.render(prompt)
+    text = runtime.template.render(stable_prompt(prompt))
     tokenizer = runtime.tokenizer
     if tokenizer.add_bos and tokenizer.bos_token and text.startswith(tokenizer.bos_token):
         text = text[len(tokenizer.bos_token) :]

@@ -13,6 +13,12 @@ rewrites the conversation into a generic, documented form before rendering:
 - tool results it drops become a user turn wrapped in ``<tool_response>``;
 - a system role it rejects is folded into the first user turn;
 - null content becomes an empty string when the template needs a string.
+
+The probe also learns whether the template keeps the reasoning of turns before
+the latest user message, and which variable makes it do so (Qwen 3.6's
+``preserve_thinking``, GLM's ``clear_thinking``).  A template that drops it
+re-renders the previous answer without its reasoning, and the prompt cache
+misses from that turn on.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ _TOOL = "bubo_probe_tool"
 _CALL = "bubo_probe_call"
 _RESULT = "bubo_probe_result"
 _SYSTEM = "bubo_probe_system"
+_REASONING = "bubo_probe_reasoning"
+# Template variables (and the value) that keep earlier turns' reasoning, in the order tried.
+PRESERVE_REASONING_VARIABLES: tuple[tuple[str, bool], ...] = (
+    ("preserve_thinking", True),
+    ("clear_thinking", False),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -42,6 +54,8 @@ class TemplateCapabilities:
     tool_responses: bool
     system_role: bool
     null_content: bool
+    past_reasoning: bool = False  # renders the reasoning of turns before the latest user message
+    preserve_reasoning: tuple[str, bool] | None = None  # the variable that makes it, when it does not
 
 
 def probe(render: Callable[[dict[str, Any]], str]) -> TemplateCapabilities:
@@ -65,7 +79,21 @@ def probe(render: Callable[[dict[str, Any]], str]) -> TemplateCapabilities:
         "type": "function",
         "function": {"name": _TOOL, "description": "", "parameters": {"type": "object"}},
     }
+    past = [user, {"role": "assistant", "content": "a", "reasoning_content": _REASONING}, user]
+    keeps_past_reasoning = shows(_REASONING, past)
+    preserve = None
+    if not keeps_past_reasoning:
+        preserve = next(
+            (
+                (name, value)
+                for name, value in PRESERVE_REASONING_VARIABLES
+                if shows(_REASONING, past, **{name: value})
+            ),
+            None,
+        )
     return TemplateCapabilities(
+        past_reasoning=keeps_past_reasoning,
+        preserve_reasoning=preserve,
         tools=shows(_TOOL, [user], tools=[tool]),
         tool_calls=shows(_CALL, [user, call]),
         tool_responses=shows(

@@ -67,7 +67,9 @@ def _strftime_now(format_: str) -> str:
 class ChatTemplate:
     """One compiled chat template and the special tokens it may print."""
 
-    def __init__(self, source: str, *, bos_token: str, eos_token: str, origin: str) -> None:
+    def __init__(
+        self, source: str, *, bos_token: str, eos_token: str, origin: str, preserve_reasoning: bool = True
+    ) -> None:
         environment = ImmutableSandboxedEnvironment(
             trim_blocks=True,
             lstrip_blocks=True,
@@ -82,6 +84,11 @@ class ChatTemplate:
         self.eos_token = eos_token
         self._template = environment.from_string(source)
         self.capabilities = probe(self._render_variables)
+        caps = self.capabilities
+        # the variable that keeps earlier turns' reasoning, set unless a request sets it itself
+        self.default_variables: dict[str, Any] = (
+            dict([caps.preserve_reasoning]) if preserve_reasoning and caps.preserve_reasoning else {}
+        )
 
     @property
     def supports_thinking(self) -> bool:
@@ -101,6 +108,7 @@ class ChatTemplate:
         """
         prompt = adapt(prompt, self.capabilities)
         variables: dict[str, Any] = {
+            **self.default_variables,
             **prompt.template_kwargs,
             "messages": [_message_dict(m) for m in prompt.messages],
             "add_generation_prompt": prompt.add_generation_prompt,

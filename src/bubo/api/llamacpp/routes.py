@@ -188,6 +188,7 @@ async def props() -> Response:
     info = runtime.engine.info
     sampling = runtime.defaults.sampling
     template = runtime.template
+    caps = template.capabilities
     return json_response(
         wire.Props(
             model=runtime.model_id,
@@ -224,6 +225,14 @@ async def props() -> Response:
             template=template.source,
             chat_template=template.source,
             chat_template_origin=template.origin,
+            chat_template_caps=wire.ChatTemplateCaps(
+                supports_tools=caps.tools,
+                supports_tool_calls=caps.tool_calls,
+                supports_tool_responses=caps.tool_responses,
+                supports_system_role=caps.system_role,
+                supports_preserve_reasoning=caps.past_reasoning or caps.preserve_reasoning is not None,
+                preserves_reasoning=caps.past_reasoning or bool(template.default_variables),
+            ),
             bos_token=runtime.tokenizer.bos_token,
             eos_token=runtime.tokenizer.eos_token,
             build_info=api_context().fingerprint,

@@ -229,6 +229,18 @@ class Modalities:
 
 
 @attrs.frozen(kw_only=True)
+class ChatTemplateCaps:
+    """What the chat template renders by itself (Bubo polyfills the rest)."""
+
+    supports_tools: bool
+    supports_tool_calls: bool
+    supports_tool_responses: bool
+    supports_system_role: bool
+    supports_preserve_reasoning: bool
+    preserves_reasoning: bool  # earlier turns' reasoning is rendered (by default or as asked)
+
+
+@attrs.frozen(kw_only=True)
 class Props:
     """``GET /props``: model names, template and defaults."""
 
@@ -242,6 +254,7 @@ class Props:
     template: str
     chat_template: str
     chat_template_origin: str
+    chat_template_caps: ChatTemplateCaps
     bos_token: str
     eos_token: str
     build_info: str

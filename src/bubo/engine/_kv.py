@@ -1,0 +1,248 @@
+"""The slot's KV cache: prefix reuse, and host-RAM snapshots of conversations that left it.
+
+The live sequence keeps the previous request's tokens; a new request reuses
+their longest common prefix.  When a request would throw away a substantial
+part of the live sequence (another conversation arrives), the live state is
+first copied to host RAM (``llama_state_seq_get_data``) as a snapshot.  A later
+request restores the snapshot with the longest matching prefix
+(``llama_state_seq_set_data``) when it beats the live prefix, so several
+interleaved agent conversations each keep their warm prefix.  Snapshots live
+under a byte budget, least recently used out first.
+
+Only the engine thread that owns the context calls into this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import logging
+from collections.abc import Sequence
+
+import attrs
+import llama_cpp
+
+from bubo.domain.generation import CacheReport, CacheTags
+
+__all__ = ["SequenceCache", "SnapshotInfo", "SnapshotStore"]
+
+logger = logging.getLogger(__name__)
+
+# A snapshot must save at least this many tokens of prefill to be worth its copy.
+MIN_SNAPSHOT_TOKENS = 64
+# How much longer a snapshot's match must be than the live prefix to be restored.
+MIN_RESTORE_GAIN = 32
+# Evicted prefixes remembered (to report "evicted" as the reason of a miss).
+EVICTED_MEMORY = 64
+EVICTED_PREFIX = 256
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of *a* and *b*, at most *limit*."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@attrs.define
+class _Snapshot:
+    tokens: tuple[int, ...]
+    data: ctypes.Array[ctypes.c_uint8]
+    tags: CacheTags | None
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotInfo:
+    """A snapshot as ``/debug/cache`` lists it."""
+
+    n_tokens: int
+    size_bytes: int
+    conversation: str | None
+
+
+class SnapshotStore:
+    """Sequence-state snapshots in host RAM under a byte budget (LRU)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: collections.OrderedDict[int, _Snapshot] = collections.OrderedDict()
+        self._ids = itertools.count()
+        self._bytes = 0
+        self._evicted: collections.deque[tuple[int, ...]] = collections.deque(maxlen=EVICTED_MEMORY)
+        self.evictions = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes held."""
+        return self._bytes
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """What is stored, most recently used last."""
+        return [
+            SnapshotInfo(
+                n_tokens=len(s.tokens),
+                size_bytes=s.size,
+                conversation=s.tags.conversation if s.tags else None,
+            )
+            for s in self._entries.values()
+        ]
+
+    def best(self, prompt: Sequence[int]) -> tuple[int | None, int, int]:
+        """``(id, match, partial)``: the snapshot sharing the longest prefix with *prompt*.
+
+        ``partial`` counts the other snapshots that shared some prefix (skipped).
+        """
+        best_id, best_len, partial = None, 0, 0
+        for key, snapshot in self._entries.items():
+            match = common_prefix(snapshot.tokens, prompt, len(prompt) - 1)
+            if match > best_len:
+                partial += best_id is not None
+                best_id, best_len = key, match
+            elif match > 0:
+                partial += 1
+        return best_id, best_len, partial
+
+    def take(self, key: int) -> _Snapshot:
+        """The snapshot, marked most recently used."""
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def add(self, snapshot: _Snapshot) -> None:
+        """Keep *snapshot*, dropping those it supersedes and the least recently used over budget."""
+        for key in [k for k, s in self._entries.items() if snapshot.tokens[: len(s.tokens)] == s.tokens]:
+            self._drop(key, evicted=False)
+        if snapshot.size > self.budget_bytes:
+            self._remember_evicted(snapshot.tokens)
+            return
+        self._entries[next(self._ids)] = snapshot
+        self._bytes += snapshot.size
+        while self._bytes > self.budget_bytes:
+            self._drop(next(iter(self._entries)), evicted=True)
+
+    def _drop(self, key: int, *, evicted: bool) -> None:
+        snapshot = self._entries.pop(key)
+        self._bytes -= snapshot.size
+        if evicted:
+            self._remember_evicted(snapshot.tokens)
+
+    def _remember_evicted(self, tokens: tuple[int, ...]) -> None:
+        self.evictions += 1
+        self._evicted.append(tokens[:EVICTED_PREFIX])
+
+    def was_evicted(self, prompt: Sequence[int]) -> bool:
+        """Whether *prompt* begins like a snapshot that was evicted for room."""
+        return any(
+            common_prefix(t, prompt, len(t)) >= min(len(t), MIN_SNAPSHOT_TOKENS) for t in self._evicted
+        )
+
+    def conversations(self) -> list[CacheTags]:
+        """The tags of every stored snapshot."""
+        return [s.tags for s in self._entries.values() if s.tags is not None]
+
+
+class SequenceCache:
+    """Sequence 0 of one context: its tokens, prefix reuse and snapshots."""
+
+    def __init__(self, ctx: object, memory: object, store: SnapshotStore | None) -> None:
+        self._ctx = ctx
+        self._memory = memory
+        self.store = store
+        self.tokens: list[int] = []
+        self.tags: CacheTags | None = None
+        self._ever_used = False
+
+    def prepare(self, prompt: Sequence[int], tags: CacheTags | None) -> tuple[int, CacheReport]:
+        """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
+
+        At least the last prompt token is always left to evaluate: sampling needs its logits.
+        """
+        limit = len(prompt) - 1
+        live = common_prefix(self.tokens, prompt, limit)
+        key, snapshot_match, partial = self.store.best(prompt) if self.store else (None, 0, 0)
+        restored = 0
+        if key is not None and snapshot_match >= live + MIN_RESTORE_GAIN:
+            self._save_live()
+            restored = self._restore(key)
+            keep = snapshot_match
+        else:
+            partial += key is not None
+            if len(self.tokens) - live >= MIN_SNAPSHOT_TOKENS:
+                self._save_live()
+            keep = live
+        keep = self.truncate(keep)
+        report = self._report(prompt, tags, keep, partial, restored)
+        self.tags = tags
+        self._ever_used = True
+        return keep, report
+
+    def _report(
+        self, prompt: Sequence[int], tags: CacheTags | None, keep: int, partial: int, restored: int
+    ) -> CacheReport:
+        """A hit reuses a real part of the prompt: 64 tokens, or half of a shorter prompt.
+
+        Sharing only a chat template's first few tokens is still a miss, with its reason.
+        """
+        if keep and keep >= min(MIN_SNAPSHOT_TOKENS, len(prompt) // 2):
+            return CacheReport(hit=True, miss_reason=None, snapshots_skipped=partial, restored_bytes=restored)
+        reason = self._miss_reason(prompt, tags)
+        return CacheReport(hit=False, miss_reason=reason, snapshots_skipped=partial, restored_bytes=restored)
+
+    def _miss_reason(self, prompt: Sequence[int], tags: CacheTags | None) -> str:
+        known = ([self.tags] if self.tags else []) + (self.store.conversations() if self.store else [])
+        if tags is not None and any(
+            t.conversation == tags.conversation and t.template != tags.template for t in known
+        ):
+            return "template_changed"
+        if self.store is not None and self.store.was_evicted(prompt):
+            return "evicted"
+        if not self._ever_used:
+            return "cold"
+        if self.store is None:
+            return "disabled"
+        return "no_prefix"
+
+    def _save_live(self) -> None:
+        """Copy the live sequence to host RAM before it is overwritten."""
+        if self.store is None or len(self.tokens) < MIN_SNAPSHOT_TOKENS:
+            return
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        data = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, data, size, 0)
+        if written != size:
+            logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
+            return
+        self.store.add(_Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags))
+
+    def _restore(self, key: int) -> int:
+        """Load a snapshot into the sequence; return its size (0 if llama.cpp refused it)."""
+        assert self.store is not None
+        snapshot = self.store.take(key)
+        self.clear()
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, 0)
+        if read != snapshot.size:
+            logger.warning("could not restore a sequence snapshot (%d of %d bytes)", read, snapshot.size)
+            self.clear()
+            return 0
+        self.tokens = list(snapshot.tokens)
+        self.tags = snapshot.tags
+        return snapshot.size
+
+    def truncate(self, keep: int) -> int:
+        """Drop everything after the first *keep* tokens; return how many remain."""
+        if keep < len(self.tokens) and not llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1):
+            self.clear()  # this memory cannot drop a suffix (recurrent state): start afresh
+            return 0
+        del self.tokens[keep:]
+        return len(self.tokens)
+
+    def clear(self) -> None:
+        """Forget the whole sequence."""
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, -1, -1)
+        self.tokens.clear()

@@ -1,0 +1,189 @@
+"""The prompt cache and prompt-lookup drafting on the real default model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bubo.domain.generation import CacheTags, GenerationFinished, GenerationRequest, TokenGenerated
+from bubo.domain.sampling import SamplingParams
+from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.model import read_metadata
+from bubo.tokenizer import build_hf_tokenizer
+
+from .._models import gemma3_path
+
+pytestmark = pytest.mark.llama
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def load(path: Path, **options: object) -> LlamaEngine:
+    return load_llama_engine(LlamaOptions(model_path=path, n_ctx=2048, n_threads=2, **options))  # type: ignore[arg-type]
+
+
+async def run(engine: LlamaEngine, prompt: tuple[int, ...], max_new: int = 4, **fields: object):
+    fields.setdefault("sampling", GREEDY)
+    request = GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, **fields)  # type: ignore[arg-type]
+    tokens: list[int] = []
+    finished = None
+    async with engine.open_generation(request) as events:
+        async for event in events:
+            if isinstance(event, TokenGenerated):
+                tokens.append(event.token_id)
+            elif isinstance(event, GenerationFinished):
+                finished = event
+    assert finished is not None
+    return tokens, finished
+
+
+def conversation(tokenizer, topic: str, turns: int = 1) -> tuple[int, ...]:
+    text = f"<|im_start|>system\nYou are an expert on {topic}.<|im_end|>\n"
+    for turn in range(turns):
+        text += f"<|im_start|>user\nTell me fact number {turn} about {topic}, in detail please.<|im_end|>\n"
+        text += f"<|im_start|>assistant\nHere is fact {turn} about {topic}: it is remarkable.<|im_end|>\n" * 3
+    return tuple(tokenizer.encode(text))
+
+
+@pytest.fixture(name="engine")
+def _engine(model_path: Path) -> Iterator[LlamaEngine]:
+    engine = load(model_path)
+    yield engine
+    engine.close()
+
+
+class TestSnapshots:
+    async def test_a_conversation_that_left_comes_back_warm(self, engine, tokenizer) -> None:
+        """A, then B, then A continued: A's prefix is restored from host RAM, not re-evaluated."""
+        a1, b1, a2 = (
+            conversation(tokenizer, "whales"),
+            conversation(tokenizer, "volcanoes"),
+            conversation(tokenizer, "whales", 2),
+        )
+        await run(engine, a1)
+        await run(engine, b1)
+        _, finished = await run(engine, a2)
+        stats = finished.stats
+        assert stats.cache.hit
+        assert stats.cached_tokens >= len(a1) - 1
+        assert stats.cache.restored_bytes > 0
+        assert [s.n_tokens for s in engine.snapshots()]  # B was saved when A came back
+
+    async def test_interleaved_conversations_each_keep_their_prefix(self, engine, tokenizer) -> None:
+        """Three agents taking turns: after their first turn, every turn is a cache hit."""
+        topics = ["whales", "volcanoes", "glaciers"]
+        for turn in (1, 2, 3):
+            for topic in topics:
+                prompt = conversation(tokenizer, topic, turn)
+                _, finished = await run(engine, prompt)
+                if turn > 1:
+                    assert finished.stats.cache.hit, (topic, turn)
+                    assert finished.stats.cached_tokens >= len(conversation(tokenizer, topic, turn - 1)) - 1
+
+    async def test_eviction_under_the_byte_budget(self, engine, tokenizer) -> None:
+        """With room for one snapshot the older one goes; its return is an 'evicted' miss."""
+        await run(engine, conversation(tokenizer, "whales"))
+        await run(engine, conversation(tokenizer, "volcanoes"))  # whales leaves the slot: saved
+        store = engine._context.cache.store
+        assert store is not None
+        one = store.snapshots()[0].size_bytes
+        store.budget_bytes = one + one // 2  # exactly one snapshot fits now
+        await run(engine, conversation(tokenizer, "glaciers"))  # volcanoes saved, whales evicted
+        assert [s.conversation for s in store.snapshots()] == [None]
+        assert store.total_bytes <= store.budget_bytes
+        _, finished = await run(engine, conversation(tokenizer, "whales"))
+        assert (finished.stats.cache.hit, finished.stats.cache.miss_reason) == (False, "evicted")
+
+    async def test_template_changed(self, engine, tokenizer) -> None:
+        """The same conversation rendered differently is a 'template_changed' miss."""
+        await run(
+            engine, conversation(tokenizer, "whales"), cache_tags=CacheTags(conversation="c1", template="t1")
+        )
+        different = tuple(tokenizer.encode("<|im_start|>system\nRendered another way<|im_end|>\n"))
+        _, finished = await run(engine, different, cache_tags=CacheTags(conversation="c1", template="t2"))
+        assert finished.stats.cache.miss_reason == "template_changed"
+
+    async def test_disabled(self, model_path: Path, tokenizer) -> None:
+        """With --cache-ram 0 nothing is saved: a returning conversation is a 'disabled' miss."""
+        engine = load(model_path, cache_ram_mib=0)
+        try:
+            await run(engine, conversation(tokenizer, "whales"))
+            await run(engine, conversation(tokenizer, "volcanoes"))
+            _, finished = await run(engine, conversation(tokenizer, "whales"))
+            assert (finished.stats.cache.hit, finished.stats.cache.miss_reason) == (False, "disabled")
+            assert engine.snapshots() == []
+        finally:
+            engine.close()
+
+    async def test_restored_state_gives_the_same_output(self, engine, tokenizer) -> None:
+        """Greedy output after a restore equals greedy output after a fresh prefill."""
+        a, b = conversation(tokenizer, "whales", 2), conversation(tokenizer, "volcanoes")
+        fresh, _ = await run(engine, a, max_new=24)
+        await run(engine, b)
+        restored, finished = await run(engine, a, max_new=24)
+        assert finished.stats.cache.restored_bytes > 0
+        assert restored == fresh
+
+
+class TestSlidingWindow:
+    async def test_gemma_prefix_reuse(self) -> None:
+        """Gemma 3 (sliding-window attention) keeps a full-size cache, so its prefix is reused."""
+        path = gemma3_path()
+        tokenizer = build_hf_tokenizer(read_metadata(path))
+        engine = load(path)
+        try:
+            base = "The history of the lighthouse is long and full of storms. " * 12
+            first = tuple(tokenizer.encode(base + "First question:", add_special=True))
+            second = tuple(tokenizer.encode(base + "Second question:", add_special=True))
+            fresh, _ = await run(engine, second, max_new=12)
+            await run(engine, first)
+            reused, finished = await run(engine, second, max_new=12)
+            assert finished.stats.cache.hit
+            assert finished.stats.cached_tokens > len(first) // 2
+            assert reused == fresh
+        finally:
+            engine.close()
+
+
+class TestDrafting:
+    CODE = (
+        "def total(items):\n    result = 0\n    for item in items:\n        result += item.price * item.count\n"
+        "    return result\n\n\ndef average(items):\n    return total(items) / len(items)\n"
+    )
+
+    def prompt(self, tokenizer) -> tuple[int, ...]:
+        text = (
+            "<|im_start|>user\nRepeat this code exactly, renaming nothing:\n```python\n"
+            f"{self.CODE}```<|im_end|>\n<|im_start|>assistant\n```python\n"
+        )
+        return tuple(tokenizer.encode(text))
+
+    async def test_greedy_output_is_identical_with_drafting(self, model_path: Path, tokenizer) -> None:
+        """Drafting changes how many tokens one decode evaluates, never which tokens come out."""
+        plain = load(model_path, drafting=DraftOptions(draft_max=0))
+        drafting = load(model_path, drafting=DraftOptions(draft_max=16))
+        try:
+            expected, _ = await run(plain, self.prompt(tokenizer), max_new=96)
+            got, finished = await run(drafting, self.prompt(tokenizer), max_new=96)
+            assert got == expected
+            assert finished.stats.draft_tokens > 0
+            assert finished.stats.draft_accepted > 0
+            assert drafting.statistics().draft_accepted_total == finished.stats.draft_accepted
+        finally:
+            plain.close()
+            drafting.close()
+
+    async def test_seeded_sampling_with_drafting_matches(self, model_path: Path, tokenizer) -> None:
+        """With a temperature and a seed, drafting reproduces the undrafted output too."""
+        sampling = SamplingParams(temperature=0.7, seed=7)
+        plain = load(model_path, drafting=DraftOptions(draft_max=0))
+        drafting = load(model_path, drafting=DraftOptions(draft_max=8))
+        try:
+            expected, _ = await run(plain, self.prompt(tokenizer), max_new=64, sampling=sampling)
+            got, _ = await run(drafting, self.prompt(tokenizer), max_new=64, sampling=sampling)
+            assert got == expected
+        finally:
+            plain.close()
+            drafting.close()
