@@ -34,8 +34,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Ruff: lint and formatting."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", "src", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "bench", "noxfile.py")
 
 
 @nox.session(tags=["typing"])
@@ -43,3 +43,14 @@ def typing(session: nox.Session) -> None:
     """mypy --strict over the package."""
     session.install(".", "mypy>=1.11")
     session.run("mypy", "src")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Bubo against llama-server on the default model (bench/); never part of `tests`.
+
+    `nox -s bench -- --rounds 5` passes arguments to bench/vs_llama_server.py.
+    """
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "bench"))
+    session.run("python", "bench/vs_llama_server.py", *session.posargs)
+    session.run("python", "bench/token_overhead.py")

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import attrs
+import hypothesis
 import pytest
 import trio
 from quart_trio import QuartTrio
@@ -23,6 +24,11 @@ from bubo.server import create_app
 from bubo.service.runtime import GenerationDefaults, Runtime, Status
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import HFTokenizer, build_hf_tokenizer
+
+# Properties are about results, not speed: on two cores shared with a llama.cpp server
+# an example can exceed Hypothesis's 200 ms deadline without anything being wrong.
+hypothesis.settings.register_profile("bubo", deadline=None)
+hypothesis.settings.load_profile("bubo")
 
 
 def pytest_report_header() -> list[str]:

@@ -114,7 +114,7 @@ def create_app(
         if state.runtime is not None:
             runtime, state.runtime = state.runtime, None
             state.status = Status.LOADING
-            await trio.to_thread.run_sync(runtime.engine.close)
+            await runtime.engine.aclose()
 
     return app
 
@@ -201,3 +201,4 @@ async def _load_model(
         return
     state.runtime = runtime
     state.status = Status.READY
+    await runtime.engine.run_idle_work()  # this task now serves the engine's idle work

@@ -128,7 +128,11 @@ class TestAnthropic:
             model="bubo", max_tokens=8, system=self.claude_code_system("4f2a1", body), messages=[question]
         )
         answer = "".join(block.text for block in first.content if block.type == "text")
-        turn_two = [question, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks."}]
+        turn_two = [
+            question,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Thanks."},
+        ]
         system = self.claude_code_system("9c07e", body)
         second = client.messages.create(model="bubo", max_tokens=8, system=system, messages=turn_two)
         turn_one_prompt = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)

@@ -190,3 +190,19 @@ class TestPastReasoning:
 
     def test_the_server_may_turn_it_off(self) -> None:
         assert "They greet me." not in self.qwen36(preserve_reasoning=False).render(self.conversation())
+
+
+class TestEndOfTurn:
+    """The text between an answer and the next user message, which the engine warms while idle."""
+
+    def test_chatml(self, template) -> None:
+        assert template.end_of_turn == "<|im_end|>\n<|im_start|>user\n"
+
+    def test_a_template_with_its_own_markup(self) -> None:
+        source = "{% for m in messages %}[{{ m.role }}]{{ m.content }}[/{{ m.role }}]{% endfor %}"
+        template = ChatTemplate(source, bos_token="", eos_token="", origin="test")
+        assert template.end_of_turn == "[/assistant][user]"
+
+    def test_unknown_when_the_template_rejects_the_probe(self) -> None:
+        template = ChatTemplate("{{ raise_exception('no') }}", bos_token="", eos_token="", origin="test")
+        assert template.end_of_turn == ""

@@ -61,3 +61,15 @@ def test_every_piece(pair) -> None:
     ours, reference = pair
     assert ours.n_vocab == reference.n_vocab
     assert [t for t in range(ours.n_vocab) if ours.token_bytes(t) != reference.token_bytes(t)] == []
+
+
+@pytest.mark.parametrize("joiner", [" ", "\n", ""])
+def test_long_texts_cut_for_parallel_tokenizing_keep_their_ids(pair, joiner: str) -> None:
+    """A long text tokenized in pieces (for speed) still gives llama.cpp's ids for the whole text."""
+    ours, reference = pair
+    texts = corpus()
+    for start in range(0, 2800, 700):
+        text = joiner.join(texts[start : start + 700])
+        assert len(text) > 20_000
+        assert ours.encode(text) == reference.encode(text)
+        assert ours.encode(text, parse_special=False) == reference.encode(text, parse_special=False)

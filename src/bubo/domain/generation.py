@@ -75,7 +75,10 @@ class GenerationRequest:
     of the context".  ``n_probs`` ``None`` computes no log-probabilities; ``0``
     computes only the sampled token's, ``k`` adds the top ``k`` alternatives.
     ``time_limit_ms`` bounds the generation phase (llama-server's
-    ``t_max_predict_ms``); ``0`` disables it.
+    ``t_max_predict_ms``); ``0`` disables it.  ``continuation`` is what the next
+    prompt of the conversation will most likely hold right after this output
+    (the chat template's end of turn and next header): the engine evaluates it
+    while idle, so the next turn starts warm.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -88,6 +91,7 @@ class GenerationRequest:
     grammar: GrammarSpec | None = None
     thinking_budget: ThinkingBudget | None = None
     cache_tags: CacheTags | None = None
+    continuation: tuple[int, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

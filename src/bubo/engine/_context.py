@@ -65,7 +65,7 @@ class LlamaContext:
         self._appended(tokens)
 
     def _appended(self, tokens: Sequence[int]) -> None:
-        self.cache.tokens.extend(tokens)
+        self.cache.extend(tokens)
         counters = self._counters
         counters.n_decode += 1
         counters.kv_tokens = len(self.cache.tokens)

@@ -1,7 +1,8 @@
 """One generation's token loop: sample, stop, insert, and verify prompt-lookup drafts.
 
 After each token the loop may propose a draft (tokens that followed the last
-n-gram earlier in the context), evaluate the token and the draft in one batch,
+n-gram earlier in the context); the :class:`DraftPolicy` says how many of them
+are worth verifying.  The loop evaluates the token and the draft in one batch,
 then sample at each draft position in turn: a sampled token equal to the
 draft's is accepted and the next position is tried; the first one that
 differs is kept as the next token and the rest of the draft is dropped from
@@ -30,21 +31,13 @@ from bubo.domain.generation import (
 )
 
 from ._context import LlamaContext
+from ._draft_policy import DraftPolicy, ProposalTracker
 from ._lookup import PromptLookup
 from ._sampler import Sampler
 from ._stops import GeneratedText
 from .base import EngineCounters
 
-__all__ = ["DraftOptions", "Generation"]
-
-
-@attrs.frozen(kw_only=True)
-class DraftOptions:
-    """Prompt-lookup drafting: ``draft_max`` 0 turns it off."""
-
-    draft_max: int = 0
-    ngram_min: int = 2
-    ngram_max: int = 4
+__all__ = ["Generation"]
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +49,7 @@ class Outcome:
     stop_word: str | None = None
     drafted: int = 0
     accepted: int = 0
+    undecoded: int | None = None  # the last generated token, when it is not in the KV cache
 
 
 class Generation:
@@ -70,7 +64,7 @@ class Generation:
         pieces: list[bytes],
         eog: frozenset[int],
         counters: EngineCounters,
-        drafting: DraftOptions,
+        drafting: DraftPolicy | None,
         emit: Callable[[EngineEvent], None],
     ) -> None:
         self._context = context
@@ -87,16 +81,18 @@ class Generation:
         self._limit = request.max_new_tokens
         self._time_limit_ms = request.time_limit_ms
         self._thinking = _ThinkingClock(request.thinking_budget, context.tokenize)
+        self._policy = drafting
         self._lookup = (
             PromptLookup(
                 request.prompt_tokens,
-                draft_max=drafting.draft_max,
-                ngram_min=drafting.ngram_min,
-                ngram_max=drafting.ngram_max,
+                draft_max=drafting.options.draft_max,
+                ngram_min=drafting.options.ngram_min,
+                ngram_max=drafting.options.ngram_max,
             )
-            if drafting.draft_max > 0
+            if drafting is not None
             else None
         )
+        self._proposal: ProposalTracker | None = None
         self._forced: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
         self._n = 0
         self._drafted = 0
@@ -117,11 +113,11 @@ class Generation:
         while True:
             cause = self._take(token, at)
             if cause is not None:
-                return self._outcome(cause)
+                return self._outcome(cause, undecoded=token)
             trio.from_thread.check_cancelled()
             draft = self._draft()
             if not draft:
-                self._context.decode((token,))
+                self._decode((token,))
                 token, at = self._next(), -1
                 continue
             outcome = self._verify(token, draft)
@@ -139,20 +135,36 @@ class Generation:
             self._forced.clear()  # the grammar forbids the end marker here: give up the budget
         return self._sampler.sample(self._context.ctx, -1)
 
+    def _decode(self, tokens: tuple[int, ...]) -> None:
+        """Evaluate *tokens* (logits for every one when there is a draft), timing it for the policy."""
+        started = time.perf_counter()
+        if len(tokens) == 1:
+            self._context.decode(tokens)
+        else:
+            self._context.decode_all(tokens)
+        if self._policy is not None:
+            self._policy.observe_decode(len(tokens), time.perf_counter() - started)
+
     def _draft(self) -> list[int]:
-        """Tokens to verify after the current one, within the limit and the context."""
-        if self._lookup is None or self._forced:
+        """Tokens worth verifying after the current one, within the limit and the context."""
+        if self._lookup is None or self._policy is None or self._forced:
             return []
+        if self._proposal is None:
+            tokens, ngram = self._lookup.propose()
+            if not tokens:
+                return []
+            self._proposal = ProposalTracker(tokens, ngram)
         room = self._context.n_ctx - len(self._context.cache.tokens) - 2
         if self._limit is not None:
             room = min(room, self._limit - self._n)
-        return self._lookup.propose()[: max(room, 0)]
+        remaining = self._proposal.remaining[: max(room, 0)]
+        return remaining[: self._policy.draft_length(self._proposal.ngram, len(remaining))]
 
     def _verify(self, token: int, draft: list[int]) -> tuple[int, int] | Outcome:
         """Evaluate *token* and *draft* at once; accept the draft's prefix the model agrees with."""
         context = self._context
         base = len(context.cache.tokens)
-        context.decode_all((token, *draft))
+        self._decode((token, *draft))
         self._drafted += len(draft)
         self._counters.draft_tokens += len(draft)
         self._counters.draft_steps += 1
@@ -193,6 +205,9 @@ class Generation:
         if cause is None:
             if self._lookup is not None:
                 self._lookup.append(token)
+            proposal, policy = self._proposal, self._policy
+            if proposal is not None and policy is not None and proposal.observe(token, policy):
+                self._proposal = None
             self._forced.extend(self._thinking.observe(text.recent))
         return cause
 
@@ -227,13 +242,14 @@ class Generation:
             token_id=token, piece=self._pieces[token], logprob=float(logits[token]) - log_total, top=top
         )
 
-    def _outcome(self, cause: StopCause) -> Outcome:
+    def _outcome(self, cause: StopCause, *, undecoded: int | None = None) -> Outcome:
         return Outcome(
             n_generated=self._n,
             cause=cause,
             stop_word=self._text.matched,
             drafted=self._drafted,
             accepted=self._accepted,
+            undecoded=undecoded,
         )
 
 

@@ -156,7 +156,13 @@ class SequenceCache:
         self.store = store
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
+        self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Record *tokens* as evaluated after the cached ones."""
+        self.tokens.extend(tokens)
+        self.version += 1
 
     def prepare(self, prompt: Sequence[int], tags: CacheTags | None) -> tuple[int, CacheReport]:
         """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
@@ -232,6 +238,7 @@ class SequenceCache:
             return 0
         self.tokens = list(snapshot.tokens)
         self.tags = snapshot.tags
+        self.version += 1
         return snapshot.size
 
     def truncate(self, keep: int) -> int:
@@ -239,10 +246,13 @@ class SequenceCache:
         if keep < len(self.tokens) and not llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1):
             self.clear()  # this memory cannot drop a suffix (recurrent state): start afresh
             return 0
-        del self.tokens[keep:]
+        if keep < len(self.tokens):
+            del self.tokens[keep:]
+            self.version += 1
         return len(self.tokens)
 
     def clear(self) -> None:
         """Forget the whole sequence."""
         llama_cpp.llama_memory_seq_rm(self._memory, 0, -1, -1)
         self.tokens.clear()
+        self.version += 1

@@ -44,10 +44,13 @@ class PromptLookup:
                 self._earlier[size] = previous
             self._last_end[key] = end
 
-    def propose(self) -> list[int]:
-        """Up to ``draft_max`` tokens that followed the longest matching n-gram, or none."""
+    def propose(self) -> tuple[list[int], int]:
+        """Up to ``draft_max`` tokens that followed the longest matching n-gram, and its size.
+
+        ``([], 0)`` when the last tokens never occurred before.
+        """
         for size in self._sizes:
             start = self._earlier.get(size)
             if start is not None:
-                return self._tokens[start : start + self._draft_max]
-        return []
+                return self._tokens[start : start + self._draft_max], size
+        return [], 0

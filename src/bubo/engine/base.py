@@ -13,8 +13,10 @@ producer; the llama.cpp thread sees it at its next token or prefill chunk.
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
@@ -121,8 +123,12 @@ class Engine(Protocol):
         """A consistent-enough snapshot of counters and slot state."""
         ...
 
-    def close(self) -> None:
-        """Free the model; the engine is unusable afterwards."""
+    async def run_idle_work(self) -> None:
+        """Run the engine's idle work (warming the cache for the next turn) until cancelled."""
+        ...
+
+    async def aclose(self) -> None:
+        """Wait for the slot, then free the model; the engine is unusable afterwards."""
         ...
 
 
@@ -161,11 +167,17 @@ class SlotEngine(abc.ABC):
     must send events into ``send`` (it need not close it).
     """
 
+    # Events the producer may run ahead of the consumer (an engine may lift the bound).
+    channel_buffer: float = _CHANNEL_BUFFER
+
     def __init__(self, info: ModelInfo, counters: EngineCounters | None = None) -> None:
         self._info = info
         self._slot = trio.Lock()  # trio.Lock is FIFO-fair: the queue is its waiters
         self._counters = counters or EngineCounters()
         self._next_task_id = 0
+        self._closed = False
+        # idle jobs are few (at most one per generation) and skip themselves when stale
+        self._idle_jobs, self._idle_queue = trio.open_memory_channel[Callable[[], None]](math.inf)
 
     @property
     def info(self) -> ModelInfo:
@@ -180,7 +192,7 @@ class SlotEngine(abc.ABC):
         async with self._slot:
             task_id = self._next_task_id
             self._next_task_id += 1
-            send, receive = trio.open_memory_channel[EngineEvent](_CHANNEL_BUFFER)
+            send, receive = trio.open_memory_channel[EngineEvent](self.channel_buffer)
             with receive, _unwrap_single_error():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._run_producer, task_id, request, send)
@@ -245,6 +257,26 @@ class SlotEngine(abc.ABC):
             kv_cache_tokens=c.kv_tokens,
             slots=(slot,),
         )
+
+    def _schedule_idle(self, job: Callable[[], None]) -> None:
+        """Queue *job* (blocking, run in a worker thread with the slot held); call on the trio thread."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self._idle_jobs.send_nowait(job)
+
+    async def run_idle_work(self) -> None:
+        """Run idle jobs one at a time, each behind the requests already waiting for the slot."""
+        async for job in self._idle_queue:
+            async with self._slot:
+                if self._closed:
+                    return
+                await trio.to_thread.run_sync(job, thread_name="bubo-idle")
+
+    async def aclose(self) -> None:
+        """Wait for the slot (a running generation or idle job finishes first), then close."""
+        async with self._slot:
+            self._closed = True
+            self._idle_jobs.close()
+            await trio.to_thread.run_sync(self.close)
 
     @abc.abstractmethod
     def close(self) -> None:

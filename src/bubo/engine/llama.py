@@ -6,14 +6,21 @@ returns); tokens reach trio through the slot's memory channel.  The thread
 checks for cancellation between prefill chunks and after every token, so a
 client that leaves stops the decode within one chunk or one token.
 
+Events are handed to trio without waiting (``TrioToken.run_sync_soon``): a
+blocking round trip per token cost 0.28 ms of a 9.4 ms step on the reference
+machine.  The channel is therefore unbounded, but a generation's events are
+bounded by its context length, and the decode never waits for a slow client.
+
 The KV cache keeps the previous request's tokens; a new request evaluates only
 what follows the longest common prefix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +36,13 @@ from bubo.domain.generation import (
     GenerationStats,
     GrammarSpec,
     PromptProgress,
+    StopCause,
 )
 from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
-from ._generation import DraftOptions, Generation
+from ._draft_policy import DraftOptions, DraftPolicy
+from ._generation import Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotInfo, SnapshotStore
 from ._sampler import Sampler
@@ -120,6 +129,8 @@ def _route_llama_logs() -> None:
 class LlamaEngine(SlotEngine):
     """A loaded model with one context and one slot."""
 
+    channel_buffer = math.inf  # events are bounded by the context; see the module's docstring
+
     def __init__(self, model: object, options: LlamaOptions) -> None:
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = options.n_ctx
@@ -143,7 +154,8 @@ class LlamaEngine(SlotEngine):
             batch_capacity=max(options.drafting.draft_max + 1, 1),
         )
         self._model = model
-        self._drafting = options.drafting
+        # drafting statistics outlive a request: they describe the model, the machine and the workload
+        self._drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
         vocab = self._context.vocab
         n_vocab = self._context.n_vocab
         self._prefill_chunk = max(1, min(options.prefill_chunk, options.n_batch))
@@ -190,14 +202,48 @@ class LlamaEngine(SlotEngine):
     # ---- the generation, on the worker thread -------------------------------------------
 
     async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
-        await trio.to_thread.run_sync(self._generate_blocking, request, send, thread_name="bubo-decode")
+        trio_token = trio.lowlevel.current_trio_token()
 
-    def _generate_blocking(
-        self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
-    ) -> None:
         def emit(event: EngineEvent) -> None:
-            trio.from_thread.run(send.send, event)  # back-pressure; raises Cancelled
+            trio_token.run_sync_soon(_deliver, send, event)  # FIFO, before the thread's own result
 
+        outcome = await trio.to_thread.run_sync(
+            self._generate_blocking, request, emit, thread_name="bubo-decode"
+        )
+        warm_up = self._warm_up_job(request, outcome)
+        if warm_up is not None:
+            self._schedule_idle(warm_up)
+
+    def _warm_up_job(self, request: GenerationRequest, outcome: Outcome) -> Callable[[], None] | None:
+        """Evaluating the end of turn the next prompt will start with, once the slot is free.
+
+        Only after an answer the client will send back as it is (it ended, or hit
+        its token limit): then the next turn's prompt continues with the last
+        generated token and the template's end of turn.  A request that takes
+        the slot first makes the job stale, and it does nothing.
+        """
+        if not request.continuation or outcome.cause not in (StopCause.EOS, StopCause.LIMIT):
+            return None
+        last = outcome.undecoded
+        tokens = (
+            (last,) if last is not None and last not in self._info.eog_token_ids else ()
+        ) + request.continuation
+        cache = self._context.cache
+        if len(cache.tokens) + len(tokens) >= self._context.n_ctx:
+            return None
+        version = cache.version
+
+        def warm_up() -> None:
+            if cache.version != version:  # another request used the slot meanwhile
+                return
+            try:
+                self._context.decode(tokens)
+            except EngineFailure as error:  # the cache forgot the sequence; the next turn is cold
+                logger.debug("warming the next turn failed: %s", error)
+
+        return warm_up
+
+    def _generate_blocking(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:
         context = self._context
         counters = self._counters
         prompt = request.prompt_tokens
@@ -261,6 +307,7 @@ class LlamaEngine(SlotEngine):
                 ),
             )
         )
+        return outcome
 
     def close(self) -> None:
         """Free the context and the model."""
@@ -268,6 +315,12 @@ class LlamaEngine(SlotEngine):
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+
+def _deliver(send: trio.MemorySendChannel[EngineEvent], event: EngineEvent) -> None:
+    """Put *event* in the (unbounded) channel, on the trio thread; a consumer that left drops it."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        send.send_nowait(event)
 
 
 def _meta(model: object, key: str) -> str:

@@ -70,6 +70,7 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
         generation_request(runtime, rendered, request.options, prompt_param="messages"),
         grammar=grammar,
         cache_tags=cache_tags(runtime, _with_thinking_variables(request)),
+        continuation=tuple(runtime.tokenizer.encode(runtime.template.end_of_turn)),
         thinking_budget=(
             ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
             if budget is not None and thinking

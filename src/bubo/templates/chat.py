@@ -10,6 +10,7 @@ The environment matches transformers' ``chat_template_utils``: ``trim_blocks``,
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -89,6 +90,26 @@ class ChatTemplate:
         self.default_variables: dict[str, Any] = (
             dict([caps.preserve_reasoning]) if preserve_reasoning and caps.preserve_reasoning else {}
         )
+
+    @functools.cached_property
+    def end_of_turn(self) -> str:
+        r"""What the template writes between an assistant's answer and the next user message.
+
+        ChatML: ``<|im_end|>\n<|im_start|>user\n``.  Empty when the template does not
+        render such a conversation plainly.
+        """
+        answer, question = "bubo_probe_answer", "bubo_probe_question"
+        messages = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": question},
+        ]
+        try:
+            text = self._render_variables({"messages": messages, "add_generation_prompt": False})
+        except Exception:  # noqa: BLE001 - a template that cannot render this has no known end of turn
+            return ""
+        start, end = text.find(answer), text.find(question)
+        return text[start + len(answer) : end] if 0 <= start < end else ""
 
     @property
     def supports_thinking(self) -> bool:

@@ -1,0 +1,237 @@
+"""The benchmark's scenarios: each drives one running server over HTTP and returns its numbers.
+
+Every scenario speaks only the API both servers share (llama-server's
+``/completion``, OpenAI chat streaming, Anthropic ``count_tokens``) and measures
+on the client side, so Bubo and llama-server are timed the same way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import httpx
+
+TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+WORDS = (
+    "the", "keeper", "lit", "a", "lamp", "on", "every", "evening", "while", "ships", "passed",
+    "far", "from", "the", "rocks", "and", "gulls", "circled", "over", "grey", "water", "until",
+    "morning", "came", "with", "fog", "rain", "wind", "salt", "bread", "tea", "letters", "from",
+    "his", "sister", "who", "lived", "inland", "near", "a", "quiet", "river", "where", "orchards",
+    "bloomed", "each", "spring", "he", "wrote", "back", "about", "storms", "tides", "stars",
+    "engines", "supply", "boats", "broken", "glass", "and", "the", "long", "stairs", "that",
+    "wound", "up", "through", "the", "tower", "to", "the", "great", "lens", "polished", "twice",
+    "a", "day",
+)  # fmt: skip
+
+
+def prose(n_words: int, seed: int) -> str:
+    """Deterministic English-like text (sentences of the words above)."""
+    rng = random.Random(seed)
+    sentences, count = [], 0
+    while count < n_words:
+        length = rng.randint(8, 18)
+        words = [rng.choice(WORDS) for _ in range(length)]
+        sentences.append(" ".join(words).capitalize() + ".")
+        count += length
+    return " ".join(sentences)
+
+
+def prose_of_tokens(n_tokens: int, count_tokens: Callable[[str], int], seed: int) -> str:
+    """Prose whose token count is within a few tokens of *n_tokens*."""
+    n_words = n_tokens
+    for _ in range(20):
+        text = prose(n_words, seed)
+        counted = count_tokens(text)
+        if abs(counted - n_tokens) <= 8:
+            return text
+        n_words = max(1, round(n_words * n_tokens / counted))
+    return text
+
+
+@attrs.frozen
+class StreamResult:
+    """One streamed chat completion as the client saw it."""
+
+    ttft_s: float  # request sent -> first chunk carrying generated text
+    token_times: tuple[float, ...]  # arrival of each chunk carrying generated text
+    text: str
+    final: dict  # the last chunk with usage or timings (whatever the server sent)
+
+    @property
+    def n_tokens(self) -> int:
+        """Generated tokens as the server counted them (a chunk may carry several)."""
+        timings, usage = self.final.get("timings", {}), self.final.get("usage", {})
+        return int(timings.get("predicted_n") or usage.get("completion_tokens") or len(self.token_times))
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens per second from the first generated chunk to the last."""
+        times = self.token_times
+        return (self.n_tokens - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+
+
+def stream(client: httpx.Client, path: str, body: dict) -> StreamResult:
+    """POST *body* with ``stream: true`` and time every chunk that carries text."""
+    started = time.perf_counter()
+    ttft = None
+    times: list[float] = []
+    parts: list[str] = []
+    final: dict = {}
+    # llama-server may close a connection after a stream; never reuse one
+    headers = {"Connection": "close"}
+    with client.stream(
+        "POST", path, json={**body, "stream": True}, headers=headers, timeout=TIMEOUT
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            text = _text_of(event)
+            if text:
+                now = time.perf_counter()
+                ttft = now - started if ttft is None else ttft
+                times.append(now)
+                parts.append(text)
+            final |= {key: event[key] for key in ("usage", "timings") if event.get(key)}
+    return StreamResult(
+        ttft_s=ttft or float("nan"), token_times=tuple(times), text="".join(parts), final=final
+    )
+
+
+def _text_of(event: dict) -> str:
+    if "content" in event and "choices" not in event:  # llama-server /completion
+        return str(event["content"])
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    delta = choices[0].get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+
+
+def chat_body(system: str, turns: list[dict], max_tokens: int, **extra: object) -> dict:
+    return {
+        "model": "bubo",
+        "messages": [{"role": "system", "content": system}, *turns],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+
+
+STORY = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def decode(client: httpx.Client, n_tokens: int = 256, repeats: int = 3) -> dict[str, float]:
+    """Greedy decode of *n_tokens* (EOS ignored) after a short prompt: tokens per second."""
+    rates = []
+    for _ in range(repeats):
+        body = {"prompt": STORY, "n_predict": n_tokens, "temperature": 0, "ignore_eos": True}
+        result = stream(client, "/completion", body)
+        rates.append(result.decode_rate)
+    return {"decode_tok_s": statistics.median(rates)}
+
+
+def cold_prefill(client: httpx.Client, text: str, repeats: int = 2) -> dict[str, float]:
+    """Time to first token of a prompt no cache can hold (a fresh nonce leads it)."""
+    ttfts, prompt_tokens = [], 0
+    for _ in range(repeats):
+        system = f"Session {uuid.uuid4().hex}. {text}"
+        result = stream(client, "/v1/chat/completions", chat_body(system, [_user("Summarise.")], 2))
+        ttfts.append(result.ttft_s)
+        prompt_tokens = result.final.get("usage", {}).get("prompt_tokens", 0)
+    ttft = statistics.median(ttfts)
+    return {
+        "cold_ttft_s": ttft,
+        "cold_prompt_tokens": prompt_tokens,
+        "cold_prefill_tok_s": prompt_tokens / ttft,
+    }
+
+
+def second_turn(client: httpx.Client, text: str) -> dict[str, float]:
+    """TTFT of turn 2 over TTFT of turn 1 in a conversation with a long shared prefix."""
+    system = f"Session {uuid.uuid4().hex}. {text}"
+    first_turn = [_user("Who is the keeper?")]
+    first = stream(client, "/v1/chat/completions", chat_body(system, first_turn, 16))
+    turns = [*first_turn, {"role": "assistant", "content": first.text}, _user("Now say it in five words.")]
+    second = stream(client, "/v1/chat/completions", chat_body(system, turns, 2))
+    return {
+        "turn1_ttft_s": first.ttft_s,
+        "turn2_ttft_s": second.ttft_s,
+        "turn2_over_turn1": second.ttft_s / first.ttft_s,
+        "turn2_cached_tokens": second.final.get("timings", {}).get("cache_n", float("nan")),
+    }
+
+
+def count_tokens(client: httpx.Client, text: str, repeats: int = 20) -> dict[str, float]:
+    """Latency of ``/v1/messages/count_tokens`` for one long user message."""
+    body = {"model": "bubo", "messages": [_user(text)]}
+    client.post("/v1/messages/count_tokens", json=body, timeout=TIMEOUT).raise_for_status()  # warm
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        response = client.post("/v1/messages/count_tokens", json=body, timeout=TIMEOUT)
+        times.append(time.perf_counter() - started)
+        response.raise_for_status()
+    return {"count_tokens_ms": statistics.median(times) * 1000, "counted": response.json()["input_tokens"]}
+
+
+def concurrent_streams(client: httpx.Client, streams: int = 4, n_tokens: int = 128) -> dict[str, float]:
+    """*streams* chat streams at once, each *n_tokens* long: total throughput and TTFT p50."""
+
+    def one(index: int) -> StreamResult:
+        body = chat_body(
+            f"You are storyteller number {index} ({uuid.uuid4().hex}).",
+            [_user(f"Tell story {index} about a lighthouse.")],
+            n_tokens,
+            ignore_eos=True,
+        )
+        with httpx.Client(base_url=str(client.base_url)) as own:
+            return stream(own, "/v1/chat/completions", body)
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(one, range(streams)))
+    wall = time.perf_counter() - started
+    tokens = sum(r.n_tokens for r in results)
+    return {
+        "concurrent_tok_s": tokens / wall,
+        "concurrent_ttft_p50_s": statistics.median(r.ttft_s for r in results),
+    }
+
+
+def copy_edit(client: httpx.Client, n_tokens: int = 400) -> dict[str, float | str]:
+    """Greedy edit of code the prompt contains: decode speed and what drafting did."""
+    source = (FIXTURES / "inventory.py").read_text()
+    question = (
+        "Rewrite this Python module with the class Inventory renamed to Stock. "
+        f"Reply with the whole module only.\n\n```python\n{source}```"
+    )
+    body = chat_body("You are a careful programmer.", [_user(question)], n_tokens)
+    result = stream(client, "/v1/chat/completions", body)
+    usage, timings = result.final.get("usage", {}), result.final.get("timings", {})
+    drafted = usage.get("draft_tokens", timings.get("draft_n", 0)) or 0
+    accepted = usage.get("draft_tokens_accepted", timings.get("draft_n_accepted", 0)) or 0
+    return {
+        "copy_tok_s": result.decode_rate,
+        "copy_tokens": result.n_tokens,
+        "copy_drafted": drafted,
+        "copy_accepted": accepted,
+        "copy_text_hash": hashlib.blake2b(result.text.encode(), digest_size=4).hexdigest(),
+    }
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}

