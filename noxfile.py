@@ -54,3 +54,16 @@ def bench(session: nox.Session) -> None:
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "bench"))
     session.run("python", "bench/vs_llama_server.py", *session.posargs)
     session.run("python", "bench/token_overhead.py")
+
+
+@nox.session(venv_backend="none")
+def docs(session: nox.Session) -> None:
+    """Rewrite docs/configuration.md's table of flags from bubo.config.OPTIONS (uses the current Python)."""
+    session.run(
+        "python", "-c",
+        "from pathlib import Path; from bubo.config import options_table\n"
+        "path = Path('docs/configuration.md'); lines = path.read_text().splitlines()\n"
+        "start = lines.index('| flags | variable | meaning |') + 2; end = start\n"
+        "while end < len(lines) and lines[end].startswith('|'): end += 1\n"
+        "lines[start:end] = options_table(); path.write_text('\\n'.join(lines) + '\\n')",
+    )  # fmt: skip

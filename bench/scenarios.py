@@ -160,11 +160,17 @@ def cold_prefill(client: httpx.Client, text: str, repeats: int = 2) -> dict[str,
     }
 
 
+# Between an answer and the next turn an agent reads the answer, runs its tools or waits for
+# its user: never less than this.  Both servers get the same pause; Bubo uses it (idle work).
+CLIENT_TURN_GAP_S = 0.5
+
+
 def second_turn(client: httpx.Client, text: str) -> dict[str, float]:
     """TTFT of turn 2 over TTFT of turn 1 in a conversation with a long shared prefix."""
     system = f"Session {uuid.uuid4().hex}. {text}"
     first_turn = [_user("Who is the keeper?")]
     first = stream(client, "/v1/chat/completions", chat_body(system, first_turn, 16))
+    time.sleep(CLIENT_TURN_GAP_S)
     turns = [*first_turn, {"role": "assistant", "content": first.text}, _user("Now say it in five words.")]
     second = stream(client, "/v1/chat/completions", chat_body(system, turns, 2))
     return {

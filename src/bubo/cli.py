@@ -15,9 +15,14 @@ from collections.abc import Sequence
 import trio
 
 from bubo._logging import configure_logging
-from bubo.config import OPTIONS, ConfigError, Settings, load_settings
+from bubo.config import OPTIONS, ConfigError, Settings, is_loopback, load_settings
 
-__all__ = ["main"]
+__all__ = ["main", "warn_if_exposed"]
+
+logger = logging.getLogger("bubo")
+
+# Hypercorn's access log, with the request id every response carries (never a header with a key).
+ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             metavar=option.metavar,
             help=f"{option.help} [{option.env}]",
+            nargs="?" if option.is_switch else None,  # a bare switch means "on"
+            const="on" if option.is_switch else None,
         )
     return parser
 
@@ -62,6 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return trio.run(_serve, settings)
 
 
+def warn_if_exposed(settings: Settings) -> None:
+    """Say so when the server listens beyond this machine without an API key."""
+    if not is_loopback(settings.server.host) and settings.server.api_key is None:
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach this address can use the model",
+            settings.server.host,
+        )
+
+
 def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -77,14 +93,22 @@ async def _serve(settings: Settings) -> int:
     config = Config()
     config.bind = [_bind(settings.server.host, settings.server.port)]
     config.accesslog = logging.getLogger("hypercorn.access")
+    config.access_log_format = ACCESS_LOG_FORMAT
     config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = settings.server.shutdown_timeout
+    warn_if_exposed(settings)
 
     async def shutdown_trigger() -> None:
         async with trio.open_nursery() as nursery:
 
             async def on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
+                    async for received in signals:
+                        logger.info(
+                            "%s: no new connections; running requests have %.0f s to finish",
+                            signal.Signals(received).name,
+                            settings.server.shutdown_timeout,
+                        )
                         break
                 nursery.cancel_scope.cancel()
 
@@ -96,4 +120,5 @@ async def _serve(settings: Settings) -> int:
             nursery.start_soon(on_load_failure)
 
     await serve(app, config, shutdown_trigger=shutdown_trigger)
+    logger.info("stopped; the model is freed")
     return 1 if load_failed.is_set() else 0

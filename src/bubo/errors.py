@@ -15,13 +15,16 @@ __all__ = [
     "BuboError",
     "ContextOverflow",
     "DeviceLost",
+    "InsufficientMemory",
     "InsufficientMemoryPermanent",
     "InternalError",
     "InvalidRequest",
+    "MemoryPressure",
     "MethodNotAllowed",
     "NotFound",
     "NotImplementedOnThisModel",
     "PayloadTooLarge",
+    "QueueFull",
     "ServiceUnavailable",
 ]
 
@@ -142,6 +145,30 @@ class DeviceLost(ServiceUnavailable):
     """The engine failed in a way that left its context unusable (503 ``device_lost``)."""
 
     default_code = "device_lost"
+
+
+class InsufficientMemory(ServiceUnavailable):
+    """Not enough memory for the request now; retry after memory is freed (503, ``Retry-After: 5``)."""
+
+    default_code = "insufficient_memory"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "5"})
+
+
+class MemoryPressure(InsufficientMemory):
+    """Available memory is below the low-water mark; no generation is admitted (503, ``Retry-After: 5``)."""
+
+    default_code = "memory_pressure"
+
+
+class QueueFull(ServiceUnavailable):
+    """Too many requests already wait for the slot (503 with ``Retry-After``)."""
+
+    default_code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
 class InsufficientMemoryPermanent(BuboError):

@@ -15,8 +15,9 @@ from bubo.config import Settings
 from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.vocab import LlamaVocabTokenizer
-from bubo.model import GGUFMetadata, model_id_from_path, read_metadata
+from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
+from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import GenerationDefaults, Runtime
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -104,6 +105,19 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         ),
         tool_parser=tool_parser,
         default_grammar=default_grammar,
+        memory_guard=_memory_guard(settings, metadata, info.n_vocab),
+        max_queue=settings.server.max_queue,
+    )
+
+
+def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> MemoryGuard | None:
+    if not settings.server.memory_guard:
+        return None
+    return MemoryGuard(
+        probe=SystemMemory(),
+        kv_bytes_per_token=kv_bytes_per_token(metadata),
+        step_bytes=n_vocab * 4 * (1 + settings.model.draft_max),  # float logits per verified position
+        low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
     )
 
 

@@ -8,18 +8,23 @@ answers ``/health`` and a 503 ``/ready`` while it loads.
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import os
 import re
 import signal
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import attrs
 import trio
-from quart import Response, g, request
+from quart import Response, current_app, g, request
+from quart_cors import cors
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from bubo.api import anthropic, llamacpp, openai, ops, responses
+from bubo.api import anthropic, debug, llamacpp, openai, ops, responses
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.config import Settings
@@ -44,7 +49,7 @@ logger = logging.getLogger(__name__)
 Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 """Builds the runtime, blocking; ``bubo.loader.load_runtime`` unless a test injects another."""
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
+RECOVERY_MAX_DELAY_S = 60.0
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # long agent conversations run to a few MB of JSON
 
@@ -81,7 +86,7 @@ def create_app(
     app.config.update(
         RESPONSE_TIMEOUT=60,  # non-streaming bodies; SSE responses set their own None
         BODY_TIMEOUT=60,
-        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        MAX_CONTENT_LENGTH=settings.server.max_body_mib * 1024 * 1024,
         JSON_SORT_KEYS=False,
     )
     state = ServerState()
@@ -93,11 +98,22 @@ def create_app(
             max_entries=settings.server.responses_max_stored,
             max_bytes=settings.server.responses_store_mib * 1024 * 1024,
         ),
+        debug_hooks=settings.server.debug_hooks,
+        effective_settings=_redacted(settings) if settings.server.debug_hooks else {},
     )
     app.extensions[EXTENSION_KEY] = context
 
-    for blueprint in (ops, openai, anthropic, responses, llamacpp):
+    for blueprint in (ops, openai, anthropic, responses, llamacpp, debug):
         app.register_blueprint(blueprint.blueprint)
+    if settings.server.cors_origins:
+        origins = settings.server.cors_origins
+        app = cors(
+            app,
+            allow_origin="*" if "*" in origins else list(origins),
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key", "X-Request-Id", "Anthropic-Version"],
+            allow_methods=["GET", "POST", "OPTIONS"],
+            expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
+        )
     app.before_request(_assign_request_id)
     app.before_request(_check_api_key)
     app.after_request(_echo_request_id)
@@ -107,7 +123,7 @@ def create_app(
 
     @app.before_serving
     async def start_loading() -> None:
-        app.nursery.start_soon(_load_model, state, settings, load or _load_runtime, on_load_failure)
+        app.nursery.start_soon(_serve_model, state, settings, load or _load_runtime, on_load_failure)
 
     @app.after_serving
     async def free_model() -> None:
@@ -117,6 +133,14 @@ def create_app(
             await runtime.engine.aclose()
 
     return app
+
+
+def _redacted(settings: Settings) -> dict[str, Any]:
+    """*settings* as JSON-ready data, with the API key replaced (``/debug/settings``)."""
+    data = attrs.asdict(settings, value_serializer=lambda _i, _a, v: str(v) if isinstance(v, Path) else v)
+    if data["server"]["api_key"] is not None:
+        data["server"]["api_key"] = "<redacted>"
+    return data
 
 
 async def _assign_request_id() -> None:
@@ -174,7 +198,12 @@ def _from_http(error: HTTPException) -> BuboError:
             headers={"Allow": allowed} if allowed else None,
         )
     if error.code == 413:
-        return PayloadTooLarge(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        limit = current_app.config["MAX_CONTENT_LENGTH"]
+        return PayloadTooLarge(
+            f"the request body exceeds {limit // (1024 * 1024)} MiB (the server's --max-body-mib)",
+            # the rest of the body is not read: the connection cannot carry another request
+            headers={"Connection": "close"},
+        )
     status = error.code or 500
     description = error.description or "the request failed"
     if status < 500:
@@ -184,9 +213,14 @@ def _from_http(error: HTTPException) -> BuboError:
     return InternalError(description, status=status)
 
 
-async def _load_model(
-    state: ServerState, settings: Settings, load: Loader, on_load_failure: Callable[[], None]
+async def _serve_model(
+    state: ServerState,
+    settings: Settings,
+    load: Loader,
+    on_load_failure: Callable[[], None],
 ) -> None:
+    """Load the model, serve its idle work, and watch it: a lost engine is reported (and reloaded)."""
+
     def progress(fraction: float) -> None:
         state.load_progress = fraction
 
@@ -199,6 +233,40 @@ async def _load_model(
         logger.critical("the model failed to load: %s", error, exc_info=not expected)
         on_load_failure()
         return
-    state.runtime = runtime
-    state.status = Status.READY
-    await runtime.engine.run_idle_work()  # this task now serves the engine's idle work
+    while True:
+        state.runtime = runtime
+        state.status = Status.READY
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_when_lost, runtime, nursery.cancel_scope)
+            await runtime.engine.run_idle_work()  # until the engine is closed (shutdown)
+            nursery.cancel_scope.cancel()
+        if not runtime.engine.lost:
+            return
+        state.status = Status.DEVICE_LOST
+        logger.critical("the engine is lost: every request now gets 503 device_lost")
+        if not settings.server.device_recovery:
+            return
+        state.status = Status.RECOVERING
+        await runtime.engine.aclose()
+        runtime = await _reload(settings, load, progress)
+
+
+async def _cancel_when_lost(runtime: Runtime, scope: trio.CancelScope) -> None:
+    await runtime.engine.wait_lost()
+    scope.cancel()
+
+
+async def _reload(settings: Settings, load: Loader, progress: Callable[[float], None]) -> Runtime:
+    """Load the model again, backing off from 1 s to 60 s between failed attempts."""
+    delay = 1.0
+    for attempt in itertools.count(1):
+        try:
+            runtime = await trio.to_thread.run_sync(load, settings, progress)
+        except Exception:
+            logger.exception("reloading the model failed (attempt %d); next try in %.0f s", attempt, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, RECOVERY_MAX_DELAY_S)
+        else:
+            logger.warning("the model was reloaded after the engine was lost (attempt %d)", attempt)
+            return runtime
+    raise AssertionError("unreachable")

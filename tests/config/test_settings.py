@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bubo.config import OPTIONS, ConfigError, load_settings
+from bubo.cli import warn_if_exposed
+from bubo.config import OPTIONS, ConfigError, ServerSettings, Settings, load_settings
 
 
 class TestLoading:
@@ -114,3 +115,35 @@ class TestCommandLine:
         assert result.returncode == 0
         for option in OPTIONS:
             assert option.env in result.stdout
+
+
+class TestExposure:
+    """A non-loopback address without an API key is worth a warning; debug hooks refuse it."""
+
+    @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::"])
+    def test_warns_beyond_loopback_without_a_key(self, host: str, caplog: pytest.LogCaptureFixture) -> None:
+        warn_if_exposed(Settings(server=ServerSettings(host=host)))
+        assert "without --api-key" in caplog.text
+
+    @pytest.mark.parametrize(
+        ("host", "key"), [("127.0.0.1", None), ("::1", None), ("localhost", None), ("0.0.0.0", "k")]
+    )
+    def test_quiet_on_loopback_or_with_a_key(self, host: str, key: str | None, caplog) -> None:
+        warn_if_exposed(Settings(server=ServerSettings(host=host, api_key=key)))
+        assert caplog.text == ""
+
+    def test_debug_hooks_need_loopback(self) -> None:
+        with pytest.raises(ConfigError, match="loopback"):
+            load_settings({"server__debug_hooks": "on", "server__host": "0.0.0.0"}, environ={})
+
+    def test_switches_accept_on_off_and_a_bare_flag(self) -> None:
+        assert load_settings({"server__debug_hooks": "on"}, environ={}).server.debug_hooks
+        assert not load_settings({}, environ={"BUBO_DEBUG_HOOKS": "off"}).server.debug_hooks
+        with pytest.raises(ConfigError, match="on or off"):
+            load_settings({}, environ={"BUBO_MEMORY_GUARD": "maybe"})
+
+    def test_cors_origins_are_checked(self) -> None:
+        settings = load_settings({}, environ={"BUBO_CORS_ORIGINS": "http://localhost:3000, https://x.dev/"})
+        assert settings.server.cors_origins == ("http://localhost:3000", "https://x.dev")
+        with pytest.raises(ConfigError, match="not an origin"):
+            load_settings({}, environ={"BUBO_CORS_ORIGINS": "localhost:3000"})

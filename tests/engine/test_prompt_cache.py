@@ -71,7 +71,7 @@ class TestSnapshots:
         assert stats.cache.hit
         assert stats.cached_tokens >= len(a1) - 1
         assert stats.cache.restored_bytes > 0
-        assert [s.n_tokens for s in engine.snapshots()]  # B was saved when A came back
+        assert [s.n_tokens for s in engine.cache_contents().snapshots]  # B was saved when A came back
 
     async def test_interleaved_conversations_each_keep_their_prefix(self, engine, tokenizer) -> None:
         """Three agents taking turns: after their first turn, every turn is a cache hit."""
@@ -115,7 +115,7 @@ class TestSnapshots:
             await run(engine, conversation(tokenizer, "volcanoes"))
             _, finished = await run(engine, conversation(tokenizer, "whales"))
             assert (finished.stats.cache.hit, finished.stats.cache.miss_reason) == (False, "disabled")
-            assert engine.snapshots() == []
+            assert engine.cache_contents().snapshots == ()
         finally:
             engine.close()
 

@@ -25,6 +25,8 @@ class ApiContext:
     api_key: str | None = attrs.field(default=None, repr=False)
     version: str = "0.0.0"
     responses: ResponseStore = attrs.field(factory=ResponseStore)
+    debug_hooks: bool = False
+    effective_settings: dict[str, Any] = attrs.field(factory=dict)  # for /debug/settings, key redacted
 
     @property
     def fingerprint(self) -> str:

@@ -33,6 +33,7 @@ _READINESS = {
     Status.READY: "ready",
     Status.FAILED: "failed",
     Status.DEVICE_LOST: "device_lost",
+    Status.RECOVERING: "recovering",
 }
 
 
@@ -42,7 +43,8 @@ _READINESS = {
 async def health() -> Response:
     """Liveness: 200 while the process can serve or load, 503 after the engine was lost."""
     state = api_context().state
-    if state.status is Status.DEVICE_LOST:
+    lost = state.runtime is not None and state.runtime.engine.lost
+    if lost or state.status in (Status.DEVICE_LOST, Status.RECOVERING):
         return json_response({"status": "device_lost"}, status=503)
     return json_response({"status": "ok"})
 
@@ -56,7 +58,10 @@ async def ready() -> Response:
     try:
         runtime = state.require_runtime()
     except BuboError as error:
-        body = {"status": _READINESS[state.status], **unstructure(error_envelope(error))}
+        status = "device_lost" if error.code == "device_lost" else _READINESS[state.status]
+        if state.status is Status.RECOVERING:
+            status = "recovering"
+        body = {"status": status, **unstructure(error_envelope(error))}
         if state.status is Status.LOADING:
             body["progress"] = round(state.load_progress, 3)
         return json_response(body, status=error.status, headers=dict(error.headers))

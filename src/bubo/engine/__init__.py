@@ -5,8 +5,10 @@ tests; it never imports ``llama_cpp``.
 """
 
 from ._stops import StopMatcher as StopMatcher
+from .base import CacheContents as CacheContents
 from .base import Engine as Engine
 from .base import EngineFailure as EngineFailure
 from .base import EngineStatistics as EngineStatistics
 from .base import ModelInfo as ModelInfo
 from .base import SlotStatistics as SlotStatistics
+from .base import SnapshotInfo as SnapshotInfo

@@ -15,7 +15,10 @@ import numpy.typing as npt
 from ._kv import SequenceCache, SnapshotStore
 from .base import EngineCounters, EngineFailure
 
-__all__ = ["LlamaContext"]
+__all__ = ["FATAL_DECODE_STATUS", "LlamaContext"]
+
+# llama_decode: 0 ok, 1 no KV slot, 2 aborted, -1 invalid batch, -2 and below compute failures.
+FATAL_DECODE_STATUS = -2
 
 
 class LlamaContext:
@@ -72,7 +75,14 @@ class LlamaContext:
         counters.n_tokens_max = max(counters.n_tokens_max, counters.kv_tokens)
 
     def _check(self, status: int) -> None:
+        """Raise for a failed ``llama_decode``.
+
+        1 (no room in the KV cache) and -1 (a bad batch) leave the context usable;
+        lower values are compute failures (a lost device) and are fatal.
+        """
         if status != 0:
+            if status <= FATAL_DECODE_STATUS:
+                raise EngineFailure(f"llama_decode failed with status {status}", fatal=True)
             # the failed batch may have left part of itself in the cache: forget it all
             self.cache.clear()
             self._counters.kv_tokens = 0

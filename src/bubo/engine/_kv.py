@@ -25,7 +25,9 @@ import llama_cpp
 
 from bubo.domain.generation import CacheReport, CacheTags
 
-__all__ = ["SequenceCache", "SnapshotInfo", "SnapshotStore"]
+from .base import SnapshotInfo
+
+__all__ = ["SequenceCache", "SnapshotStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +58,6 @@ class _Snapshot:
     @property
     def size(self) -> int:
         return len(self.data)
-
-
-@attrs.frozen(kw_only=True)
-class SnapshotInfo:
-    """A snapshot as ``/debug/cache`` lists it."""
-
-    n_tokens: int
-    size_bytes: int
-    conversation: str | None
 
 
 class SnapshotStore:

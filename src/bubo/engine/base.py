@@ -24,9 +24,10 @@ import attrs
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest
-from bubo.errors import BuboError, InternalError
+from bubo.errors import BuboError, DeviceLost, InternalError
 
 __all__ = [
+    "CacheContents",
     "Engine",
     "EngineCounters",
     "EngineFailure",
@@ -34,6 +35,7 @@ __all__ = [
     "ModelInfo",
     "SlotEngine",
     "SlotStatistics",
+    "SnapshotInfo",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,9 +46,17 @@ _CHANNEL_BUFFER = 32
 
 
 class EngineFailure(InternalError):
-    """The engine could not run a generation (llama.cpp returned an error)."""
+    """The engine could not run a generation (llama.cpp returned an error).
+
+    ``fatal``: the context is unusable (a compute failure, a lost device); the
+    engine serves nothing more and the server reports ``device_lost``.
+    """
 
     default_code = "engine_error"
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +74,24 @@ class ModelInfo:
     vocab_type: int  # llama.cpp's enum: 1 SPM, 2 BPE, 3 WPM, 4 UGM
     description: str  # e.g. "llama ?B Q4_1"
     eog_token_ids: frozenset[int]
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotInfo:
+    """One prompt-cache snapshot in host RAM."""
+
+    n_tokens: int
+    size_bytes: int
+    conversation: str | None  # the conversation tag of the request that left it
+
+
+@attrs.frozen(kw_only=True)
+class CacheContents:
+    """What the prompt cache holds (``/debug/cache``)."""
+
+    live_tokens: int  # tokens in the slot's KV cache
+    budget_bytes: int  # host RAM allowed for snapshots (0: none)
+    snapshots: tuple[SnapshotInfo, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -127,8 +155,21 @@ class Engine(Protocol):
         """Run the engine's idle work (warming the cache for the next turn) until cancelled."""
         ...
 
+    @property
+    def lost(self) -> bool:
+        """Whether a fatal failure left the engine unusable."""
+        ...
+
+    async def wait_lost(self) -> None:
+        """Return once the engine is lost."""
+        ...
+
     async def aclose(self) -> None:
         """Wait for the slot, then free the model; the engine is unusable afterwards."""
+        ...
+
+    def cache_contents(self) -> CacheContents:
+        """What the prompt cache holds."""
         ...
 
 
@@ -176,6 +217,7 @@ class SlotEngine(abc.ABC):
         self._counters = counters or EngineCounters()
         self._next_task_id = 0
         self._closed = False
+        self._lost = trio.Event()
         # idle jobs are few (at most one per generation) and skip themselves when stale
         self._idle_jobs, self._idle_queue = trio.open_memory_channel[Callable[[], None]](math.inf)
 
@@ -184,12 +226,32 @@ class SlotEngine(abc.ABC):
         """The loaded model."""
         return self._info
 
+    @property
+    def lost(self) -> bool:
+        """Whether a fatal failure left the engine unusable."""
+        return self._lost.is_set()
+
+    async def wait_lost(self) -> None:
+        """Return once the engine is lost."""
+        await self._lost.wait()
+
+    def _check_usable(self) -> None:
+        if self._lost.is_set():
+            raise DeviceLost("the engine failed and cannot serve requests")
+
     @asynccontextmanager
     async def open_generation(
         self, request: GenerationRequest
     ) -> AsyncIterator[trio.MemoryReceiveChannel[EngineEvent]]:
-        """Wait for the slot (FIFO), then stream the generation's events."""
+        """Wait for the slot (FIFO), then stream the generation's events.
+
+        Raises:
+            DeviceLost: the engine was lost (before or while this request waited).
+
+        """
+        self._check_usable()
         async with self._slot:
+            self._check_usable()
             task_id = self._next_task_id
             self._next_task_id += 1
             send, receive = trio.open_memory_channel[EngineEvent](self.channel_buffer)
@@ -219,7 +281,7 @@ class SlotEngine(abc.ABC):
                 try:
                     await self._produce(request, send)
                 except Exception as error:  # noqa: BLE001 - delivered to the consumer, not lost
-                    await send.send(GenerationFailed(error=_as_bubo_error(error)))
+                    await send.send(GenerationFailed(error=self._failure(error)))
         finally:
             counters.is_processing = False
 
@@ -258,6 +320,10 @@ class SlotEngine(abc.ABC):
             slots=(slot,),
         )
 
+    def cache_contents(self) -> CacheContents:
+        """What the prompt cache holds (engines with snapshots say more)."""
+        return CacheContents(live_tokens=self._counters.kv_tokens, budget_bytes=0)
+
     def _schedule_idle(self, job: Callable[[], None]) -> None:
         """Queue *job* (blocking, run in a worker thread with the slot held); call on the trio thread."""
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -267,7 +333,7 @@ class SlotEngine(abc.ABC):
         """Run idle jobs one at a time, each behind the requests already waiting for the slot."""
         async for job in self._idle_queue:
             async with self._slot:
-                if self._closed:
+                if self._closed or self._lost.is_set():
                     return
                 await trio.to_thread.run_sync(job, thread_name="bubo-idle")
 
@@ -282,14 +348,14 @@ class SlotEngine(abc.ABC):
     def close(self) -> None:
         """Release what the engine holds; the engine is unusable afterwards."""
 
-
-def _as_bubo_error(error: Exception) -> BuboError:
-    """Engine errors pass as they are; anything else is logged and made generic."""
-    if isinstance(error, BuboError):
-        logger.error("generation failed: %s", error.message)
-        return error
-    logger.error("generation failed unexpectedly", exc_info=error)
-    return EngineFailure("the engine failed while generating")
+    def _failure(self, error: Exception) -> BuboError:
+        """What the consumer is told; a fatal engine error or a crash also loses the engine."""
+        if isinstance(error, BuboError) and not (isinstance(error, EngineFailure) and error.fatal):
+            logger.error("generation failed: %s", error.message)
+            return error
+        logger.critical("the engine failed and is lost: %s", error, exc_info=error)
+        self._lost.set()
+        return DeviceLost("the engine failed while generating and cannot serve requests")
 
 
 class _unwrap_single_error:  # noqa: N801 - used like a function, as contextlib helpers are

@@ -44,9 +44,9 @@ from ._context import LlamaContext, token_piece
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._generation import Generation, Outcome
 from ._grammar import to_gbnf
-from ._kv import SnapshotInfo, SnapshotStore
+from ._kv import SnapshotStore
 from ._sampler import Sampler
-from .base import EngineCounters, EngineFailure, ModelInfo, SlotEngine
+from .base import CacheContents, EngineCounters, EngineFailure, ModelInfo, SlotEngine
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
 
@@ -194,10 +194,14 @@ class LlamaEngine(SlotEngine):
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]
 
-    def snapshots(self) -> list[SnapshotInfo]:
-        """The prompt-cache snapshots held in host RAM."""
+    def cache_contents(self) -> CacheContents:
+        """The live slot and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
         store = self._context.cache.store
-        return store.snapshots() if store is not None else []
+        return CacheContents(
+            live_tokens=len(self._context.cache.tokens),
+            budget_bytes=store.budget_bytes if store is not None else 0,
+            snapshots=tuple(store.snapshots()) if store is not None else (),
+        )
 
     # ---- the generation, on the worker thread -------------------------------------------
 
@@ -238,8 +242,8 @@ class LlamaEngine(SlotEngine):
                 return
             try:
                 self._context.decode(tokens)
-            except EngineFailure as error:  # the cache forgot the sequence; the next turn is cold
-                logger.debug("warming the next turn failed: %s", error)
+            except EngineFailure as error:
+                self._failure(error)  # a fatal one loses the engine; else the next turn is just cold
 
         return warm_up
 

@@ -3,5 +3,6 @@
 from .gguf import GGUFError as GGUFError
 from .gguf import GGUFMetadata as GGUFMetadata
 from .gguf import read_metadata as read_metadata
+from .memory import kv_bytes_per_token as kv_bytes_per_token
 from .naming import ALIAS as ALIAS
 from .naming import model_id_from_path as model_id_from_path

@@ -34,13 +34,16 @@ from bubo.domain.output import (
 from bubo.domain.requests import CompletionRequest, GenerationOptions
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import EngineFailure
-from bubo.errors import ContextOverflow, InvalidRequest
+from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
 from .runtime import Runtime
 
 __all__ = ["PreparedGeneration", "collect", "generation_request", "open_output", "prepare_completion"]
+
+# What a client told that the queue is full should wait before trying again, in seconds.
+QUEUE_RETRY_AFTER_S = 5
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +81,8 @@ def generation_request(
     if n_prompt >= n_ctx:
         raise ContextOverflow(n_prompt_tokens=n_prompt, n_ctx=n_ctx, param=prompt_param)
     max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
+    if runtime.memory_guard is not None:
+        runtime.memory_guard.admit(min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx)
     return GenerationRequest(
         prompt_tokens=rendered.tokens,
         max_new_tokens=max_tokens if max_tokens >= 0 else None,
@@ -119,7 +124,18 @@ async def open_output(
     """Wait for the slot, then iterate the generation's output events.
 
     Leaving the block early (a client that disconnects) cancels the decode.
+
+    Raises:
+        QueueFull: ``max_queue`` requests already wait for the slot.
+
     """
+    if runtime.max_queue is not None:
+        statistics = runtime.engine.statistics()
+        if statistics.requests_processing and statistics.requests_deferred >= runtime.max_queue:
+            raise QueueFull(
+                f"{statistics.requests_deferred} requests already wait for the model; retry shortly",
+                retry_after_s=QUEUE_RETRY_AFTER_S,
+            )
     async with (
         runtime.engine.open_generation(prepared.request) as events,
         aclosing(output_events(events, prepared.plan)) as output,

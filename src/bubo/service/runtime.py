@@ -14,6 +14,8 @@ from bubo.model import ALIAS
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
+from .memory import MemoryGuard
+
 __all__ = ["GenerationDefaults", "Runtime", "ServerState", "Status"]
 
 
@@ -37,6 +39,8 @@ class Runtime:
     defaults: GenerationDefaults = attrs.field(factory=GenerationDefaults)
     tool_parser: str = "hermes"  # the format tool calls are parsed (and forced) in
     default_grammar: GrammarSpec | None = None  # constrains every request that sets none itself
+    memory_guard: MemoryGuard | None = None  # None: requests are not checked against memory
+    max_queue: int | None = None  # requests that may wait for the slot; None: no bound
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -73,14 +77,16 @@ class Status(enum.Enum):
     READY = "ready"
     FAILED = "failed"
     DEVICE_LOST = "device_lost"
+    RECOVERING = "recovering"  # lost, and the model is being reloaded (--device-recovery)
 
 
 @attrs.define
 class ServerState:
     """Mutable lifecycle state, owned by the app (never module-level).
 
-    The loader task moves it from ``LOADING`` to ``READY`` (or ``FAILED``);
-    request handlers only read it.
+    The model task moves it from ``LOADING`` to ``READY`` (or ``FAILED``), and
+    from ``READY`` to ``DEVICE_LOST`` (then ``RECOVERING`` and back to ``READY``
+    with ``--device-recovery``); request handlers only read it.
     """
 
     status: Status = Status.LOADING
@@ -96,8 +102,11 @@ class ServerState:
             DeviceLost: the engine was lost.
 
         """
-        if self.status is Status.DEVICE_LOST:
-            raise DeviceLost("the engine failed and cannot serve requests")
+        if self.status in (Status.DEVICE_LOST, Status.RECOVERING) or (
+            self.runtime is not None and self.runtime.engine.lost
+        ):
+            recovering = " (the model is being reloaded)" if self.status is Status.RECOVERING else ""
+            raise DeviceLost("the engine failed and cannot serve requests" + recovering)
         if self.status is Status.READY and self.runtime is not None:
             return self.runtime
         if self.status is Status.FAILED:

@@ -1,0 +1,86 @@
+"""Debug hooks: ``POST /debug/prompt``, ``GET /debug/cache``, ``GET /debug/settings``.
+
+They show what Bubo does with a request: the prompt text and token ids it
+evaluates, what the prompt cache holds, the effective settings (the API key
+redacted).  They exist only when the server runs with ``--debug-hooks`` *and*
+the request reached a loopback address; in every other case they are 404
+``not_found``, exactly like a path that does not exist.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import trio
+from quart import Blueprint, Response, request
+
+from bubo.errors import NotFound
+from bubo.service.chat import render_chat_request
+
+from ._context import api_context, json_body, require_runtime
+from ._converter import make_converter, structure
+from ._json import json_response
+from .openai import translate, wire
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("debug", __name__)
+_converter = make_converter()
+
+
+@blueprint.before_request
+async def _only_when_enabled_on_loopback() -> None:
+    server = request.scope.get("server")
+    host = server[0] if server else ""
+    if not api_context().debug_hooks or not _is_loopback(host):
+        raise NotFound(f"no such endpoint: {request.method} {request.path}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@blueprint.post("/debug/prompt")
+async def prompt() -> Response:
+    """A chat-completions body rendered and tokenized exactly as generation would, with each token's text."""
+    runtime = require_runtime()
+    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
+    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.chat_request(body))
+    tokenizer = runtime.tokenizer
+    return json_response(
+        {
+            "prompt": rendered.text,
+            "n_tokens": len(rendered.tokens),
+            "tokens": list(rendered.tokens),
+            "pieces": [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in rendered.tokens],
+            "template_origin": runtime.template.origin,
+        }
+    )
+
+
+@blueprint.get("/debug/cache")
+async def cache() -> Response:
+    """The slot's live tokens and the host-RAM snapshots of the prompt cache."""
+    contents = require_runtime().engine.cache_contents()
+    return json_response(
+        {
+            "live_tokens": contents.live_tokens,
+            "budget_bytes": contents.budget_bytes,
+            "used_bytes": sum(s.size_bytes for s in contents.snapshots),
+            "snapshots": [
+                {"n_tokens": s.n_tokens, "size_bytes": s.size_bytes, "conversation": s.conversation}
+                for s in contents.snapshots
+            ],
+        }
+    )
+
+
+@blueprint.get("/debug/settings")
+async def settings() -> Response:
+    """The effective settings, as the server resolved flags and variables (the API key redacted)."""
+    return json_response(api_context().effective_settings)

@@ -1,0 +1,141 @@
+"""The memory guard: refuse a generation the machine has no memory for, before it starts.
+
+A request's need is estimated from the model: the KV state of its tokens
+(prompt and new tokens, at the model's bytes per token; what the slot's cache
+and a host-RAM snapshot of it hold) plus the working buffers of one decode
+step (logits for every drafted position) and a fixed margin.  What the machine
+can give is read from the system: ``MemAvailable`` in ``/proc/meminfo``,
+bounded by a cgroup memory limit when the process runs under one (containers).
+
+- need > what the machine could ever give (total RAM or the cgroup limit)
+  → 507 ``insufficient_memory_permanent`` (no ``Retry-After``: retrying cannot help);
+- available < the low-water mark → 503 ``memory_pressure``;
+- need > available → 503 ``insufficient_memory``; both 503s carry ``Retry-After: 5``.
+
+Tests inject a :class:`MemoryProbe`; nothing here exhausts the machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from bubo.errors import InsufficientMemory, InsufficientMemoryPermanent, MemoryPressure
+
+__all__ = ["MemoryGuard", "MemoryProbe", "MemoryReading", "SystemMemory"]
+
+MIB = 1024 * 1024
+# Per generation, besides the KV state and logits: sampler, token lists, response text.
+WORKING_MARGIN_BYTES = 16 * MIB
+
+
+@attrs.frozen(kw_only=True)
+class MemoryReading:
+    """What the machine can give now, and at most."""
+
+    available_bytes: int
+    limit_bytes: int
+
+
+class MemoryProbe(Protocol):
+    """Reads the memory the process may still use."""
+
+    def read(self) -> MemoryReading:
+        """The current reading."""
+        ...
+
+
+@attrs.frozen
+class SystemMemory:
+    """``/proc/meminfo``, bounded by the cgroup (v2, else v1) limit when there is one."""
+
+    root: Path = Path("/")
+
+    def read(self) -> MemoryReading:
+        """MemAvailable and MemTotal, each at most what the cgroup still allows."""
+        meminfo = self._meminfo()
+        available, total = meminfo.get("MemAvailable", 0), meminfo.get("MemTotal", 0)
+        limit, usage = self._cgroup()
+        if limit is not None:
+            total = min(total, limit) if total else limit
+            if usage is not None:
+                available = min(available, max(0, limit - usage)) if available else max(0, limit - usage)
+        return MemoryReading(available_bytes=available, limit_bytes=total)
+
+    def _meminfo(self) -> dict[str, int]:
+        values: dict[str, int] = {}
+        try:
+            lines = (self.root / "proc/meminfo").read_text().splitlines()
+        except OSError:
+            return values
+        for line in lines:
+            name, _, rest = line.partition(":")
+            fields = rest.split()
+            if fields and fields[0].isdigit():
+                values[name] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+        return values
+
+    def _cgroup(self) -> tuple[int | None, int | None]:
+        for limit_file, usage_file in (
+            ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
+            ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        ):
+            limit = _read_int(self.root / limit_file)
+            if limit is not None and limit < 1 << 60:  # v1 writes a huge number for "no limit"
+                return limit, _read_int(self.root / usage_file)
+        return None, None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+@attrs.frozen(kw_only=True)
+class MemoryGuard:
+    """Admits a generation of ``n_tokens`` or raises the error that says why not."""
+
+    probe: MemoryProbe
+    kv_bytes_per_token: int
+    step_bytes: int  # logits and buffers of one decode step
+    low_water_bytes: int
+
+    def need_bytes(self, n_tokens: int) -> int:
+        """The estimated memory one generation of *n_tokens* (prompt and output) needs."""
+        return n_tokens * self.kv_bytes_per_token + self.step_bytes + WORKING_MARGIN_BYTES
+
+    def admit(self, n_tokens: int) -> None:
+        """Check a generation of *n_tokens* against what the machine can give.
+
+        Raises:
+            InsufficientMemoryPermanent: it needs more than the machine could ever give.
+            MemoryPressure: available memory is below the low-water mark.
+            InsufficientMemory: it needs more than is available now.
+
+        """
+        reading = self.probe.read()
+        need = self.need_bytes(n_tokens)
+        if reading.limit_bytes and need > reading.limit_bytes:
+            raise InsufficientMemoryPermanent(
+                f"the request needs about {_mib(need)} MiB ({n_tokens} tokens of state) but this machine "
+                f"can give at most {_mib(reading.limit_bytes)} MiB: shorten the prompt or max_tokens"
+            )
+        if reading.available_bytes < self.low_water_bytes:
+            raise MemoryPressure(
+                f"only {_mib(reading.available_bytes)} MiB of memory is available, below the "
+                f"{_mib(self.low_water_bytes)} MiB low-water mark: free memory, then retry"
+            )
+        if need > reading.available_bytes:
+            raise InsufficientMemory(
+                f"the request needs about {_mib(need)} MiB but {_mib(reading.available_bytes)} MiB "
+                "is available now: free memory, then retry"
+            )
+
+
+def _mib(n_bytes: int) -> int:
+    return round(n_bytes / MIB)

@@ -1,0 +1,335 @@
+"""Operations end to end: memory guard, device lost and recovery, debug hooks, limits, CORS, logs.
+
+Faults come from outside Bubo: ``harness_server.py`` runs the real server and
+model with llama.cpp's decode and the memory probe steerable through files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+
+from .conftest import Server, free_port, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama]
+
+HARNESS = Path(__file__).with_name("harness_server.py")
+MIB = 1024 * 1024
+CHAT = {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+MESSAGE = {"model": "bubo", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
+
+
+def bubo_command() -> str:
+    return shutil.which("bubo") or str(Path(sys.executable).with_name("bubo"))
+
+
+@attrs.frozen
+class Harness:
+    server: Server
+    control: Path
+
+    def set_memory(self, *, available_mib: int, limit_mib: int) -> None:
+        reading = {"available_bytes": available_mib * MIB, "limit_bytes": limit_mib * MIB}
+        (self.control / "memory.json").write_text(json.dumps(reading))
+
+    def switch(self, name: str, *, on: bool) -> None:
+        path = self.control / name
+        if on:
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+
+@pytest.fixture(name="harness", scope="module")
+def _harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    control = tmp_path_factory.mktemp("harness-control")
+    port = free_port()
+    server = start_server(
+        [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
+        port,
+        tmp_path_factory.mktemp("harness") / "harness.log",
+        env={"BUBO_DEVICE_RECOVERY": "on", "BUBO_MEMORY_LOW_WATER_MIB": "16", "BUBO_CTX_SIZE": "1024"},
+    )
+    yield Harness(server=server, control=control)
+    assert stop_server(server) == 0
+
+
+class TestMemoryGuard:
+    """The guard reads the (injected) memory before admitting a generation."""
+
+    @pytest.fixture(autouse=True)
+    def _normal_memory_afterwards(self, harness: Harness) -> Iterator[None]:
+        yield
+        (harness.control / "memory.json").unlink(missing_ok=True)
+
+    def test_low_water_is_memory_pressure(self, harness: Harness) -> None:
+        harness.set_memory(available_mib=10, limit_mib=16_000)
+        response = httpx.post(harness.server.base_url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "5"
+        assert response.json()["error"]["code"] == "memory_pressure"
+
+    def test_not_enough_now_is_insufficient_memory(self, harness: Harness) -> None:
+        """Above the low-water mark but short of a 1,024-token generation's ~41 MiB."""
+        harness.set_memory(available_mib=30, limit_mib=16_000)
+        body = {**CHAT, "max_tokens": 1000}
+        response = httpx.post(harness.server.base_url + "/v1/chat/completions", json=body, timeout=30)
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "5"
+        assert response.json()["error"]["code"] == "insufficient_memory"
+
+    def test_more_than_the_machine_has_is_507_without_retry_after(self, harness: Harness) -> None:
+        harness.set_memory(available_mib=70, limit_mib=30)
+        body = {**MESSAGE, "max_tokens": 1000}
+        response = httpx.post(harness.server.base_url + "/v1/messages", json=body, timeout=30)
+        assert response.status_code == 507
+        assert "retry-after" not in response.headers
+        body = response.json()
+        assert body["type"] == "error"  # the Anthropic envelope on /v1/messages
+        assert body["error"]["code"] == "insufficient_memory_permanent"
+
+    def test_requests_pass_when_memory_returns(self, harness: Harness) -> None:
+        harness.set_memory(available_mib=4_000, limit_mib=16_000)
+        response = httpx.post(harness.server.base_url + "/v1/chat/completions", json=CHAT, timeout=60)
+        assert response.status_code == 200
+
+
+class TestDeviceLost:
+    def test_lost_engine_then_recovery(self, harness: Harness) -> None:
+        """A decode that fails like a lost GPU ends the request cleanly, then every request is 503
+        device_lost while /ready says recovering; once the model reloads, requests work again."""
+        base = harness.server.base_url
+        harness.switch("load-fails", on=True)  # keep it recovering until the test lets it reload
+        harness.switch("decode-fails", on=True)
+        with httpx.stream(
+            "POST", base + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=60
+        ) as r:
+            assert r.status_code == 200  # the headers went out before the decode failed
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        error = json.loads(events[-1][6:])["error"]
+        assert error["code"] == "device_lost"
+
+        assert httpx.get(base + "/health", timeout=10).json() == {"status": "device_lost"}
+        ready = httpx.get(base + "/ready", timeout=10)
+        assert (ready.status_code, ready.json()["status"]) == (503, "recovering")
+        for path, body in (
+            ("/v1/chat/completions", CHAT),
+            ("/completion", {"prompt": "x"}),
+            ("/v1/messages", MESSAGE),
+        ):
+            response = httpx.post(base + path, json=body, timeout=10)
+            assert response.status_code == 503, path
+            assert "device_lost" in response.text, path
+
+        harness.switch("decode-fails", on=False)
+        harness.switch("load-fails", on=False)
+        deadline = time.monotonic() + 90
+        while httpx.get(base + "/ready", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the model was not reloaded"
+            time.sleep(0.5)
+        assert httpx.get(base + "/health", timeout=10).json() == {"status": "ok"}
+        assert httpx.post(base + "/v1/chat/completions", json=CHAT, timeout=60).status_code == 200
+        assert "the model was reloaded after the engine was lost" in harness.server.output()
+
+
+KEY = "ops-secret-key"
+WRONG_KEY = "not-the-key-0451"
+ORIGIN = "http://localhost:3000"
+
+
+@pytest.fixture(name="hardened", scope="module")
+def _hardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = free_port()
+    command = [
+        bubo_command(), "serve", "--port", str(port), "-c", "1024", "--api-key", KEY, "--debug-hooks",
+        "--cors-origins", ORIGIN, "--max-body-mib", "1", "--max-queue", "1", "--log-level", "debug",
+    ]  # fmt: skip
+    server = start_server(command, port, tmp_path_factory.mktemp("hardened") / "serve.log", api_key=KEY)
+    yield server
+    assert stop_server(server) == 0
+    log = server.output()
+    assert KEY not in log
+    assert WRONG_KEY not in log
+
+
+@pytest.fixture(name="client")
+def _client(hardened: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=hardened.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as c:
+        yield c
+
+
+class TestDebugHooks:
+    def test_prompt_shows_text_and_tokens(self, client: httpx.Client) -> None:
+        body = client.post("/debug/prompt", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+        assert body["prompt"].endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        assert body["n_tokens"] == len(body["tokens"]) == len(body["pieces"])
+        assert "".join(body["pieces"]) == body["prompt"]
+
+    def test_cache_lists_the_slot_and_snapshots(self, client: httpx.Client) -> None:
+        client.post("/v1/chat/completions", json=CHAT)
+        body = client.get("/debug/cache").json()
+        assert body["live_tokens"] > 0
+        assert body["budget_bytes"] == 1024 * MIB
+        assert isinstance(body["snapshots"], list)
+
+    def test_settings_are_effective_and_redacted(self, client: httpx.Client) -> None:
+        body = client.get("/debug/settings").json()
+        assert body["server"]["api_key"] == "<redacted>"
+        assert body["server"]["max_queue"] == 1
+        assert body["model"]["ctx_size"] == 1024
+
+    def test_absent_without_the_flag(self, http: httpx.Client) -> None:
+        """The shared server runs without --debug-hooks: the paths do not exist."""
+        for method, path in (("POST", "/debug/prompt"), ("GET", "/debug/cache"), ("GET", "/debug/settings")):
+            response = http.request(method, path, json={} if method == "POST" else None)
+            assert response.status_code == 404
+            assert response.json()["error"]["code"] == "not_found"
+
+    def test_refused_on_a_non_loopback_address(self) -> None:
+        """The server does not start (nothing is bound) and says why in one line."""
+        done = subprocess.run(
+            [bubo_command(), "serve", "--debug-hooks", "--host", "0.0.0.0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert "--debug-hooks" in done.stderr
+        assert "loopback" in done.stderr
+
+
+class TestLimits:
+    def test_body_too_large_in_each_dialect(self, client: httpx.Client) -> None:
+        big = "x" * (MIB + 1024)
+        openai = client.post(
+            "/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": big}]}
+        )
+        assert openai.status_code == 413
+        assert openai.json()["error"]["code"] == "payload_too_large"
+        anthropic = client.post(
+            "/v1/messages", json={**MESSAGE, "messages": [{"role": "user", "content": big}]}
+        )
+        assert anthropic.status_code == 413
+        assert anthropic.json()["type"] == "error"
+        assert anthropic.json()["error"]["type"] == "request_too_large"
+
+    def test_bounded_queue(self, client: httpx.Client, hardened: Server) -> None:
+        """One generation runs, one waits (--max-queue 1): the next is 503 queue_full with Retry-After."""
+        long = {"prompt": "Once upon a time", "n_predict": 2000, "ignore_eos": True, "stream": True}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        waiting: dict[str, int] = {}
+        with httpx.stream(
+            "POST", hardened.base_url + "/completion", json=long, headers=headers, timeout=60
+        ) as running:
+            lines = running.iter_lines()  # kept: a closed iterator would close the stream
+            next(lines)  # generating now
+
+            def wait_in_queue() -> None:
+                waiting["status"] = client.post(
+                    "/completion", json={"prompt": "Hi", "n_predict": 2}
+                ).status_code
+
+            queued = threading.Thread(target=wait_in_queue)
+            queued.start()
+            deadline = time.monotonic() + 10
+            while "llamacpp:requests_deferred 1.0" not in client.get("/metrics").text.splitlines():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            refused = client.post("/completion", json={"prompt": "Hi", "n_predict": 2})
+        # leaving the stream cancels the long generation; the queued request then runs
+        queued.join(timeout=60)
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "5"
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert waiting == {"status": 200}
+
+
+class TestEdges:
+    def test_cors_only_for_the_configured_origin(self, hardened: Server) -> None:
+        preflight = httpx.options(
+            hardened.base_url + "/v1/chat/completions",
+            headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization,content-type"},
+            timeout=10,
+        )  # fmt: skip
+        assert preflight.headers["access-control-allow-origin"] == ORIGIN
+        other = httpx.get(
+            hardened.base_url + "/health",
+            headers={"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}"},
+            timeout=10,
+        )
+        assert "access-control-allow-origin" not in other.headers
+
+    def test_no_cors_without_the_flag(self, http: httpx.Client) -> None:
+        response = http.get("/health", headers={"Origin": ORIGIN})
+        assert "access-control-allow-origin" not in response.headers
+
+    def test_request_id_in_header_error_body_and_access_log(
+        self, client: httpx.Client, hardened: Server
+    ) -> None:
+        response = client.post("/v1/messages", json={"model": "nope"}, headers={"X-Request-Id": "req-e2e-42"})
+        assert response.headers["x-request-id"] == "req-e2e-42"
+        assert response.json()["request_id"] == "req-e2e-42"  # the Anthropic envelope carries it
+        generated = client.get("/health").headers["x-request-id"]
+        deadline = time.monotonic() + 5
+        while f"request_id={generated}" not in hardened.output():
+            assert time.monotonic() < deadline, "the access log lacks the request id"
+            time.sleep(0.1)
+        assert "request_id=req-e2e-42" in hardened.output()
+
+    def test_wrong_keys_are_refused_and_never_logged(self, hardened: Server) -> None:
+        response = httpx.get(
+            hardened.base_url + "/v1/models", headers={"Authorization": f"Bearer {WRONG_KEY}"}, timeout=10
+        )
+        assert response.status_code == 401
+        assert WRONG_KEY not in hardened.output()  # checked again, with the real key, at shutdown
+
+
+class TestShutdown:
+    """SIGTERM: no new connections, running requests finish until the deadline, exit 0."""
+
+    def start(self, tmp_path: Path, *extra: str) -> Server:
+        port = free_port()
+        command = [bubo_command(), "serve", "--port", str(port), "-c", "1024", *extra]
+        return start_server(command, port, tmp_path / "serve.log")
+
+    def test_a_running_stream_finishes(self, tmp_path: Path) -> None:
+        server = self.start(tmp_path)
+        body = {"prompt": "Count:", "n_predict": 80, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.process.terminate()
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert json.loads(rest[-1][6:])["stop"] is True
+        assert json.loads(rest[-1][6:])["tokens_predicted"] == 80
+        assert server.process.wait(timeout=30) == 0
+        assert "stopped; the model is freed" in server.output()
+
+    def test_the_deadline_cancels_what_is_still_running(self, tmp_path: Path) -> None:
+        server = self.start(tmp_path, "--shutdown-timeout", "1")
+        body = {"prompt": "Count:", "n_predict": 5000, "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.process.terminate()
+            with pytest.raises(httpx.HTTPError):
+                for _ in lines:  # the stream is cut at the deadline, not finished
+                    pass
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 20
+        assert "stopped; the model is freed" in server.output()

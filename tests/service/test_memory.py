@@ -1,0 +1,111 @@
+"""The memory guard's arithmetic and the system reading it relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from bubo.errors import InsufficientMemory, InsufficientMemoryPermanent, MemoryPressure
+from bubo.model import kv_bytes_per_token
+from bubo.service.memory import WORKING_MARGIN_BYTES, MemoryGuard, MemoryReading, SystemMemory
+
+MIB = 1024 * 1024
+
+
+@attrs.frozen
+class Fixed:
+    reading: MemoryReading
+
+    def read(self) -> MemoryReading:
+        return self.reading
+
+
+def guard(available_mib: int, limit_mib: int) -> MemoryGuard:
+    reading = MemoryReading(available_bytes=available_mib * MIB, limit_bytes=limit_mib * MIB)
+    return MemoryGuard(probe=Fixed(reading), kv_bytes_per_token=MIB, step_bytes=0, low_water_bytes=100 * MIB)
+
+
+class TestGuard:
+    def test_need_is_state_per_token_plus_working_memory(self) -> None:
+        assert guard(1000, 1000).need_bytes(10) == 10 * MIB + WORKING_MARGIN_BYTES
+
+    def test_admits_what_fits(self) -> None:
+        guard(available_mib=500, limit_mib=1000).admit(300)
+
+    def test_low_water_comes_before_the_request_size(self) -> None:
+        with pytest.raises(MemoryPressure) as raised:
+            guard(available_mib=50, limit_mib=1000).admit(1)
+        assert raised.value.status == 503
+        assert raised.value.headers == {"Retry-After": "5"}
+
+    def test_too_big_for_now(self) -> None:
+        with pytest.raises(InsufficientMemory) as raised:
+            guard(available_mib=200, limit_mib=1000).admit(300)
+        assert raised.value.code == "insufficient_memory"
+        assert raised.value.headers == {"Retry-After": "5"}
+
+    def test_too_big_for_ever(self) -> None:
+        with pytest.raises(InsufficientMemoryPermanent) as raised:
+            guard(available_mib=900, limit_mib=1000).admit(2000)
+        assert (raised.value.status, raised.value.headers) == (507, {})
+
+
+class TestSystemMemory:
+    def write(self, root: Path, relative: str, text: str) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def test_meminfo(self, tmp_path: Path) -> None:
+        self.write(
+            tmp_path, "proc/meminfo", "MemTotal:  8000000 kB\nMemFree: 10 kB\nMemAvailable: 4000000 kB\n"
+        )
+        assert SystemMemory(tmp_path).read() == MemoryReading(
+            available_bytes=4_000_000 * 1024, limit_bytes=8_000_000 * 1024
+        )
+
+    def test_a_cgroup_v2_limit_bounds_both(self, tmp_path: Path) -> None:
+        self.write(tmp_path, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.max", f"{2048 * MIB}\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.current", f"{1536 * MIB}\n")
+        assert SystemMemory(tmp_path).read() == MemoryReading(
+            available_bytes=512 * MIB, limit_bytes=2048 * MIB
+        )
+
+    def test_an_unlimited_cgroup_changes_nothing(self, tmp_path: Path) -> None:
+        self.write(tmp_path, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")
+        assert SystemMemory(tmp_path).read().limit_bytes == 8_000_000 * 1024
+
+    def test_this_machine(self) -> None:
+        reading = SystemMemory().read()
+        assert 0 < reading.available_bytes <= reading.limit_bytes
+
+
+class TestKvBytesPerToken:
+    def test_grouped_query_attention(self) -> None:
+        metadata = {
+            "general.architecture": "llama",
+            "llama.block_count": 30,
+            "llama.embedding_length": 576,
+            "llama.attention.head_count": 9,
+            "llama.attention.head_count_kv": 3,
+        }
+        assert kv_bytes_per_token(metadata) == 30 * 3 * (64 + 64) * 2  # SmolLM2-135M: 23,040
+
+    def test_explicit_key_and_value_lengths(self) -> None:
+        metadata = {
+            "general.architecture": "gemma3",
+            "gemma3.block_count": 18,
+            "gemma3.embedding_length": 640,
+            "gemma3.attention.head_count": 4,
+            "gemma3.attention.head_count_kv": 1,
+            "gemma3.attention.key_length": 256,
+            "gemma3.attention.value_length": 256,
+        }
+        assert kv_bytes_per_token(metadata) == 18 * 1 * 512 * 2
+
+    def test_unknown_is_zero(self) -> None:
+        assert kv_bytes_per_token({}) == 0
