@@ -248,9 +248,14 @@ OutputItem = ReasoningOut | MessageOut | FunctionCallOut
 
 @attrs.frozen(kw_only=True)
 class InputTokensDetails:
-    """Prompt tokens reused from the cache."""
+    """Prompt tokens reused from the cache.
+
+    ``cache_write_tokens`` is always 0: keeping a prefix costs nothing extra
+    (the same as Anthropic's ``cache_creation_input_tokens``).
+    """
 
     cached_tokens: int
+    cache_write_tokens: int = 0
 
 
 @attrs.frozen(kw_only=True)
