@@ -14,7 +14,7 @@ dialect's encoder turns them into its own in-stream error event.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Protocol
@@ -53,22 +53,38 @@ class StreamEncoder(Protocol):
         ...
 
 
-OpenOutput = Callable[[], AbstractAsyncContextManager[AsyncIterator[OutputEvent]]]
+Output = AbstractAsyncContextManager[AsyncIterator[OutputEvent]]
 
 
 class EventStreamBody(ResponseBody):
-    """A response body that runs one generation and streams it as SSE."""
+    """A response body that runs one generation and streams it as SSE.
 
-    def __init__(self, open_output: OpenOutput, encoder: StreamEncoder) -> None:
-        self._open_output = open_output
+    *output* was admitted by the handler (so a full queue is still a plain
+    503); entering it waits for the slot, after the headers went out, so an
+    error from then on is reported in the stream.
+    """
+
+    def __init__(self, output: Output, encoder: StreamEncoder) -> None:
+        self._output = output
         self._encoder = encoder
         self._stack = AsyncExitStack()
         self._frames: AsyncIterator[bytes] | None = None
 
     async def __aenter__(self) -> AsyncIterator[bytes]:
-        output = await self._stack.enter_async_context(self._open_output())
-        self._frames = self._encode(output)
+        try:
+            events = await self._stack.enter_async_context(self._output)
+        except BuboError as error:
+            self._frames = self._report(error)
+        except Exception:
+            logger.exception("the generation failed to start")
+            self._frames = self._report(InternalError("the server failed while streaming"))
+        else:
+            self._frames = self._encode(events)
         return self._frames
+
+    async def _report(self, error: BuboError) -> AsyncIterator[bytes]:
+        for frame in self._encoder.error(error):
+            yield frame
 
     async def _encode(self, output: AsyncIterator[OutputEvent]) -> AsyncIterator[bytes]:
         encoder = self._encoder
@@ -97,10 +113,10 @@ class EventStreamBody(ResponseBody):
         await self._stack.__aexit__(exc_type, exc_value, tb)
 
 
-def sse_response(open_output: OpenOutput, encoder: StreamEncoder) -> Response:
+def sse_response(output: Output, encoder: StreamEncoder) -> Response:
     """A ``text/event-stream`` response that is never cut by Quart's response timeout."""
     response = Response(
-        EventStreamBody(open_output, encoder),
+        EventStreamBody(output, encoder),
         status=200,
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 import attrs
 import trio
@@ -117,13 +117,14 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
     return attrs.evolve(sampling, logit_bias=tuple(biases.items()))
 
 
-@asynccontextmanager
-async def open_output(
+def open_output(
     runtime: Runtime, prepared: PreparedGeneration
-) -> AsyncIterator[AsyncIterator[OutputEvent]]:
-    """Wait for the slot, then iterate the generation's output events.
+) -> AbstractAsyncContextManager[AsyncIterator[OutputEvent]]:
+    """Admit the request to the queue now; entering the result waits for the slot and yields the output.
 
-    Leaving the block early (a client that disconnects) cancels the decode.
+    The queue check happens here, not on entry, so that a streaming handler
+    refuses with a 503 before its response headers are sent.  Leaving the
+    block early (a client that disconnects) cancels the decode.
 
     Raises:
         QueueFull: ``max_queue`` requests already wait for the slot.
@@ -136,6 +137,13 @@ async def open_output(
                 f"{statistics.requests_deferred} requests already wait for the model; retry shortly",
                 retry_after_s=QUEUE_RETRY_AFTER_S,
             )
+    return _output(runtime, prepared)
+
+
+@asynccontextmanager
+async def _output(
+    runtime: Runtime, prepared: PreparedGeneration
+) -> AsyncIterator[AsyncIterator[OutputEvent]]:
     async with (
         runtime.engine.open_generation(prepared.request) as events,
         aclosing(output_events(events, prepared.plan)) as output,

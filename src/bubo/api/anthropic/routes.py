@@ -46,7 +46,7 @@ async def messages() -> Response:
             prompt_tokens=len(prepared.prompt.tokens),
             request_id=request_id(),
         )
-        return sse_response(lambda: open_output(runtime, prepared), encoder)
+        return sse_response(open_output(runtime, prepared), encoder)
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
     return json_response(translate.message(completion, message_id=message_id, model=model))

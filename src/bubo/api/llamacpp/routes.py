@@ -115,7 +115,7 @@ async def completion() -> Response:
     n_probs = bool(prepared.request.n_probs)
     if stream:
         return sse_response(
-            lambda: open_output(runtime, prepared),
+            open_output(runtime, prepared),
             _CompletionStream(
                 settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)
             ),

@@ -44,7 +44,7 @@ async def chat_completions() -> Response:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
-            lambda: open_output(runtime, prepared),
+            open_output(runtime, prepared),
             ChatStream(identity, include_usage=include_usage, logprobs=logprobs),
         )
     async with open_output(runtime, prepared) as output:
@@ -71,9 +71,7 @@ async def completions() -> Response:
     identity = _identity(body.model or runtime.model_id)
     logprobs = body.logprobs is not None
     if body.stream:
-        return sse_response(
-            lambda: open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs)
-        )
+        return sse_response(open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs))
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
     return json_response(

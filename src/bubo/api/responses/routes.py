@@ -65,7 +65,7 @@ async def create() -> Response:
         encoder = ResponseStream(
             body, response_id=response_id, created_at=created_at, model=model, on_finished=remember
         )
-        return sse_response(lambda: open_output(runtime, prepared), encoder)
+        return sse_response(open_output(runtime, prepared), encoder)
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
     response = translate.response(
