@@ -22,6 +22,9 @@ __all__ = ["main", "warn_if_exposed"]
 logger = logging.getLogger("bubo")
 
 # Hypercorn's access log, with the request id every response carries (never a header with a key).
+# After the drain, Hypercorn's grace: streams that just finished flush their last bytes;
+# what still runs is cancelled, idle keep-alive connections are closed.
+FLUSH_AFTER_DRAIN_S = 2.0
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
 
 
@@ -86,7 +89,7 @@ async def _serve(settings: Settings) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
     from hypercorn.trio import serve  # noqa: PLC0415
 
-    from bubo.server import create_app  # noqa: PLC0415
+    from bubo.server import create_app, drain  # noqa: PLC0415
 
     load_failed = trio.Event()
     app = create_app(settings, on_load_failure=load_failed.set)
@@ -95,7 +98,7 @@ async def _serve(settings: Settings) -> int:
     config.accesslog = logging.getLogger("hypercorn.access")
     config.access_log_format = ACCESS_LOG_FORMAT
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.graceful_timeout = settings.server.shutdown_timeout
+    config.graceful_timeout = FLUSH_AFTER_DRAIN_S
     warn_if_exposed(settings)
 
     async def shutdown_trigger() -> None:
@@ -105,11 +108,13 @@ async def _serve(settings: Settings) -> int:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for received in signals:
                         logger.info(
-                            "%s: no new connections; running requests have %.0f s to finish",
+                            "%s: no new requests; running requests have %.0f s to finish",
                             signal.Signals(received).name,
                             settings.server.shutdown_timeout,
                         )
                         break
+                with trio.move_on_after(settings.server.shutdown_timeout):
+                    await drain(app)
                 nursery.cancel_scope.cancel()
 
             async def on_load_failure() -> None:

@@ -42,7 +42,7 @@ from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
-__all__ = ["Loader", "create_app"]
+__all__ = ["DRAIN_POLL_S", "Loader", "create_app", "drain"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 """Builds the runtime, blocking; ``bubo.loader.load_runtime`` unless a test injects another."""
 
 RECOVERY_MAX_DELAY_S = 60.0
+DRAIN_POLL_S = 0.05
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # long agent conversations run to a few MB of JSON
 
@@ -133,6 +134,20 @@ def create_app(
             await runtime.engine.aclose()
 
     return app
+
+
+async def drain(app: QuartTrio) -> None:
+    """Admit no new request, then wait until no generation runs or waits (the caller bounds the wait).
+
+    Called on SIGINT/SIGTERM before Hypercorn stops serving: Hypercorn's own
+    grace period also waits for idle keep-alive connections (every agent keeps
+    one), so Bubo waits for its work here and gives Hypercorn only a short
+    grace to flush what finished.
+    """
+    state = app.extensions[EXTENSION_KEY].state
+    state.stopping = True
+    while state.busy:  # noqa: ASYNC110 - the engine keeps counters, not events; this runs once, at shutdown
+        await trio.sleep(DRAIN_POLL_S)
 
 
 def _redacted(settings: Settings) -> dict[str, Any]:

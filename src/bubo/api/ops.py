@@ -61,6 +61,8 @@ async def ready() -> Response:
         status = "device_lost" if error.code == "device_lost" else _READINESS[state.status]
         if state.status is Status.RECOVERING:
             status = "recovering"
+        if state.stopping:
+            status = "stopping"
         body = {"status": status, **unstructure(error_envelope(error))}
         if state.status is Status.LOADING:
             body["progress"] = round(state.load_progress, 3)

@@ -93,15 +93,26 @@ class ServerState:
     runtime: Runtime | None = None
     load_progress: float = 0.0
     failure: str | None = None
+    stopping: bool = False  # a shutdown signal arrived: admit nothing new
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation runs or waits for the slot."""
+        if self.runtime is None:
+            return False
+        statistics = self.runtime.engine.statistics()
+        return bool(statistics.requests_processing or statistics.requests_deferred)
 
     def require_runtime(self) -> Runtime:
         """The runtime, or the 503 that says why there is none yet.
 
         Raises:
-            ServiceUnavailable: loading (``not_ready``) or failed.
+            ServiceUnavailable: loading, failed or shutting down (``not_ready``).
             DeviceLost: the engine was lost.
 
         """
+        if self.stopping:
+            raise ServiceUnavailable("the server is shutting down", code="not_ready")
         if self.status in (Status.DEVICE_LOST, Status.RECOVERING) or (
             self.runtime is not None and self.runtime.engine.lost
         ):
