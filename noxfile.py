@@ -34,8 +34,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Ruff: lint and formatting."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "bench", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "bench", "fuzz", "soak", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "bench", "fuzz", "soak", "noxfile.py")
 
 
 @nox.session(tags=["typing"])
@@ -43,6 +43,27 @@ def typing(session: nox.Session) -> None:
     """mypy --strict over the package."""
     session.install(".", "mypy>=1.11")
     session.run("mypy", "src")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Every fuzz harness for a bounded time (`tests` runs a short pass of the same harnesses).
+
+    BUBO_FUZZ_SECONDS (default 300) bounds each harness; `nox -s fuzz -- -k stream` picks some.
+    """
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
+    seconds = session.env.get("BUBO_FUZZ_SECONDS", "300")
+    session.run(
+        "pytest", "fuzz", "-p", "no:cacheprovider", *session.posargs,
+        env={"BUBO_FUZZ_PROFILE": "long", "BUBO_FUZZ_SECONDS": seconds},
+    )  # fmt: skip
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Many clients against a real server for a bounded time (soak/soak.py); `-- --minutes 30`."""
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
+    session.run("python", "soak/soak.py", *session.posargs)
 
 
 @nox.session

@@ -25,13 +25,14 @@ class Exchange:
     _from_app: trio.MemoryReceiveChannel[dict[str, Any]]
     _to_app: trio.MemorySendChannel[dict[str, Any]]
     status: int | None = None
+    headers: dict[str, str] = attrs.field(factory=dict)
 
     async def receive_chunk(self) -> bytes:
         """The next non-empty body chunk (the status is recorded on the way)."""
         while True:
             message = await self._from_app.receive()
             if message["type"] == "http.response.start":
-                self.status = message["status"]
+                self._start(message)
             elif message["type"] == "http.response.body" and message.get("body"):
                 return bytes(message["body"])
 
@@ -41,11 +42,15 @@ class Exchange:
         while True:
             message = await self._from_app.receive()
             if message["type"] == "http.response.start":
-                self.status = message["status"]
+                self._start(message)
             elif message["type"] == "http.response.body":
                 body.extend(message.get("body", b""))
                 if not message.get("more_body", False):
                     return bytes(body)
+
+    def _start(self, message: dict[str, Any]) -> None:
+        self.status = message["status"]
+        self.headers = {bytes(k).decode().lower(): bytes(v).decode() for k, v in message.get("headers", ())}
 
     async def disconnect(self) -> None:
         """The client goes away."""
