@@ -227,7 +227,11 @@ class TestLimits:
         assert anthropic.json()["error"]["type"] == "request_too_large"
 
     def test_bounded_queue(self, client: httpx.Client, hardened: Server) -> None:
-        """One generation runs, one waits (--max-queue 1): the next is 503 queue_full with Retry-After."""
+        """One generation runs, one waits (--max-queue 1): the next is 503 queue_full with Retry-After.
+
+        A streaming request is refused the same way, before any stream starts
+        (the soak test found it once cut off mid-response instead).
+        """
         long = {"prompt": "Once upon a time", "n_predict": 2000, "ignore_eos": True, "stream": True}
         headers = {"Authorization": f"Bearer {KEY}"}
         waiting: dict[str, int] = {}
@@ -249,11 +253,18 @@ class TestLimits:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             refused = client.post("/completion", json={"prompt": "Hi", "n_predict": 2})
+            refused_stream = client.post(
+                "/v1/chat/completions",
+                json={"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "stream": True},
+            )
         # leaving the stream cancels the long generation; the queued request then runs
         queued.join(timeout=60)
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "5"
         assert refused.json()["error"]["code"] == "queue_full"
+        assert refused_stream.status_code == 503
+        assert refused_stream.headers["retry-after"] == "5"
+        assert refused_stream.json()["error"]["code"] == "queue_full"
         assert waiting == {"status": 200}
 
 
@@ -307,16 +318,38 @@ class TestShutdown:
         return start_server(command, port, tmp_path / "serve.log")
 
     def test_a_running_stream_finishes(self, tmp_path: Path) -> None:
+        """New requests meanwhile are refused: 503 not_ready, and /ready says "stopping"."""
         server = self.start(tmp_path)
-        body = {"prompt": "Count:", "n_predict": 80, "ignore_eos": True, "stream": True}
+        body = {"prompt": "Count:", "n_predict": 200, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=60) as response:
             lines = response.iter_lines()
             next(lines)
             server.process.terminate()
+            time.sleep(0.5)  # the signal is handled
+            refused = httpx.post(
+                server.base_url + "/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=10
+            )
+            ready = httpx.get(server.base_url + "/ready", timeout=10)
             rest = [line for line in lines if line.startswith("data: ")]
         assert json.loads(rest[-1][6:])["stop"] is True
-        assert json.loads(rest[-1][6:])["tokens_predicted"] == 80
+        assert json.loads(rest[-1][6:])["tokens_predicted"] == 200
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "not_ready"
+        assert "shutting down" in refused.json()["error"]["message"]
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "stopping"
         assert server.process.wait(timeout=30) == 0
+        assert "stopped; the model is freed" in server.output()
+
+    def test_idle_keep_alive_connections_do_not_delay_the_exit(self, tmp_path: Path) -> None:
+        """Agents keep a connection open between turns; with nothing running, exit is prompt."""
+        server = self.start(tmp_path)  # --shutdown-timeout 30
+        with httpx.Client(base_url=server.base_url, timeout=10) as client:
+            assert client.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
+            started = time.monotonic()
+            server.process.terminate()
+            assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
         assert "stopped; the model is freed" in server.output()
 
     def test_the_deadline_cancels_what_is_still_running(self, tmp_path: Path) -> None:
