@@ -330,12 +330,22 @@ class SlotEngine(abc.ABC):
             self._idle_jobs.send_nowait(job)
 
     async def run_idle_work(self) -> None:
-        """Run idle jobs one at a time, each behind the requests already waiting for the slot."""
+        """Run idle jobs one at a time, each behind the requests already waiting for the slot.
+
+        A job that fails only makes the next turn start cold, unless its failure
+        is fatal: then the engine is lost and this returns.
+        """
         async for job in self._idle_queue:
             async with self._slot:
                 if self._closed or self._lost.is_set():
                     return
-                await trio.to_thread.run_sync(job, thread_name="bubo-idle")
+                try:
+                    await trio.to_thread.run_sync(job, thread_name="bubo-idle")
+                except EngineFailure as error:
+                    if error.fatal:
+                        self._failure(error)
+                        return
+                    logger.warning("idle work failed, the next turn starts cold: %s", error.message)
 
     async def aclose(self) -> None:
         """Wait for the slot (a running generation or idle job finishes first), then close."""
@@ -349,13 +359,20 @@ class SlotEngine(abc.ABC):
         """Release what the engine holds; the engine is unusable afterwards."""
 
     def _failure(self, error: Exception) -> BuboError:
-        """What the consumer is told; a fatal engine error or a crash also loses the engine."""
-        if isinstance(error, BuboError) and not (isinstance(error, EngineFailure) and error.fatal):
+        """What the consumer is told (call on the trio thread); only a fatal engine error loses the engine.
+
+        A bug (any other exception) fails its own request with a 500: engines
+        reset what the failed generation left in their state before it gets here.
+        """
+        if isinstance(error, EngineFailure) and error.fatal:
+            logger.critical("the engine failed and is lost: %s", error.message)
+            self._lost.set()
+            return DeviceLost("the engine failed while generating and cannot serve requests")
+        if isinstance(error, BuboError):
             logger.error("generation failed: %s", error.message)
             return error
-        logger.critical("the engine failed and is lost: %s", error, exc_info=error)
-        self._lost.set()
-        return DeviceLost("the engine failed while generating and cannot serve requests")
+        logger.error("generation failed unexpectedly", exc_info=error)
+        return InternalError("the engine failed on this request")
 
 
 class _unwrap_single_error:  # noqa: N801 - used like a function, as contextlib helpers are

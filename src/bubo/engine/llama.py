@@ -39,6 +39,7 @@ from bubo.domain.generation import (
     StopCause,
 )
 from bubo.domain.sampling import SamplingParams
+from bubo.errors import BuboError
 
 from ._context import LlamaContext, token_piece
 from ._draft_policy import DraftOptions, DraftPolicy
@@ -212,7 +213,7 @@ class LlamaEngine(SlotEngine):
             trio_token.run_sync_soon(_deliver, send, event)  # FIFO, before the thread's own result
 
         outcome = await trio.to_thread.run_sync(
-            self._generate_blocking, request, emit, thread_name="bubo-decode"
+            self._generate_safely, request, emit, thread_name="bubo-decode"
         )
         warm_up = self._warm_up_job(request, outcome)
         if warm_up is not None:
@@ -237,15 +238,23 @@ class LlamaEngine(SlotEngine):
             return None
         version = cache.version
 
-        def warm_up() -> None:
+        def warm_up() -> None:  # an EngineFailure goes to run_idle_work, on the trio thread
             if cache.version != version:  # another request used the slot meanwhile
                 return
-            try:
-                self._context.decode(tokens)
-            except EngineFailure as error:
-                self._failure(error)  # a fatal one loses the engine; else the next turn is just cold
+            self._context.decode(tokens)
 
         return warm_up
+
+    def _generate_safely(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:
+        """Generate; after an unexpected error forget the sequence, which it may have left half-written."""
+        try:
+            return self._generate_blocking(request, emit)
+        except BuboError:
+            raise  # EngineFailure cleans up after itself; the others are raised before decoding
+        except Exception:
+            self._context.cache.clear()
+            self._counters.kv_tokens = 0
+            raise
 
     def _generate_blocking(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:
         context = self._context
