@@ -60,6 +60,30 @@ class TestDraftLength:
         assert gpu.beta < 0.05
         assert gpu.draft_length(ngram=4, available=16) > cpu.draft_length(ngram=4, available=16)
 
+    def test_a_policy_that_stopped_drafting_measures_again(self) -> None:
+        """Batches that once ran slow must not stop drafting for good: beta is only learnt from batches."""
+        p = policy()
+        teach(p, 8, accepted=16, rejected=False, times=20)
+        for _ in range(100):
+            p.observe_decode(1, 0.010)
+            p.observe_decode(5, 0.100)  # a slow spell: each extra token costs two steps
+        assert p.draft_length(ngram=8, available=16) == 0
+        for _ in range(63):
+            p.observe_decode(1, 0.010)
+        assert p.draft_length(ngram=8, available=16) == 0
+        p.observe_decode(1, 0.010)
+        assert p.draft_length(ngram=8, available=16) == 4  # one short exploratory draft
+        for _ in range(60):  # batches are cheap again: each exploratory batch teaches it
+            p.observe_decode(5, 0.014)
+        assert p.draft_length(ngram=8, available=16) >= 8
+
+    def test_unlikely_proposals_are_not_explored(self) -> None:
+        p = policy()
+        teach(p, 2, accepted=0, rejected=True, times=20)
+        for _ in range(200):
+            p.observe_decode(1, 0.010)
+        assert p.draft_length(ngram=2, available=16) == 0
+
 
 class TestProposalTracker:
     def test_a_proposal_is_scored_against_what_was_generated(self) -> None:

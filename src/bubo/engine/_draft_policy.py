@@ -19,6 +19,15 @@ the expected tokens per step beat the expected cost:
 With a geometric model of acceptance, ``k`` drafted tokens yield
 ``1 + p + … + p^k`` tokens for a cost of ``1 + beta·k`` steps; the policy
 drafts the ``k`` that maximises that ratio when it beats 1 by a margin.
+
+``beta`` is learnt only from batches, so a policy that stopped drafting
+(after batches that ran slow for a while, or were timed against single steps
+at a shorter context) would never learn that drafting pays again.  After
+``EXPLORE_AFTER_STEPS`` single steps it therefore verifies one short draft of
+a proposal that is more likely right than wrong: at most one small batch per
+64 tokens, a bounded cost, which keeps ``beta`` current.  The benchmark found
+the stuck policy: it drafted nothing on the copy-heavy edit after a run of
+long-context scenarios.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ DECAY = 0.95
 MARGIN = 1.05
 # Before any batch was timed: a CPU-like cost of one more token in a batch.
 PRIOR_BETA = 0.5
+# Single steps after which a likely proposal is drafted anyway, to measure beta again; its length.
+EXPLORE_AFTER_STEPS = 64
+EXPLORE_TOKENS = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -68,6 +80,7 @@ class DraftPolicy:
         self._acceptance: dict[int, _Acceptance] = {}
         self._single_step_s: float | None = None
         self._beta = PRIOR_BETA
+        self._steps_since_batch = 0
 
     def acceptance(self, ngram: int) -> float:
         """The estimated chance that the next proposed token of an *ngram*-sized match is accepted."""
@@ -90,6 +103,8 @@ class DraftPolicy:
             gain = expected / (1.0 + beta * k)
             if gain > best_gain:
                 best_k, best_gain = k, gain
+        if best_k == 0 and self._steps_since_batch >= EXPLORE_AFTER_STEPS and p > 0.5:
+            return min(available, self.options.draft_max, EXPLORE_TOKENS)
         return best_k
 
     def observe_proposal(self, ngram: int, accepted: int, *, rejected: bool) -> None:
@@ -101,7 +116,10 @@ class DraftPolicy:
         if n_tokens == 1:
             previous = self._single_step_s
             self._single_step_s = seconds if previous is None else previous * DECAY + seconds * (1 - DECAY)
-        elif self._single_step_s:
+            self._steps_since_batch += 1
+            return
+        self._steps_since_batch = 0
+        if self._single_step_s:
             observed = max(0.0, (seconds / self._single_step_s - 1.0) / (n_tokens - 1))
             self._beta = self._beta * DECAY + observed * (1 - DECAY)
 
