@@ -77,14 +77,20 @@ class SnapshotStore:
         return self._bytes
 
     def snapshots(self) -> list[SnapshotInfo]:
-        """What is stored, most recently used last."""
+        """What is stored, most recently used last.
+
+        Safe to call from another thread than the decode thread: ``list()``
+        copies the entries in one C call, which the decode thread cannot
+        interleave with (a Python loop over the dict could see it change).
+        """
+        entries = list(self._entries.values())
         return [
             SnapshotInfo(
                 n_tokens=len(s.tokens),
                 size_bytes=s.size,
                 conversation=s.tags.conversation if s.tags else None,
             )
-            for s in self._entries.values()
+            for s in entries
         ]
 
     def best(self, prompt: Sequence[int]) -> tuple[int | None, int, int]:
