@@ -74,6 +74,23 @@ class TestSystemMemory:
             available_bytes=512 * MIB, limit_bytes=2048 * MIB
         )
 
+    def test_reclaimable_page_cache_is_not_used_memory(self, tmp_path: Path) -> None:
+        """memory.current counts the page cache (the mmapped model too); its inactive part is reclaimable."""
+        self.write(tmp_path, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.max", f"{2048 * MIB}\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.current", f"{2000 * MIB}\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory.stat", f"anon {500 * MIB}\ninactive_file {1500 * MIB}\n")
+        assert SystemMemory(tmp_path).read().available_bytes == 1548 * MIB
+
+    def test_a_cgroup_v1_limit(self, tmp_path: Path) -> None:
+        self.write(tmp_path, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", f"{1024 * MIB}\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", f"{900 * MIB}\n")
+        self.write(tmp_path, "sys/fs/cgroup/memory/memory.stat", f"total_inactive_file {100 * MIB}\n")
+        assert SystemMemory(tmp_path).read() == MemoryReading(
+            available_bytes=224 * MIB, limit_bytes=1024 * MIB
+        )
+
     def test_an_unlimited_cgroup_changes_nothing(self, tmp_path: Path) -> None:
         self.write(tmp_path, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
         self.write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")

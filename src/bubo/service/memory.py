@@ -1,11 +1,13 @@
 """The memory guard: refuse a generation the machine has no memory for, before it starts.
 
 A request's need is estimated from the model: the KV state of its tokens
-(prompt and new tokens, at the model's bytes per token; what the slot's cache
-and a host-RAM snapshot of it hold) plus the working buffers of one decode
-step (logits for every drafted position) and a fixed margin.  What the machine
+(prompt and new tokens, at the model's bytes per token: what the host-RAM
+snapshot of the conversation holds once it leaves the slot; the slot's own KV
+cache is allocated with the context, at load) plus the working buffers of one
+decode step (logits for every drafted position) and a fixed margin.  What the machine
 can give is read from the system: ``MemAvailable`` in ``/proc/meminfo``,
-bounded by a cgroup memory limit when the process runs under one (containers).
+bounded by a cgroup memory limit when the process runs under one (containers),
+whose usage counts only what cannot be reclaimed.
 
 - need > what the machine could ever give (total RAM or the cgroup limit)
   → 507 ``insufficient_memory_permanent`` (no ``Retry-After``: retrying cannot help);
@@ -78,14 +80,35 @@ class SystemMemory:
         return values
 
     def _cgroup(self) -> tuple[int | None, int | None]:
-        for limit_file, usage_file in (
-            ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
-            ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        """The cgroup's limit and the part of its usage that cannot be reclaimed.
+
+        Usage counts the page cache, the mmapped model file included; its
+        inactive part is reclaimed under pressure (as the kernel and
+        ``docker stats`` reckon it), so it is not counted as used.
+        """
+        for directory, limit_file, usage_file, inactive_key in (
+            ("sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+            ("sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
         ):
-            limit = _read_int(self.root / limit_file)
+            limit = _read_int(self.root / directory / limit_file)
             if limit is not None and limit < 1 << 60:  # v1 writes a huge number for "no limit"
-                return limit, _read_int(self.root / usage_file)
+                usage = _read_int(self.root / directory / usage_file)
+                if usage is not None:
+                    usage = max(0, usage - self._stat(self.root / directory / "memory.stat", inactive_key))
+                return limit, usage
         return None, None
+
+    @staticmethod
+    def _stat(path: Path, key: str) -> int:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return 0
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+        return 0
 
 
 def _read_int(path: Path) -> int | None:
