@@ -15,16 +15,17 @@ from collections.abc import Sequence
 import trio
 
 from bubo._logging import configure_logging
-from bubo.config import OPTIONS, ConfigError, Settings, is_loopback, load_settings
+from bubo.config import OPTIONS, ConfigError, Settings, load_settings
+from bubo.domain.addresses import is_loopback
 
 __all__ = ["main", "warn_if_exposed"]
 
 logger = logging.getLogger("bubo")
 
-# Hypercorn's access log, with the request id every response carries (never a header with a key).
 # After the drain, Hypercorn's grace: streams that just finished flush their last bytes;
 # what still runs is cancelled, idle keep-alive connections are closed.
 FLUSH_AFTER_DRAIN_S = 2.0
+# Hypercorn's access log, with the request id every response carries (never a header with a key).
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
 
 

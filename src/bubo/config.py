@@ -11,7 +11,6 @@ flag and the variable.
 from __future__ import annotations
 
 import importlib.util
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from bubo.domain.addresses import is_loopback
 from bubo.domain.sampling import SamplingParams
 from bubo.parsers import available_tool_parsers
 
@@ -32,7 +32,6 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "default_model_path",
-    "is_loopback",
     "load_settings",
     "options_table",
 ]
@@ -354,16 +353,6 @@ def load_settings(
     if settings.model.path is None:
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
     return settings
-
-
-def is_loopback(host: str) -> bool:
-    """Whether *host* (an address or ``localhost``) is this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _long(option: Option) -> str:

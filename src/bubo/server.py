@@ -169,9 +169,13 @@ async def _echo_request_id(response: Response) -> Response:
 
 
 async def _check_api_key() -> None:
-    """With ``--api-key``, every route needs it; compared in constant time."""
+    """With ``--api-key``, every route needs it; compared in constant time.
+
+    A CORS preflight is the exception: browsers send it without credentials,
+    and refusing it would block the real request that carries the key.
+    """
     expected = api_context().api_key
-    if expected is None:
+    if expected is None or _is_preflight():
         return
     supplied = _supplied_key()
     if supplied is None or not hmac.compare_digest(supplied.encode(), expected.encode()):
@@ -192,6 +196,10 @@ async def _render(error: BuboError) -> Response:
     if request.path == anthropic.PATH_PREFIX or request.path.startswith(anthropic.PATH_PREFIX + "/"):
         return anthropic.render_error(error, request_id())
     return render_error(error)
+
+
+def _is_preflight() -> bool:
+    return request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
 
 
 def _supplied_key() -> str | None:
@@ -240,7 +248,7 @@ async def _serve_model(
         state.load_progress = fraction
 
     try:
-        runtime = await trio.to_thread.run_sync(load, settings, progress)
+        runtime = await _load(settings, load, progress)
     except Exception as error:
         state.status = Status.FAILED
         state.failure = str(error)
@@ -266,6 +274,23 @@ async def _serve_model(
         runtime = await _reload(settings, load, progress)
 
 
+async def _load(settings: Settings, load: Loader, progress: Callable[[float], None]) -> Runtime:
+    """Load in a worker thread; a shutdown that arrives meanwhile waits for it, then frees what it loaded.
+
+    A loading thread cannot be interrupted (llama.cpp owns it), so trio would
+    discard its result on cancellation and leak the model until exit.
+    """
+    with trio.CancelScope(shield=True):
+        runtime = await trio.to_thread.run_sync(load, settings, progress)
+    try:
+        await trio.lowlevel.checkpoint_if_cancelled()
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            await runtime.engine.aclose()
+        raise
+    return runtime
+
+
 async def _cancel_when_lost(runtime: Runtime, scope: trio.CancelScope) -> None:
     await runtime.engine.wait_lost()
     scope.cancel()
@@ -276,7 +301,7 @@ async def _reload(settings: Settings, load: Loader, progress: Callable[[float], 
     delay = 1.0
     for attempt in itertools.count(1):
         try:
-            runtime = await trio.to_thread.run_sync(load, settings, progress)
+            runtime = await _load(settings, load, progress)
         except Exception:
             logger.exception("reloading the model failed (attempt %d); next try in %.0f s", attempt, delay)
             await trio.sleep(delay)

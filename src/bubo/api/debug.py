@@ -9,11 +9,10 @@ the request reached a loopback address; in every other case they are 404
 
 from __future__ import annotations
 
-import ipaddress
-
 import trio
 from quart import Blueprint, Response, request
 
+from bubo.domain.addresses import is_loopback
 from bubo.errors import NotFound
 from bubo.service.chat import render_chat_request
 
@@ -32,17 +31,8 @@ _converter = make_converter()
 async def _only_when_enabled_on_loopback() -> None:
     server = request.scope.get("server")
     host = server[0] if server else ""
-    if not api_context().debug_hooks or not _is_loopback(host):
+    if not api_context().debug_hooks or not is_loopback(host):
         raise NotFound(f"no such endpoint: {request.method} {request.path}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @blueprint.post("/debug/prompt")

@@ -42,9 +42,7 @@ _READINESS = {
 @blueprint.get("/healthz")
 async def health() -> Response:
     """Liveness: 200 while the process can serve or load, 503 after the engine was lost."""
-    state = api_context().state
-    lost = state.runtime is not None and state.runtime.engine.lost
-    if lost or state.status in (Status.DEVICE_LOST, Status.RECOVERING):
+    if api_context().state.lost:
         return json_response({"status": "device_lost"}, status=503)
     return json_response({"status": "ok"})
 

@@ -96,6 +96,12 @@ class ServerState:
     stopping: bool = False  # a shutdown signal arrived: admit nothing new
 
     @property
+    def lost(self) -> bool:
+        """Whether the engine was lost (and is perhaps being reloaded)."""
+        engine_lost = self.runtime is not None and self.runtime.engine.lost
+        return engine_lost or self.status in (Status.DEVICE_LOST, Status.RECOVERING)
+
+    @property
     def busy(self) -> bool:
         """Whether a generation runs or waits for the slot."""
         if self.runtime is None:
@@ -113,9 +119,7 @@ class ServerState:
         """
         if self.stopping:
             raise ServiceUnavailable("the server is shutting down", code="not_ready")
-        if self.status in (Status.DEVICE_LOST, Status.RECOVERING) or (
-            self.runtime is not None and self.runtime.engine.lost
-        ):
+        if self.lost:
             recovering = " (the model is being reloaded)" if self.status is Status.RECOVERING else ""
             raise DeviceLost("the engine failed and cannot serve requests" + recovering)
         if self.status is Status.READY and self.runtime is not None:
