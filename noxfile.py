@@ -7,6 +7,8 @@ two cores) in its cache: later sessions and CI runs reuse it.
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.needs_version = ">=2024.4"
@@ -52,7 +54,7 @@ def fuzz(session: nox.Session) -> None:
     BUBO_FUZZ_SECONDS (default 300) bounds each harness; `nox -s fuzz -- -k stream` picks some.
     """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
-    seconds = session.env.get("BUBO_FUZZ_SECONDS", "300")
+    seconds = os.environ.get("BUBO_FUZZ_SECONDS", "300")
     session.run(
         "pytest", "fuzz", "-p", "no:cacheprovider", *session.posargs,
         env={"BUBO_FUZZ_PROFILE": "long", "BUBO_FUZZ_SECONDS": seconds},

@@ -29,6 +29,18 @@ async def post(
     return response.status_code, response.headers.get("Content-Type", ""), await response.get_data()
 
 
+SERVER_FAULTS = ("internal_error", "engine_error")  # in a stream, where a 500 would have been
+
+
+def stream_error_code(frame: Any) -> str | None:
+    """The code of an in-stream error event (OpenAI and Anthropic nest it, Responses does not)."""
+    if not isinstance(frame, dict):
+        return None
+    if isinstance(frame.get("error"), dict):
+        return frame["error"].get("code")
+    return frame.get("code") if frame.get("type") == "error" else None
+
+
 def check(path: str, status: int, content_type: str, data: bytes) -> None:
     assert status < 500, (status, data[:300])
     if content_type.startswith("text/event-stream"):
@@ -36,7 +48,7 @@ def check(path: str, status: int, content_type: str, data: bytes) -> None:
         text = data.decode()
         for line in text.splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                json.loads(line[6:])
+                assert stream_error_code(json.loads(line[6:])) not in SERVER_FAULTS, line
             else:
                 assert line == "" or line.startswith(("event: ", "data: ")), line
         return

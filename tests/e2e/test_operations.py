@@ -226,6 +226,18 @@ class TestLimits:
         assert anthropic.json()["type"] == "error"
         assert anthropic.json()["error"]["type"] == "request_too_large"
 
+    def test_generation_time_limit(self, http: httpx.Client) -> None:
+        """t_max_predict_ms ends a generation that would run for a minute after about that long.
+
+        As in llama-server, the limit applies once the output has a new line.
+        """
+        prompt = "The numbers from 1 to 1000, one per line:\n1\n2\n3\n"
+        body = {"prompt": prompt, "n_predict": 5000, "ignore_eos": True, "t_max_predict_ms": 400}
+        answer = http.post("/completion", json=body).json()
+        assert answer["stop_type"] == "limit"
+        assert 0 < answer["tokens_predicted"] < 5000
+        assert 400 <= answer["timings"]["predicted_ms"] < 3000
+
     def test_bounded_queue(self, client: httpx.Client, hardened: Server) -> None:
         """One generation runs, one waits (--max-queue 1): the next is 503 queue_full with Retry-After.
 
@@ -276,7 +288,9 @@ class TestEdges:
                      "Access-Control-Request-Headers": "authorization,content-type"},
             timeout=10,
         )  # fmt: skip
+        assert preflight.status_code == 200  # no key: browsers send preflights without credentials
         assert preflight.headers["access-control-allow-origin"] == ORIGIN
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
         other = httpx.get(
             hardened.base_url + "/health",
             headers={"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}"},
