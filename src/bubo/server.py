@@ -22,7 +22,7 @@ import trio
 from quart import Response, current_app, g, request
 from quart_cors import cors
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from bubo.api import anthropic, debug, llamacpp, openai, ops, responses
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
@@ -193,9 +193,29 @@ async def _unexpected_error(error: Exception) -> Response:
 
 async def _render(error: BuboError) -> Response:
     """The error in the envelope of the dialect that owns the path."""
+    body_read = error.status == 413 or await _finish_reading_body()
     if request.path == anthropic.PATH_PREFIX or request.path.startswith(anthropic.PATH_PREFIX + "/"):
-        return anthropic.render_error(error, request_id())
-    return render_error(error)
+        response = anthropic.render_error(error, request_id())
+    else:
+        response = render_error(error)
+    if not body_read:
+        response.headers["Connection"] = "close"
+    return response
+
+
+async def _finish_reading_body() -> bool:
+    """Read what the handler left of the request body; False when it is over the limit.
+
+    Errors raised before the handler reads the body (401, 404, 405, 503) would
+    otherwise leave it unread, and Hypercorn can then stall the keep-alive
+    connection: the client's next request on it is never answered.
+    """
+    try:
+        async for _ in request.body:
+            pass
+    except RequestEntityTooLarge:
+        return False
+    return True
 
 
 def _is_preflight() -> bool:

@@ -298,6 +298,19 @@ class TestEdges:
         )
         assert "access-control-allow-origin" not in other.headers
 
+    def test_an_error_before_the_body_is_read_keeps_the_connection_usable(self, server: Server) -> None:
+        """A 404 decided before the handler reads the body, then the next request on the same connection.
+
+        Hypercorn stalled that connection when the body was left unread: the
+        next request was never answered (found by CI, reproduced in about half
+        of fresh-server runs).
+        """
+        with httpx.Client(base_url=server.base_url, timeout=5) as client:
+            for _ in range(30):
+                assert client.post("/debug/prompt", json={"messages": []}).status_code == 404
+                assert client.post("/no/such/path", content=b"x" * 5000).status_code == 404
+                assert client.get("/health").status_code == 200
+
     def test_no_cors_without_the_flag(self, http: httpx.Client) -> None:
         response = http.get("/health", headers={"Origin": ORIGIN})
         assert "access-control-allow-origin" not in response.headers
