@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_values(args: argparse.Namespace) -> dict[str, str]:
+    """The flags given on the command line, by option key (absent ones fall back to ``BUBO_*``)."""
+    return {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = _parser()
@@ -63,9 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         parser.print_help()
         return 2
-    values = {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
     try:
-        settings = load_settings(values)
+        settings = load_settings(_flag_values(args))
     except ConfigError as error:
         print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
         return 2

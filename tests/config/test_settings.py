@@ -137,6 +137,13 @@ class TestExposure:
             load_settings({"server__debug_hooks": "on", "server__host": "0.0.0.0"}, environ={})
 
     def test_switches_accept_on_off_and_a_bare_flag(self) -> None:
+        from bubo.cli import _flag_values, _parser
+
+        args = _parser().parse_args(["serve", "--debug-hooks", "--memory-guard", "off", "-c", "512"])
+        from_cli = load_settings(_flag_values(args), environ={})
+        assert from_cli.server.debug_hooks  # the bare flag means on
+        assert not from_cli.server.memory_guard
+        assert from_cli.model.ctx_size == 512
         assert load_settings({"server__debug_hooks": "on"}, environ={}).server.debug_hooks
         assert not load_settings({}, environ={"BUBO_DEBUG_HOOKS": "off"}).server.debug_hooks
         with pytest.raises(ConfigError, match="on or off"):
