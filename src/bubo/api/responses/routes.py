@@ -76,7 +76,7 @@ async def create() -> Response:
         output=translate.output_items(completion),
         done=completion.done,
     )
-    remember(response, translate.assistant_message(completion))
+    remember(response, translate.assistant_message(response.output))
     return json_response(response)
 
 

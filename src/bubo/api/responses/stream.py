@@ -65,9 +65,6 @@ class ResponseStream:
         self._sequence = 0
         self._items: list[wire.OutputItem] = []
         self._open: _OpenItem | None = None
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        self._calls: list[ToolCall] = []
 
     def _event(self, name: str, data: dict[str, Any]) -> bytes:
         frame = sse_frame(dumps({"type": name, "sequence_number": self._sequence, **data}), event=name)
@@ -125,7 +122,6 @@ class ResponseStream:
         else:
             assert current.call is not None
             call = ToolCall(id=current.call.id, name=current.call.name, arguments=text)
-            self._calls.append(call)
             item = translate.function_call_item(current.id, call)
             yield self._event(
                 "response.function_call_arguments.done",
@@ -153,7 +149,6 @@ class ResponseStream:
                     )
                 assert self._open is not None
                 self._open.text.append(text)
-                self._reasoning.append(text)
                 yield self._event("response.reasoning_text.delta", {**self._where(), "delta": text})
             case TextDelta(text=text) if text:
                 if self._open is None or self._open.kind != "message":
@@ -162,7 +157,6 @@ class ResponseStream:
                     yield from self._add("message", translate.message_item(item_id, "", "in_progress"), part)
                 assert self._open is not None
                 self._open.text.append(text)
-                self._text.append(text)
                 yield self._event(
                     "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
                 )
@@ -187,19 +181,11 @@ class ResponseStream:
 
     def _finish(self, done: Done) -> Iterator[bytes]:
         yield from self._close()
-        if not self._items:  # an empty answer is still a message
-            item = translate.message_item(new_id("msg_"), "")
-            self._items.append(item)
+        self._items = translate.answered(self._items)
         response = self._response(done)
         name = "response.completed" if response.status == "completed" else "response.incomplete"
         yield self._event(name, {"response": unstructure(response)})
-        assistant = Message(
-            role="assistant",
-            content="".join(self._text) or None,
-            reasoning="".join(self._reasoning) or None,
-            tool_calls=tuple(self._calls),
-        )
-        self._on_finished(response, assistant)
+        self._on_finished(response, translate.assistant_message(self._items))
 
     def error(self, error: BuboError) -> Iterable[bytes]:
         """An ``error`` event; the stream ends there."""

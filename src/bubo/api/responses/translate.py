@@ -267,10 +267,17 @@ def output_items(completion: Completion) -> list[wire.OutputItem]:
     items: list[wire.OutputItem] = []
     if completion.reasoning:
         items.append(reasoning_item(new_id("rs_"), completion.reasoning))
-    if completion.text or not completion.tool_calls:
+    if completion.text:
         items.append(message_item(new_id("msg_"), completion.text))
     items.extend(function_call_item(new_id("fc_"), call) for call in completion.tool_calls)
-    return items
+    return answered(items)
+
+
+def answered(items: list[wire.OutputItem]) -> list[wire.OutputItem]:
+    """*items*, with an empty message when they hold neither a message nor a call (streamed or not)."""
+    if any(isinstance(item, wire.MessageOut | wire.FunctionCallOut) for item in items):
+        return items
+    return [*items, message_item(new_id("msg_"), "")]
 
 
 def usage(done: Done) -> wire.Usage:
@@ -325,11 +332,15 @@ def response(
     )
 
 
-def assistant_message(completion: Completion) -> Message:
-    """The turn a completion adds to the conversation (for continuations)."""
-    return Message(
-        role="assistant",
-        content=completion.text or None,
-        reasoning=completion.reasoning or None,
-        tool_calls=completion.tool_calls,
+def assistant_message(items: list[wire.OutputItem]) -> Message:
+    """The turn a response's output adds to the conversation (for continuations)."""
+    text = "".join(part.text for item in items if isinstance(item, wire.MessageOut) for part in item.content)
+    reasoning = "".join(
+        part.text for item in items if isinstance(item, wire.ReasoningOut) for part in item.content
     )
+    calls = tuple(
+        ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+        for item in items
+        if isinstance(item, wire.FunctionCallOut)
+    )
+    return Message(role="assistant", content=text or None, reasoning=reasoning or None, tool_calls=calls)
