@@ -7,6 +7,7 @@ bounded waits everywhere.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,25 +78,31 @@ def stop_server(server: Server) -> int:
     return server.process.returncode
 
 
+def bubo_command() -> str:
+    """The installed `bubo` console script (next to this interpreter)."""
+    return shutil.which("bubo") or str(Path(sys.executable).with_name("bubo"))
+
+
+def hypercorn_command(port: int) -> list[str]:
+    """`hypercorn bubo.app:app --worker-class trio` on 127.0.0.1:*port* (settings come from BUBO_*)."""
+    return [
+        sys.executable,
+        "-m",
+        "hypercorn",
+        "bubo.app:app",
+        "--worker-class",
+        "trio",
+        "--bind",
+        f"127.0.0.1:{port}",
+    ]
+
+
 @pytest.fixture(name="server", scope="session")
 def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`hypercorn bubo.app:app --worker-class trio`, configured by BUBO_* variables."""
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "hypercorn.log"
-    server = start_server(
-        [
-            sys.executable,
-            "-m",
-            "hypercorn",
-            "bubo.app:app",
-            "--worker-class",
-            "trio",
-            "--bind",
-            f"127.0.0.1:{port}",
-        ],
-        port,
-        log,
-    )
+    server = start_server(hypercorn_command(port), port, log)
     yield server
     stop_server(server)
 

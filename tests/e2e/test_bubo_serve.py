@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from .conftest import Server, free_port, start_server, stop_server
+from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -20,9 +17,19 @@ KEY = "e2e-secret"
 @pytest.fixture(name="keyed_server", scope="module")
 def _keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
-    bubo = shutil.which("bubo") or str(Path(sys.executable).with_name("bubo"))
     server = start_server(
-        [bubo, "serve", "--port", str(port), "--api-key", KEY, "-c", "1024", "--served-model-name", "tiny"],
+        [
+            bubo_command(),
+            "serve",
+            "--port",
+            str(port),
+            "--api-key",
+            KEY,
+            "-c",
+            "1024",
+            "--served-model-name",
+            "tiny",
+        ],
         port,
         tmp_path_factory.mktemp("bubo-serve") / "serve.log",
         api_key=KEY,

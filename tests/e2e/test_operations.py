@@ -7,7 +7,6 @@ model with llama.cpp's decode and the memory probe steerable through files.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import attrs
 import httpx
 import pytest
 
-from .conftest import Server, free_port, start_server, stop_server
+from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -27,10 +26,6 @@ HARNESS = Path(__file__).with_name("harness_server.py")
 MIB = 1024 * 1024
 CHAT = {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
 MESSAGE = {"model": "bubo", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
-
-
-def bubo_command() -> str:
-    return shutil.which("bubo") or str(Path(sys.executable).with_name("bubo"))
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from .conftest import Server, free_port, start_server, stop_server
+from .conftest import Server, free_port, hypercorn_command, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -191,16 +191,7 @@ def _thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
         "BUBO_GRAMMAR_FILE": str(FIXTURES / "think.gbnf"),
     }
     server = start_server(
-        [
-            sys.executable,
-            "-m",
-            "hypercorn",
-            "bubo.app:app",
-            "--worker-class",
-            "trio",
-            "--bind",
-            f"127.0.0.1:{port}",
-        ],
+        hypercorn_command(port),
         port,
         tmp_path_factory.mktemp("thinking") / "server.log",
         env=env,
