@@ -81,8 +81,9 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         tool_parser = format_for_template(template.source)
     default_grammar = None
     if model.grammar_file is not None:
-        default_grammar = GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
-        engine.check_grammar(default_grammar)
+        default_grammar = engine.compile_grammar(
+            GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
+        )
     info = engine.info
     logger.info(
         "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls)",

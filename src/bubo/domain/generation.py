@@ -88,7 +88,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     n_probs: int | None = None
     time_limit_ms: int = 0
-    grammar: GrammarSpec | None = None
+    grammar: str | None = None  # GBNF text, from Engine.compile_grammar
     thinking_budget: ThinkingBudget | None = None
     cache_tags: CacheTags | None = None
     continuation: tuple[int, ...] = ()

@@ -9,6 +9,7 @@ from .base import CacheContents as CacheContents
 from .base import Engine as Engine
 from .base import EngineFailure as EngineFailure
 from .base import EngineStatistics as EngineStatistics
+from .base import GrammarRejected as GrammarRejected
 from .base import ModelInfo as ModelInfo
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo

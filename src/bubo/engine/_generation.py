@@ -60,7 +60,6 @@ class Generation:
         context: LlamaContext,
         request: GenerationRequest,
         *,
-        grammar: str | None,
         pieces: list[bytes],
         eog: frozenset[int],
         counters: EngineCounters,
@@ -75,7 +74,7 @@ class Generation:
         self._text = GeneratedText(request.stop)
         self._emit = emit
         self._sampler = Sampler(
-            request.sampling, n_vocab=context.n_vocab, vocab=context.vocab, grammar=grammar
+            request.sampling, n_vocab=context.n_vocab, vocab=context.vocab, grammar=request.grammar
         )
         self._sampler.remember(request.prompt_tokens)
         self._limit = request.max_new_tokens

@@ -23,8 +23,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest
-from bubo.errors import BuboError, DeviceLost, InternalError
+from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
+from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest
 
 __all__ = [
     "CacheContents",
@@ -32,6 +32,7 @@ __all__ = [
     "EngineCounters",
     "EngineFailure",
     "EngineStatistics",
+    "GrammarRejected",
     "ModelInfo",
     "SlotEngine",
     "SlotStatistics",
@@ -43,6 +44,12 @@ logger = logging.getLogger(__name__)
 # Events the producer may run ahead of the consumer: enough to keep the decode
 # thread busy while the trio side encodes, small enough for prompt back-pressure.
 _CHANNEL_BUFFER = 32
+
+
+class GrammarRejected(InvalidRequest):
+    """A grammar (or a JSON schema in it) that llama.cpp cannot convert or parse (400)."""
+
+    default_code = "unsupported_schema"
 
 
 class EngineFailure(InternalError):
@@ -166,6 +173,15 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Wait for the slot, then free the model; the engine is unusable afterwards."""
+        ...
+
+    def compile_grammar(self, spec: GrammarSpec) -> str:
+        """The GBNF text a request's grammar becomes (checked: it will load when the request runs).
+
+        Raises:
+            GrammarRejected: the spec cannot be converted or parsed.
+
+        """
         ...
 
     def cache_contents(self) -> CacheContents:
@@ -353,6 +369,10 @@ class SlotEngine(abc.ABC):
             self._closed = True
             self._idle_jobs.close()
             await trio.to_thread.run_sync(self.close)
+
+    @abc.abstractmethod
+    def compile_grammar(self, spec: GrammarSpec) -> str:
+        """GBNF text for *spec* (see :meth:`Engine.compile_grammar`)."""
 
     @abc.abstractmethod
     def close(self) -> None:

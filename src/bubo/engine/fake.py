@@ -21,6 +21,7 @@ from bubo.domain.generation import (
     GenerationFinished,
     GenerationRequest,
     GenerationStats,
+    GrammarSpec,
     PromptProgress,
     StopCause,
     TokenGenerated,
@@ -72,7 +73,16 @@ class FakeEngine(SlotEngine):
         self.requests: list[GenerationRequest] = []
         self.cancelled = 0  # generations cut short by cancellation
         self.closed = False
+        self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: tuple[int, ...] = ()
+
+    def compile_grammar(self, spec: GrammarSpec) -> str:
+        """The converted text, as the real engine makes it (the fake samples no grammar); recorded."""
+        from ._grammar import to_gbnf  # noqa: PLC0415 - llama.cpp's converter, only when a test needs it
+
+        text = to_gbnf(spec)
+        self.compiled.append((spec, text))
+        return text
 
     async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
         self.requests.append(request)

@@ -47,7 +47,7 @@ from ._generation import Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
 from ._sampler import Sampler
-from .base import CacheContents, EngineCounters, EngineFailure, ModelInfo, SlotEngine
+from .base import CacheContents, EngineCounters, EngineFailure, GrammarRejected, ModelInfo, SlotEngine
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
 
@@ -180,16 +180,20 @@ class LlamaEngine(SlotEngine):
             counters=counters,
         )
 
-    def check_grammar(self, grammar: GrammarSpec) -> None:
-        """Build (and free) a sampler for *grammar*.
+    def compile_grammar(self, spec: GrammarSpec) -> str:
+        """GBNF text for *spec*, checked by building (and freeing) a sampler with it.
 
         Raises:
-            EngineFailure: llama.cpp cannot parse it.
+            GrammarRejected: a schema cannot be converted, or llama.cpp cannot parse the result.
 
         """
         context = self._context
-        gbnf = to_gbnf(grammar)
-        Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf).close()
+        gbnf = to_gbnf(spec)
+        try:
+            Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf).close()
+        except EngineFailure:
+            raise GrammarRejected("llama.cpp could not parse the grammar") from None
+        return gbnf
 
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
@@ -290,7 +294,6 @@ class LlamaEngine(SlotEngine):
         generation = Generation(
             context,
             request,
-            grammar=to_gbnf(request.grammar) if request.grammar is not None else None,
             pieces=self._pieces,
             eog=self._info.eog_token_ids,
             counters=counters,

@@ -16,6 +16,7 @@ import trio
 from bubo.domain.generation import CacheTags, GrammarSpec, ThinkingBudget
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import ChatRequest
+from bubo.engine import GrammarRejected
 from bubo.errors import InvalidRequest
 from bubo.grammar import check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
@@ -64,7 +65,9 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     thinking = inside or may_think
     tools = () if request.tool_choice.mode == "none" else request.prompt.tools
     max_calls = None if request.parallel_tool_calls else 1
-    grammar = _grammar(runtime, request, starts_inside=inside, may_think=may_think and not inside)
+    grammar = await _compiled_grammar(
+        runtime, request, starts_inside=inside, may_think=may_think and not inside
+    )
     budget = request.reasoning.budget_tokens
     generation = attrs.evolve(
         generation_request(runtime, rendered, request.options, prompt_param="messages"),
@@ -101,10 +104,28 @@ def _digest(value: object) -> str:
     return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
 
 
+async def _compiled_grammar(
+    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool
+) -> str | None:
+    """The request's grammar as GBNF, else the server's default grammar, else none.
+
+    Compiled here, off the event loop and before the request queues, so that a
+    schema llama.cpp cannot take is a 400 naming the field, not a failed generation.
+    """
+    planned = _grammar(runtime, request, starts_inside=starts_inside, may_think=may_think)
+    if planned is None:
+        return runtime.default_grammar
+    spec, param = planned
+    try:
+        return await trio.to_thread.run_sync(runtime.engine.compile_grammar, spec)
+    except GrammarRejected as error:
+        raise InvalidRequest(error.message, code=error.code, param=param) from None
+
+
 def _grammar(
     runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool
-) -> GrammarSpec | None:
-    """Forced tool calls, else a JSON answer, else the server's default grammar, else none."""
+) -> tuple[GrammarSpec, str] | None:
+    """Forced tool calls, else a JSON answer, else none; with the request field it comes from."""
     choice = request.tool_choice
     tools = request.prompt.tools
     prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
@@ -125,8 +146,9 @@ def _grammar(
             )
         for index, tool in enumerate(tools):
             check_schema(tool.parameters, f"tools[{index}]")
-        return tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls)
+        return tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls), "tools"
     if request.output_format is not None:
-        check_schema(request.output_format.schema, request.output_format.param)
-        return output_grammar(request.output_format.schema, starts_inside=starts_inside, may_think=may_think)
-    return runtime.default_grammar
+        output = request.output_format
+        check_schema(output.schema, output.param)
+        return output_grammar(output.schema, starts_inside=starts_inside, may_think=may_think), output.param
+    return None

@@ -6,7 +6,6 @@ import enum
 
 import attrs
 
-from bubo.domain.generation import GrammarSpec
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
@@ -38,7 +37,7 @@ class Runtime:
     template: ChatTemplate
     defaults: GenerationDefaults = attrs.field(factory=GenerationDefaults)
     tool_parser: str = "hermes"  # the format tool calls are parsed (and forced) in
-    default_grammar: GrammarSpec | None = None  # constrains every request that sets none itself
+    default_grammar: str | None = None  # GBNF that constrains every request that sets none itself
     memory_guard: MemoryGuard | None = None  # None: requests are not checked against memory
     max_queue: int | None = None  # requests that may wait for the slot; None: no bound
 
