@@ -9,11 +9,9 @@ harness until ``BUBO_FUZZ_SECONDS`` (300) have passed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import hypothesis
 import pytest
 import trio
 from quart_trio import QuartTrio
@@ -26,17 +24,6 @@ from bubo.server import create_app
 from bubo.service.runtime import Runtime, Status
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import build_hf_tokenizer
-
-hypothesis.settings.register_profile(
-    "ci", max_examples=150, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
-)
-hypothesis.settings.register_profile(
-    "long",
-    max_examples=int(os.environ.get("BUBO_FUZZ_EXAMPLES", "2000")),  # per batch; see _budget.py
-    deadline=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
-hypothesis.settings.load_profile(os.environ.get("BUBO_FUZZ_PROFILE", "ci"))
 
 
 def _runtime() -> Runtime:

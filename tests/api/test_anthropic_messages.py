@@ -105,14 +105,17 @@ class TestMessages:
             prompt.index("Let me check.") < prompt.index("<|im_start|>tool\nSunny") < prompt.index("Thanks!")
         )
 
-    async def test_server_tools_are_skipped(self, app, fake_engine: FakeEngine) -> None:
-        """Server tool types (web search, bash, …) are skipped, not rejected."""
+    async def test_server_tools_are_skipped(self, app, fake_engine: FakeEngine, tokenizer) -> None:
+        """Server tool types (web search, bash, …) are skipped, not rejected: only client tools reach the model."""
         tools = [
             {"type": "web_search_20250305", "name": "web_search"},
-            {"name": "f", "input_schema": {"type": "object"}},
+            {"name": "lookup_order", "input_schema": {"type": "object"}},
         ]
         response = await app.test_client().post(PATH, json=message(tools=tools))
         assert response.status_code == 200
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert "lookup_order" in prompt
+        assert "web_search" not in prompt
 
     async def test_streaming_event_sequence(self, app, script: FakeScript) -> None:
         """message_start, a text block, message_delta with usage, message_stop."""

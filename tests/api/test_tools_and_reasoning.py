@@ -300,7 +300,6 @@ class TestReasoning:
             ({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs.enable_thinking"),
             ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking"),
             ({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}, "chat_template_kwargs.reasoning_effort"),
-            ({"reasoning_effort": "extreme"}, "reasoning_effort"),
         ],
     )  # fmt: skip
     async def test_disagreements_are_400s_naming_both(self, thinking_app, body, param) -> None:
@@ -310,10 +309,17 @@ class TestReasoning:
         )
         assert response.status_code == 400
         error = (await response.get_json())["error"]
-        assert error["param"] == param
-        if error["code"] == "conflicting_reasoning":
-            fields = [f for f in ("reasoning_effort", "thinking", "chat_template_kwargs") if f in body]
-            assert all(field in error["message"] for field in fields)
+        assert (error["code"], error["param"]) == ("conflicting_reasoning", param)
+        fields = [f for f in ("reasoning_effort", "thinking", "chat_template_kwargs") if f in body]
+        assert all(field in error["message"] for field in fields)
+
+    async def test_unknown_effort_is_a_400(self, thinking_app) -> None:
+        response = await thinking_app.test_client().post(
+            "/v1/chat/completions", json={"model": "bubo", "messages": USER, "reasoning_effort": "extreme"}
+        )
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("parse_error", "reasoning_effort")
 
     async def test_anthropic_disagreement(self, thinking_app) -> None:
         """Anthropic: thinking disabled with an output_config effort is a 400 naming both."""

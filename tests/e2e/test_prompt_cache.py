@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from dirty_equals import IsInt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -62,7 +63,7 @@ class TestOpenAIChat:
             "cache_hit": True,
             "cache_miss_reason": None,
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-            "cache_snapshots_skipped": usage["gufo"]["cache_snapshots_skipped"],
+            "cache_snapshots_skipped": IsInt(ge=0),
             "cache_restored_bytes": 0,
         }
         # everything up to the user's turn was reused

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama]
+
 SOAK = Path(__file__).resolve().parents[2] / "soak" / "soak.py"
 
 
