@@ -52,7 +52,7 @@ Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 RECOVERY_MAX_DELAY_S = 60.0
 DRAIN_POLL_S = 0.05
 REQUEST_ID_HEADER = "X-Request-Id"
-_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # long agent conversations run to a few MB of JSON
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def _version() -> str:
@@ -193,7 +193,7 @@ async def _unexpected_error(error: Exception) -> Response:
 
 async def _render(error: BuboError) -> Response:
     """The error in the envelope of the dialect that owns the path."""
-    body_read = error.status == 413 or await _finish_reading_body()
+    body_read = await _finish_reading_body()
     if request.path == anthropic.PATH_PREFIX or request.path.startswith(anthropic.PATH_PREFIX + "/"):
         response = anthropic.render_error(error, request_id())
     else:
@@ -208,7 +208,8 @@ async def _finish_reading_body() -> bool:
 
     Errors raised before the handler reads the body (401, 404, 405, 503) would
     otherwise leave it unread, and Hypercorn can then stall the keep-alive
-    connection: the client's next request on it is never answered.
+    connection: the client's next request on it is never answered.  A body over
+    the limit is not read on (a 413): the connection is closed instead.
     """
     try:
         async for _ in request.body:
@@ -243,9 +244,7 @@ def _from_http(error: HTTPException) -> BuboError:
     if error.code == 413:
         limit = current_app.config["MAX_CONTENT_LENGTH"]
         return PayloadTooLarge(
-            f"the request body exceeds {limit // (1024 * 1024)} MiB (the server's --max-body-mib)",
-            # the rest of the body is not read: the connection cannot carry another request
-            headers={"Connection": "close"},
+            f"the request body exceeds {limit // (1024 * 1024)} MiB (the server's --max-body-mib)"
         )
     status = error.code or 500
     description = error.description or "the request failed"

@@ -214,6 +214,7 @@ class TestLimits:
         )
         assert openai.status_code == 413
         assert openai.json()["error"]["code"] == "payload_too_large"
+        assert openai.headers["connection"] == "close"  # the rest of the body is not read
         anthropic = client.post(
             "/v1/messages", json={**MESSAGE, "messages": [{"role": "user", "content": big}]}
         )

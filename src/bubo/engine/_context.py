@@ -83,10 +83,13 @@ class LlamaContext:
         if status != 0:
             if status <= FATAL_DECODE_STATUS:
                 raise EngineFailure(f"llama_decode failed with status {status}", fatal=True)
-            # the failed batch may have left part of itself in the cache: forget it all
-            self.cache.clear()
-            self._counters.kv_tokens = 0
+            self.forget()  # the failed batch may have left part of itself in the cache
             raise EngineFailure(f"llama_decode failed with status {status}")
+
+    def forget(self) -> None:
+        """Drop the whole cached sequence (after a failure that may have left it half-written)."""
+        self.cache.clear()
+        self._counters.kv_tokens = 0
 
     def truncate(self, keep: int) -> None:
         """Keep only the first *keep* cached tokens (rejected draft tokens go)."""

@@ -69,7 +69,6 @@ class SnapshotStore:
         self._ids = itertools.count()
         self._bytes = 0
         self._evicted: collections.deque[tuple[int, ...]] = collections.deque(maxlen=EVICTED_MEMORY)
-        self.evictions = 0
 
     @property
     def total_bytes(self) -> int:
@@ -132,7 +131,6 @@ class SnapshotStore:
             self._remember_evicted(snapshot.tokens)
 
     def _remember_evicted(self, tokens: tuple[int, ...]) -> None:
-        self.evictions += 1
         self._evicted.append(tokens[:EVICTED_PREFIX])
 
     def was_evicted(self, prompt: Sequence[int]) -> bool:

@@ -16,9 +16,7 @@ __all__ = ["PromptLookup"]
 class PromptLookup:
     """Drafts from the context's own history (prompt and generated tokens)."""
 
-    def __init__(
-        self, tokens: Sequence[int], *, draft_max: int, ngram_min: int = 2, ngram_max: int = 4
-    ) -> None:
+    def __init__(self, tokens: Sequence[int], *, draft_max: int, ngram_min: int, ngram_max: int) -> None:
         self._draft_max = draft_max
         self._sizes = range(ngram_max, ngram_min - 1, -1)
         self._tokens: list[int] = []

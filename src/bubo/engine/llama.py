@@ -256,8 +256,7 @@ class LlamaEngine(SlotEngine):
         except BuboError:
             raise  # EngineFailure cleans up after itself; the others are raised before decoding
         except Exception:
-            self._context.cache.clear()
-            self._counters.kv_tokens = 0
+            self._context.forget()
             raise
 
     def _generate_blocking(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:

@@ -60,11 +60,6 @@ class CallStreamParser:
         self._emitter = Emitter(config)
         self._after_call = False  # whitespace right after a call is not answer text
 
-    @property
-    def calls(self) -> int:
-        """How many calls were emitted."""
-        return self._emitter.count
-
     def feed(self, text: str) -> list[OutputEvent]:
         """Consume text; return text deltas and completed calls."""
         events: list[OutputEvent] = []
