@@ -26,6 +26,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "ServiceUnavailable",
+    "UnsupportedContent",
 ]
 
 
@@ -65,6 +66,15 @@ class InvalidRequest(BuboError):
     status = 400
     type = "invalid_request_error"
     default_code = "invalid_request"
+
+
+class UnsupportedContent(InvalidRequest):
+    """Image, audio or file content sent to a text-only model (400)."""
+
+    default_code = "unsupported_content"
+
+    def __init__(self, kind: str, *, param: str) -> None:
+        super().__init__(f"this model takes text only; {kind} content is not supported", param=param)
 
 
 class ContextOverflow(InvalidRequest):

@@ -28,14 +28,6 @@ NOT_IMPLEMENTED = (
     "/sdapi/v1/<path:rest>",
 )
 
-_READINESS = {
-    Status.LOADING: "not_ready",
-    Status.READY: "ready",
-    Status.FAILED: "failed",
-    Status.DEVICE_LOST: "device_lost",
-    Status.RECOVERING: "recovering",
-}
-
 
 @blueprint.get("/health")
 @blueprint.get("/v1/health")
@@ -56,12 +48,7 @@ async def ready() -> Response:
     try:
         runtime = state.require_runtime()
     except BuboError as error:
-        status = "device_lost" if error.code == "device_lost" else _READINESS[state.status]
-        if state.status is Status.RECOVERING:
-            status = "recovering"
-        if state.stopping:
-            status = "stopping"
-        body = {"status": status, **unstructure(error_envelope(error))}
+        body = {"status": state.readiness, **unstructure(error_envelope(error))}
         if state.status is Status.LOADING:
             body["progress"] = round(state.load_progress, 3)
         return json_response(body, status=error.status, headers=dict(error.headers))

@@ -122,6 +122,11 @@ class StopCause(enum.Enum):
     CONTEXT = "context"  # the context window is full
     TIME = "time"  # time_limit_ms passed
 
+    @property
+    def truncated(self) -> bool:
+        """Whether a limit cut the output short (as opposed to the model or a stop string ending it)."""
+        return self in (StopCause.LIMIT, StopCause.CONTEXT, StopCause.TIME)
+
 
 @attrs.frozen(kw_only=True)
 class CacheReport:

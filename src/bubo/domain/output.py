@@ -33,9 +33,7 @@ def finish_reason_for(cause: StopCause, *, called_tools: bool) -> FinishReason:
     """The OpenAI-style finish reason for an engine stop cause."""
     if called_tools:
         return "tool_calls"
-    if cause in (StopCause.EOS, StopCause.STOP_WORD):
-        return "stop"
-    return "length"
+    return "length" if cause.truncated else "stop"
 
 
 @attrs.frozen(kw_only=True)

@@ -95,6 +95,17 @@ class ServerState:
     stopping: bool = False  # a shutdown signal arrived: admit nothing new
 
     @property
+    def readiness(self) -> str:
+        """What ``/ready`` says: ready, not_ready (loading), failed, stopping, device_lost or recovering."""
+        if self.stopping:
+            return "stopping"
+        if self.status is Status.RECOVERING:
+            return "recovering"
+        if self.lost:
+            return "device_lost"
+        return {Status.READY: "ready", Status.FAILED: "failed"}.get(self.status, "not_ready")
+
+    @property
     def lost(self) -> bool:
         """Whether the engine was lost (and is perhaps being reloaded)."""
         engine_lost = self.runtime is not None and self.runtime.engine.lost

@@ -13,7 +13,7 @@ from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
-from bubo.errors import InvalidRequest
+from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
 
@@ -124,14 +124,6 @@ def chat_prompt(
     return ChatPrompt(messages=tuple(turns), tools=_tools(tools or ()))
 
 
-def _unsupported(block: wire.ContentBlock, param: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"this model takes text only; {block.type} content is not supported",
-        code="unsupported_content",
-        param=param,
-    )
-
-
 def _turn(turn: wire.InputMessage, param: str) -> list[Message]:
     """One Anthropic turn as domain messages; a user turn's tool results come first, as ``tool`` messages."""
     if isinstance(turn.content, str):
@@ -158,7 +150,7 @@ def _turn(turn: wire.InputMessage, param: str) -> list[Message]:
                     Message(role="tool", content=_result_text(block, where), tool_call_id=block.tool_use_id)
                 )
             case wire.ImageBlock() | wire.DocumentBlock():
-                raise _unsupported(block, where)
+                raise UnsupportedContent(block.type, param=where)
             case _:
                 raise InvalidRequest(f"a {turn.role} turn cannot hold a {block.type} block", param=where)
     if turn.role == "assistant":
@@ -180,7 +172,7 @@ def _result_text(block: wire.ToolResultBlock, param: str) -> str:
     texts = []
     for index, part in enumerate(content):
         if not isinstance(part, wire.TextBlock):
-            raise _unsupported(part, f"{param}.content[{index}]")
+            raise UnsupportedContent(part.type, param=f"{param}.content[{index}]")
         texts.append(part.text)
     return "\n".join(texts)
 

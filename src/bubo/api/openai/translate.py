@@ -20,7 +20,7 @@ from bubo.domain.requests import (
     ToolChoice,
 )
 from bubo.domain.sampling import LogitBias, SamplingOverrides
-from bubo.errors import InvalidRequest
+from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
 
@@ -261,11 +261,7 @@ def _content(content: str | list[wire.ContentPart] | None, param: str) -> str | 
     texts = []
     for index, part in enumerate(content):
         if not isinstance(part, wire.TextPart):
-            raise InvalidRequest(
-                f"this model takes text only; {part.type} content is not supported",
-                code="unsupported_content",
-                param=f"{param}[{index}]",
-            )
+            raise UnsupportedContent(part.type, param=f"{param}[{index}]")
         texts.append(part.text)
     return "\n".join(texts)
 

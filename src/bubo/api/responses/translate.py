@@ -10,13 +10,12 @@ import attrs
 import cattrs
 
 from bubo.api._converter import structure
-from bubo.domain.generation import StopCause
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
-from bubo.errors import InvalidRequest
+from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
 
@@ -211,11 +210,7 @@ def _text(content: str | list[wire.InputContent], param: str) -> str:
             case wire.RefusalIn(refusal=text):
                 texts.append(text)
             case _:
-                raise InvalidRequest(
-                    f"this model takes text only; {part.type} content is not supported",
-                    code="unsupported_content",
-                    param=f"{param}[{index}]",
-                )
+                raise UnsupportedContent(part.type, param=f"{param}[{index}]")
     return "\n".join(texts)
 
 
@@ -304,7 +299,7 @@ def response(
     """A response object; ``done`` ``None`` means still in progress."""
     status, incomplete = "in_progress", None
     if done is not None:
-        truncated = done.cause in (StopCause.LIMIT, StopCause.CONTEXT, StopCause.TIME)
+        truncated = done.cause.truncated
         status = "incomplete" if truncated else "completed"
         incomplete = wire.IncompleteDetails(reason="max_output_tokens") if truncated else None
     return wire.Response(
