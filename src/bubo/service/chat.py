@@ -59,20 +59,20 @@ def render_chat_request(runtime: Runtime, request: ChatRequest) -> RenderedPromp
 
 async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
     """Render, tokenize, check, and plan grammar and parsers for a chat request."""
-    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, request)
+    prompt = _with_thinking_variables(request)  # offers no tools when tool_choice is "none"
+    rendered = await trio.to_thread.run_sync(render_chat, runtime, prompt)
     inside = starts_inside_thinking(rendered.text)
     may_think = runtime.template.supports_thinking
     thinking = inside or may_think
-    tools = () if request.tool_choice.mode == "none" else request.prompt.tools
     max_calls = None if request.parallel_tool_calls else 1
     grammar = await _compiled_grammar(
-        runtime, request, starts_inside=inside, may_think=may_think and not inside
+        runtime, request, starts_inside=inside, may_think=may_think and not inside, max_calls=max_calls
     )
     budget = request.reasoning.budget_tokens
     generation = attrs.evolve(
         generation_request(runtime, rendered, request.options, prompt_param="messages"),
         grammar=grammar,
-        cache_tags=cache_tags(runtime, _with_thinking_variables(request)),
+        cache_tags=cache_tags(runtime, prompt),
         continuation=tuple(runtime.tokenizer.encode(runtime.template.end_of_turn)),
         thinking_budget=(
             ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
@@ -83,8 +83,8 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     plan = OutputPlan(
         reasoning=thinking,
         starts_inside=inside,
-        tool_format=runtime.tool_parser if tools else None,
-        tool_config=ParserConfig(tools=tools, max_calls=max_calls),
+        tool_format=runtime.tool_parser if prompt.tools else None,
+        tool_config=ParserConfig(tools=prompt.tools, max_calls=max_calls),
     )
     return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
 
@@ -105,14 +105,16 @@ def _digest(value: object) -> str:
 
 
 async def _compiled_grammar(
-    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool
+    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
 ) -> str | None:
     """The request's grammar as GBNF, else the server's default grammar, else none.
 
     Compiled here, off the event loop and before the request queues, so that a
     schema llama.cpp cannot take is a 400 naming the field, not a failed generation.
     """
-    planned = _grammar(runtime, request, starts_inside=starts_inside, may_think=may_think)
+    planned = _grammar(
+        runtime, request, starts_inside=starts_inside, may_think=may_think, max_calls=max_calls
+    )
     if planned is None:
         return runtime.default_grammar
     spec, param = planned
@@ -123,13 +125,12 @@ async def _compiled_grammar(
 
 
 def _grammar(
-    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool
+    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
 ) -> tuple[GrammarSpec, str] | None:
     """Forced tool calls, else a JSON answer, else none; with the request field it comes from."""
     choice = request.tool_choice
     tools = request.prompt.tools
     prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
-    max_calls = None if request.parallel_tool_calls else 1
     if choice.mode == "named":
         chosen = [t for t in tools if t.name == choice.name]
         if not chosen:
