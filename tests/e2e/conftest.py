@@ -6,6 +6,7 @@ bounded waits everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,8 +17,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import anthropic
 import attrs
 import httpx
+import openai
 import pytest
 
 
@@ -76,6 +79,23 @@ def stop_server(server: Server) -> int:
             server.process.kill()
             server.process.wait(timeout=10)
     return server.process.returncode
+
+
+def openai_client(server: Server, *, timeout: float = 120) -> openai.OpenAI:
+    """The official OpenAI SDK pointed at *server*; close it (``with``): a leaked socket fails a later test."""
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def anthropic_client(server: Server, *, timeout: float = 120) -> anthropic.Anthropic:
+    """The official Anthropic SDK pointed at *server*; close it as well."""
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture(name="sdk")
+def _sdk() -> Iterator[contextlib.ExitStack]:
+    """Clients a test makes (``sdk.enter_context(openai_client(server))``), closed after it."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 def bubo_command() -> str:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import anthropic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from .conftest import anthropic_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -14,8 +18,9 @@ SYSTEM = "You are a helpful assistant."
 
 
 @pytest.fixture(name="client", scope="module")
-def _client(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+def _client(server) -> Iterator[anthropic.Anthropic]:
+    with anthropic_client(server, timeout=60) as client:
+        yield client
 
 
 def test_message(client: anthropic.Anthropic) -> None:

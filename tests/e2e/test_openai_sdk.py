@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import openai
 import pytest
+
+from .conftest import openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -15,8 +19,9 @@ QUESTION = [
 
 
 @pytest.fixture(name="client")
-def _client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def _client(server) -> Iterator[openai.OpenAI]:
+    with openai_client(server, timeout=60) as client:
+        yield client
 
 
 def test_chat_completion(client: openai.OpenAI) -> None:

@@ -6,14 +6,17 @@ server's earlier traffic can only show up as snapshots, never as a false hit.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
+from collections.abc import Iterator
 
 import anthropic
 import httpx
-import openai
 import pytest
 from dirty_equals import IsInt
+
+from .conftest import anthropic_client, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -99,8 +102,8 @@ def test_completion_endpoint_reports_cache_n(http: httpx.Client) -> None:
     assert body["tokens_cached"] >= body["timings"]["cache_n"]
 
 
-def test_responses_cached_tokens(server) -> None:
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def test_responses_cached_tokens(server, sdk: contextlib.ExitStack) -> None:
+    client = sdk.enter_context(openai_client(server, timeout=60))
     instructions = system_prompt()
     client.responses.create(model="bubo", instructions=instructions, input="Hello?", max_output_tokens=8)
     second = client.responses.create(
@@ -112,8 +115,9 @@ def test_responses_cached_tokens(server) -> None:
 
 class TestAnthropic:
     @pytest.fixture(name="client")
-    def _client(self, server) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    def _client(self, server) -> Iterator[anthropic.Anthropic]:
+        with anthropic_client(server, timeout=60) as client:
+            yield client
 
     @staticmethod
     def claude_code_system(stamp: str, body: str) -> list[dict[str, str]]:

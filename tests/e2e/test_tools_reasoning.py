@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,15 @@ import jsonschema
 import openai
 import pytest
 
-from .conftest import Server, free_port, hypercorn_command, start_server, stop_server
+from .conftest import (
+    Server,
+    anthropic_client,
+    free_port,
+    hypercorn_command,
+    openai_client,
+    start_server,
+    stop_server,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -34,13 +43,15 @@ QUESTION = "What will the weather be in Paris tomorrow?"
 
 
 @pytest.fixture(name="oai")
-def _oai(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+def _oai(server: Server) -> Iterator[openai.OpenAI]:
+    with openai_client(server) as client:
+        yield client
 
 
 @pytest.fixture(name="claude")
-def _claude(server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+def _claude(server: Server) -> Iterator[anthropic.Anthropic]:
+    with anthropic_client(server) as client:
+        yield client
 
 
 def valid(arguments: object, schema: dict = SCHEMA) -> dict:
@@ -203,11 +214,9 @@ def _thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
 class TestReasoningSplit:
     QUESTION = [{"role": "user", "content": "Say hello to the world."}]
 
-    def test_chat(self, thinking_server: Server) -> None:
+    def test_chat(self, thinking_server: Server, sdk: contextlib.ExitStack) -> None:
         """Chat: reasoning_content and content, streaming and not, agree."""
-        client = openai.OpenAI(
-            base_url=f"{thinking_server.base_url}/v1", api_key="x", max_retries=0, timeout=120
-        )
+        client = sdk.enter_context(openai_client(thinking_server))
         completion = client.chat.completions.create(
             model="bubo", messages=self.QUESTION, max_tokens=200, temperature=0
         )
@@ -226,11 +235,9 @@ class TestReasoningSplit:
         assert "".join(d.get("reasoning_content") or "" for d in deltas) == message["reasoning_content"]
         assert "".join(d.get("content") or "" for d in deltas) == message["content"]
 
-    def test_anthropic(self, thinking_server: Server) -> None:
+    def test_anthropic(self, thinking_server: Server, sdk: contextlib.ExitStack) -> None:
         """Anthropic: a thinking block then a text block, streamed as thinking_delta then text_delta."""
-        client = anthropic.Anthropic(
-            base_url=thinking_server.base_url, api_key="x", max_retries=0, timeout=120
-        )
+        client = sdk.enter_context(anthropic_client(thinking_server))
         message = client.messages.create(
             model="bubo", max_tokens=200, messages=self.QUESTION, extra_body={"temperature": 0}
         )
@@ -244,11 +251,9 @@ class TestReasoningSplit:
         assert "text_delta" in deltas
         assert final.content[0].thinking == message.content[0].thinking  # type: ignore[union-attr]
 
-    def test_responses(self, thinking_server: Server) -> None:
+    def test_responses(self, thinking_server: Server, sdk: contextlib.ExitStack) -> None:
         """Responses: a reasoning item then a message item; streamed reasoning_text deltas."""
-        client = openai.OpenAI(
-            base_url=f"{thinking_server.base_url}/v1", api_key="x", max_retries=0, timeout=120
-        )
+        client = sdk.enter_context(openai_client(thinking_server))
         response = client.responses.create(
             model="bubo", input="Say hello to the world.", max_output_tokens=200, temperature=0
         )
@@ -283,11 +288,9 @@ def _open_think_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
 class TestThinkingBudget:
     QUESTION = [{"role": "user", "content": "Tell me about lighthouses."}]
 
-    def test_budget_ends_thinking(self, open_think_server: Server) -> None:
+    def test_budget_ends_thinking(self, open_think_server: Server, sdk: contextlib.ExitStack) -> None:
         """The output starts inside <think>; without a budget it never leaves, with one it answers."""
-        client = anthropic.Anthropic(
-            base_url=open_think_server.base_url, api_key="x", max_retries=0, timeout=120
-        )
+        client = sdk.enter_context(anthropic_client(open_think_server))
         free = client.messages.create(
             model="bubo", max_tokens=60, messages=self.QUESTION, extra_body={"temperature": 0}
         )
@@ -301,11 +304,11 @@ class TestThinkingBudget:
         assert len(capped.content[0].thinking) < len(free.content[0].thinking)  # type: ignore[union-attr]
         assert capped.content[1].text  # type: ignore[union-attr]
 
-    def test_budget_counts_reasoning_tokens(self, open_think_server: Server) -> None:
+    def test_budget_counts_reasoning_tokens(
+        self, open_think_server: Server, sdk: contextlib.ExitStack
+    ) -> None:
         """OpenAI chat's thinking budget caps the reasoning tokens usage reports."""
-        client = openai.OpenAI(
-            base_url=f"{open_think_server.base_url}/v1", api_key="x", max_retries=0, timeout=120
-        )
+        client = sdk.enter_context(openai_client(open_think_server))
         completion = client.chat.completions.create(
             model="bubo", messages=self.QUESTION, max_tokens=60, temperature=0,
             extra_body={"thinking": {"type": "enabled", "budget_tokens": 5}},
