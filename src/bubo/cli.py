@@ -48,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
             nargs="?" if option.is_switch else None,  # a bare switch means "on"
             const="on" if option.is_switch else None,
         )
+        if option.off_flags:
+            serve.add_argument(
+                *option.off_flags,
+                dest=option.key,
+                default=argparse.SUPPRESS,
+                action="store_const",
+                const="off",
+                help=f"same as {option.flags[-1]} off",
+            )
     return parser
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "Option",
     "ServerSettings",
     "Settings",
+    "default_cache_dir",
     "default_model_path",
     "load_settings",
     "options_table",
@@ -47,6 +48,11 @@ class ConfigError(ValueError):
 def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 1:
         raise ConfigError(f"{attribute.name} must be at least 1, got {value}")
+
+
+def _positive_seconds(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be more than 0 seconds, got {value}")
 
 
 def _non_negative(_instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -106,6 +112,8 @@ class ModelSettings:
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
     tool_call_parser: str = "auto"  # auto: chosen from the chat template
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
+    repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
+    repack_probe_timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +132,7 @@ class Settings:
     model: ModelSettings = attrs.field(factory=ModelSettings)
     generation: GenerationSettings = attrs.field(factory=GenerationSettings)
     log_level: str = "info"
+    cache_dir: Path | None = None  # Bubo's own caches (load_settings fills in the default); None: none
 
 
 # ---- parsing -------------------------------------------------------------------------------
@@ -192,6 +201,13 @@ def _gguf_file(text: str) -> Path:
     return path
 
 
+def _directory(text: str) -> Path:
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"not a directory: {text}")
+    return path
+
+
 def _text(text: str) -> str:
     if not text:
         raise ValueError("must not be empty")
@@ -203,6 +219,7 @@ class Option:
     """One setting: its flags, environment variable, destination and parser.
 
     A switch (``parse`` is the on/off parser) may be given as a bare flag, meaning ``on``.
+    ``off_flags`` are bare flags that mean ``off`` (llama-server's ``--no-…`` spellings).
     """
 
     flags: tuple[str, ...]
@@ -210,6 +227,7 @@ class Option:
     parse: Callable[[str], Any]
     help: str
     metavar: str | None = None
+    off_flags: tuple[str, ...] = ()
 
     @property
     def is_switch(self) -> bool:
@@ -289,6 +307,15 @@ OPTIONS: tuple[Option, ...] = (
            + ", ".join(available_tool_parsers()), "NAME"),
     Option(("--grammar-file",), ("model", "grammar_file"), _existing_file,
            "a GBNF grammar that constrains every request that sets no constraint of its own", "PATH"),
+    Option(("--repack",), ("model", "repack"), _choice("auto", "on", "off"),
+           "llama.cpp's CPU weight repacking (AMX, CPU_REPACK): auto probes it in a child process once "
+           "per CPU, build and model, and turns it off where it crashes (auto)", "MODE",
+           off_flags=("-nr", "--no-repack")),
+    Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
+           "seconds the repack probe may take before repacking is turned off (120)", "S"),
+    Option(("--cache-dir",), ("cache_dir",), _directory,
+           "where Bubo keeps its own caches, such as repack probe verdicts "
+           "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),
     Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
            "default limit on generated tokens (default -1: until the model stops)", "N"),
     Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature (0.8)", "T"),
@@ -312,7 +339,10 @@ OPTIONS: tuple[Option, ...] = (
 
 def options_table() -> list[str]:
     """The rows of docs/configuration.md's table of flags (``nox -s docs`` writes them)."""
-    return [f"| {', '.join(f'`{flag}`' for flag in o.flags)} | `{o.env}` | {o.help} |" for o in OPTIONS]
+    return [
+        f"| {', '.join(f'`{flag}`' for flag in o.flags + o.off_flags)} | `{o.env}` | {o.help} |"
+        for o in OPTIONS
+    ]
 
 
 def load_settings(
@@ -352,6 +382,8 @@ def load_settings(
         )
     if settings.model.path is None:
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
+    if settings.cache_dir is None:
+        settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))
     return settings
 
 
@@ -376,6 +408,17 @@ def _build(tree: Mapping[str, Any]) -> Settings:
         generation=GenerationSettings(**generation),
         **{k: v for k, v in tree.items() if k not in ("server", "model", "generation")},
     )
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path | None:
+    """``$XDG_CACHE_HOME/bubo``, else ``~/.cache/bubo`` (XDG's default); None without a home."""
+    base = Path(environ.get("XDG_CACHE_HOME", ""))
+    if base.is_absolute():
+        return base / "bubo"
+    try:
+        return Path.home() / ".cache" / "bubo"
+    except RuntimeError:  # no HOME and no password entry: nothing is cached
+        return None
 
 
 def default_model_path() -> Path:

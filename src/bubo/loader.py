@@ -11,9 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
+
 from bubo.config import Settings
 from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
+from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
@@ -48,7 +51,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
 
     Raises:
         bubo.model.GGUFError: the file is not a readable GGUF.
-        bubo.engine.EngineFailure: llama.cpp could not load the model.
+        bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
 
     """
     model = settings.model
@@ -57,24 +60,29 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     started = time.perf_counter()
     logger.info("model file: %s", path)
     metadata = read_metadata(path)
+    options = LlamaOptions(
+        model_path=path,
+        n_ctx=model.ctx_size,
+        n_threads=model.threads,
+        n_threads_batch=model.threads_batch,
+        n_batch=model.batch_size,
+        n_ubatch=model.ubatch_size,
+        prefill_chunk=model.prefill_chunk,
+        flash_attn=model.flash_attn,
+        n_gpu_layers=model.n_gpu_layers,
+        cache_ram_mib=model.cache_ram,
+        drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
+    )
+    # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
+    repack = decide_repack(
+        model.repack,
+        options,
+        timeout_s=model.repack_probe_timeout,
+        cache=VerdictCache(settings.cache_dir / "repack") if settings.cache_dir is not None else None,
+    )
     tokenizer = _tokenizer(metadata, path)
     template = _template(metadata, settings, tokenizer)
-    engine = load_llama_engine(
-        LlamaOptions(
-            model_path=path,
-            n_ctx=model.ctx_size,
-            n_threads=model.threads,
-            n_threads_batch=model.threads_batch,
-            n_batch=model.batch_size,
-            n_ubatch=model.ubatch_size,
-            prefill_chunk=model.prefill_chunk,
-            flash_attn=model.flash_attn,
-            n_gpu_layers=model.n_gpu_layers,
-            cache_ram_mib=model.cache_ram,
-            drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
-        ),
-        on_progress=_ProgressLog(on_progress),
-    )
+    engine = load_llama_engine(attrs.evolve(options, repack=repack), on_progress=_ProgressLog(on_progress))
     model_id = model.served_model_name or model_id_from_path(path)
     tool_parser = model.tool_call_parser
     if tool_parser == "auto":
@@ -86,7 +94,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         )
     info = engine.info
     logger.info(
-        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls)",
+        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls, "
+        "weight repacking %s: %s)",
         time.perf_counter() - started,
         model_id,
         info.description,
@@ -94,6 +103,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         tokenizer.name,
         template.origin,
         tool_parser,
+        "on" if repack.enabled else "off",
+        repack.reason,
     )
     return Runtime(
         model_id=model_id,

@@ -183,6 +183,8 @@ class TestIntrospection:
         assert "<|im_start|>" in body["template"]
         assert body["chat_template"] == body["template"]
         assert body["model_info"]["n_vocab"] == 49152
+        assert body["model_info"]["repack"] is False  # whether llama.cpp repacks the weights, and why
+        assert body["model_info"]["repack_reason"] == "a fake engine has no weights"
         assert body["default_generation_settings"]["params"]["temperature"] == 0.8
         assert body["default_generation_settings"]["n_ctx"] == 2048
         assert body["total_slots"] == 1

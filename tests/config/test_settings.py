@@ -149,6 +149,33 @@ class TestExposure:
         with pytest.raises(ConfigError, match="on or off"):
             load_settings({}, environ={"BUBO_MEMORY_GUARD": "maybe"})
 
+    @pytest.mark.parametrize(
+        ("argv", "environ", "mode"),
+        [
+            ([], {}, "auto"),
+            (["--repack", "on"], {}, "on"),
+            (["-nr"], {}, "off"),  # llama-server's spelling
+            (["--no-repack"], {"BUBO_REPACK": "on"}, "off"),  # the flag wins over the variable
+            ([], {"BUBO_REPACK": "off"}, "off"),
+        ],
+    )
+    def test_repack_mode(self, argv: list[str], environ: dict[str, str], mode: str) -> None:
+        from bubo.cli import _flag_values, _parser
+
+        args = _parser().parse_args(["serve", *argv])
+        assert load_settings(_flag_values(args), environ=environ).model.repack == mode
+
+    def test_repack_probe_timeout_must_be_positive(self) -> None:
+        with pytest.raises(ConfigError, match="repack_probe_timeout must be more than 0 seconds"):
+            load_settings({}, environ={"BUBO_REPACK_PROBE_TIMEOUT": "0"})
+
+    def test_cache_dir_follows_xdg(self, tmp_path) -> None:
+        assert load_settings({}, environ={"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "bubo"
+        assert load_settings({}, environ={"XDG_CACHE_HOME": "relative"}).cache_dir == (
+            Path.home() / ".cache" / "bubo"
+        )
+        assert load_settings({"cache_dir": str(tmp_path / "c")}, environ={}).cache_dir == tmp_path / "c"
+
     def test_cors_origins_are_checked(self) -> None:
         settings = load_settings({}, environ={"BUBO_CORS_ORIGINS": "http://localhost:3000, https://x.dev/"})
         assert settings.server.cors_origins == ("http://localhost:3000", "https://x.dev")

@@ -11,5 +11,6 @@ from .base import EngineFailure as EngineFailure
 from .base import EngineStatistics as EngineStatistics
 from .base import GrammarRejected as GrammarRejected
 from .base import ModelInfo as ModelInfo
+from .base import RepackDecision as RepackDecision
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo

@@ -34,6 +34,7 @@ __all__ = [
     "EngineStatistics",
     "GrammarRejected",
     "ModelInfo",
+    "RepackDecision",
     "SlotEngine",
     "SlotStatistics",
     "SnapshotInfo",
@@ -67,6 +68,14 @@ class EngineFailure(InternalError):
 
 
 @attrs.frozen(kw_only=True)
+class RepackDecision:
+    """Whether llama.cpp may repack the weights into its CPU extra buffer types (AMX, CPU_REPACK), and why."""
+
+    enabled: bool
+    reason: str  # one phrase for the log and /props, e.g. "the probe decode passed"
+
+
+@attrs.frozen(kw_only=True)
 class ModelInfo:
     """What is known about the loaded model (feeds ``/props``, ``/v1/models``)."""
 
@@ -81,6 +90,7 @@ class ModelInfo:
     vocab_type: int  # llama.cpp's enum: 1 SPM, 2 BPE, 3 WPM, 4 UGM
     description: str  # e.g. "llama ?B Q4_1"
     eog_token_ids: frozenset[int]
+    repack: RepackDecision
 
 
 @attrs.frozen(kw_only=True)

@@ -30,7 +30,7 @@ from bubo.domain.generation import (
 )
 
 from ._stops import GeneratedText
-from .base import EngineFailure, ModelInfo, SlotEngine
+from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine
 
 __all__ = ["FakeEngine", "fake_model_info"]
 
@@ -51,6 +51,7 @@ def fake_model_info(n_ctx: int = 2048, n_vocab: int = 49152) -> ModelInfo:
         vocab_type=2,
         description="fake 1M",
         eog_token_ids=frozenset({2}),
+        repack=RepackDecision(enabled=False, reason="a fake engine has no weights"),
     )
 
 

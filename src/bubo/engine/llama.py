@@ -27,6 +27,7 @@ from pathlib import Path
 
 import attrs
 import llama_cpp
+import numpy as np
 import trio
 
 from bubo.domain.generation import (
@@ -47,7 +48,15 @@ from ._generation import Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
 from ._sampler import Sampler
-from .base import CacheContents, EngineCounters, EngineFailure, GrammarRejected, ModelInfo, SlotEngine
+from .base import (
+    CacheContents,
+    EngineCounters,
+    EngineFailure,
+    GrammarRejected,
+    ModelInfo,
+    RepackDecision,
+    SlotEngine,
+)
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
 
@@ -79,6 +88,10 @@ class LlamaOptions:
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
+    # llama.cpp's CPU extra buffer types (AMX, CPU_REPACK); bubo.engine.probe decides
+    repack: RepackDecision = attrs.field(
+        factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
+    )
 
 
 def load_llama_engine(
@@ -95,6 +108,7 @@ def load_llama_engine(
     model_params = llama_cpp.llama_model_default_params()
     model_params.n_gpu_layers = options.n_gpu_layers
     model_params.use_mmap = options.use_mmap
+    model_params.use_extra_bufts = options.repack.enabled
 
     def progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
         if on_progress is not None:
@@ -176,6 +190,7 @@ class LlamaEngine(SlotEngine):
                 vocab_type=llama_cpp.llama_vocab_type(vocab),
                 description=description.value.decode(errors="replace"),
                 eog_token_ids=frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)),
+                repack=options.repack,
             ),
             counters=counters,
         )
@@ -194,6 +209,27 @@ class LlamaEngine(SlotEngine):
         except EngineFailure:
             raise GrammarRejected("llama.cpp could not parse the grammar") from None
         return gbnf
+
+    def check_decode(self, batch: int = 64) -> None:
+        """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).
+
+        These are the two shapes of work a server does first (a prefill and a
+        decode step), so a kernel that crashes on this CPU crashes here.
+
+        Raises:
+            EngineFailure: a decode failed or its logits are not finite.
+
+        """
+        context = self._context
+        text = "The quick brown fox jumps over the lazy dog. " * batch
+        tokens = context.tokenize(text)[:batch]
+        try:
+            context.decode(tokens)
+            context.decode((int(np.argmax(context.logits(-1))),))
+            if not np.isfinite(context.logits(-1)).all():
+                raise EngineFailure("the probe decode produced logits that are not finite")
+        finally:
+            context.forget()
 
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""

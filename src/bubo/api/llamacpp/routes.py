@@ -204,6 +204,8 @@ async def props() -> Response:
                 n_vocab=info.n_vocab,
                 vocab_type=info.vocab_type,
                 tokenizer=runtime.tokenizer.name,
+                repack=info.repack.enabled,
+                repack_reason=info.repack.reason,
             ),
             default_generation_settings=wire.DefaultGenerationSettings(
                 params=wire.SamplingDefaults(

@@ -218,6 +218,8 @@ class ModelInfo:
     n_vocab: int
     vocab_type: int
     tokenizer: str
+    repack: bool  # llama.cpp repacks the weights into its CPU extra buffer types
+    repack_reason: str
 
 
 @attrs.frozen(kw_only=True)

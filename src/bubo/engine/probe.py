@@ -1,0 +1,222 @@
+"""Decide whether llama.cpp may repack the weights on this CPU, without betting the server on it.
+
+llama.cpp's CPU backend can move weights into "extra buffer types" (AMX tiles,
+CPU_REPACK layouts) that speed up prefill.  On some CPUs and builds the first
+decode with repacked weights dies with SIGSEGV, and a native crash takes the
+whole server down without a word.  So, in ``auto`` mode, a child process loads
+the model with repacking on and decodes a prompt and one token with the
+server's own context settings.  A child killed by a signal, timing out or
+failing means repacking goes off; a second probe with it off then tells a model
+that crashes llama.cpp anyway (refused with a clear error) from one that only
+crashes when repacked.  The verdict is kept in the user's cache directory,
+keyed by CPU, llama.cpp build, model file and context settings, so later starts
+do not pay for the probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import llama_cpp
+
+from .base import EngineFailure, RepackDecision
+from .llama import LlamaOptions
+
+__all__ = [
+    "FAULT_VARIABLE",
+    "ProbeResult",
+    "VerdictCache",
+    "decide_repack",
+    "probe_payload",
+    "run_probe",
+    "verdict_key",
+]
+
+logger = logging.getLogger(__name__)
+
+# Test-only: "segv" or "hang" makes a probe child that repacks fault that way (see _probe_child).
+FAULT_VARIABLE = "BUBO_PROBE_FAULT"
+PROBE_CONTEXT = 256  # tokens: the probe decodes at most 65, and a small KV keeps the child light
+VERDICT_VERSION = 1  # bump when the probe changes what it checks
+
+
+@attrs.frozen(kw_only=True)
+class ProbeResult:
+    """How a probe child ended."""
+
+    passed: bool
+    crashed: bool  # killed by a signal: a native crash
+    detail: str  # e.g. "passed in 1.2 s", "was killed by SIGSEGV", "timed out after 120 s"
+
+
+def probe_payload(options: LlamaOptions, *, repack: bool) -> dict[str, Any]:
+    """What the child needs to load the model as the server will (JSON-ready)."""
+    return {
+        "model_path": str(options.model_path),
+        "n_threads": options.n_threads,
+        "n_threads_batch": options.n_threads_batch,
+        "n_batch": options.n_batch,
+        "n_ubatch": options.n_ubatch,
+        "flash_attn": options.flash_attn,
+        "n_gpu_layers": options.n_gpu_layers,
+        "use_mmap": options.use_mmap,
+        "repack": repack,
+    }
+
+
+def run_probe(options: LlamaOptions, *, repack: bool, timeout_s: float) -> ProbeResult:
+    """Load and decode in a child process, bounded by *timeout_s*; blocking."""
+    started = time.perf_counter()
+    try:
+        completed = subprocess.run(  # our own interpreter and module, no shell
+            [sys.executable, "-m", "bubo.engine._probe_child"],
+            input=json.dumps(probe_payload(options, repack=repack)),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:  # subprocess.run killed the child
+        return ProbeResult(passed=False, crashed=False, detail=f"timed out after {timeout_s:g} s")
+    elapsed = time.perf_counter() - started
+    status = completed.returncode
+    if status == 0:
+        return ProbeResult(passed=True, crashed=False, detail=f"passed in {elapsed:.1f} s")
+    if status < 0:
+        return ProbeResult(passed=False, crashed=True, detail=f"was killed by {_signal_name(-status)}")
+    last_line = next((line for line in reversed(completed.stderr.splitlines()) if line.strip()), "")
+    return ProbeResult(passed=False, crashed=False, detail=f"exited with status {status}: {last_line}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def verdict_key(options: LlamaOptions) -> str:
+    """What a verdict depends on: the CPU, the llama.cpp build, the model file and the context settings."""
+    model = Path(options.model_path).resolve()
+    stat = model.stat()
+    identity = {
+        "version": VERDICT_VERSION,
+        "cpu": _cpu_identity(),
+        "llama_cpp": _build_identity(),
+        "model": [str(model), stat.st_size, stat.st_mtime_ns],
+        "settings": {k: v for k, v in probe_payload(options, repack=True).items() if k != "model_path"},
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _build_identity() -> list[Any]:
+    """The binding's version and its native libraries' sizes and times: a rebuild is another build.
+
+    Read from the files, not by calling into llama.cpp: nothing native runs here before the probe.
+    """
+    libraries = Path(llama_cpp.__file__).parent / "lib"
+    files = sorted(p for p in libraries.glob("*") if p.is_file()) if libraries.is_dir() else []
+    return [llama_cpp.__version__, [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]]
+
+
+def _cpu_identity() -> str:
+    """The CPU's model and feature flags (Linux: the first processor of /proc/cpuinfo)."""
+    wanted = ("vendor_id", "model name", "flags", "features", "cpu implementer", "cpu part", "isa")
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    first = text.split("\n\n", 1)[0]
+    lines = [line for line in first.splitlines() if line.split(":", 1)[0].strip().lower() in wanted]
+    return "\n".join(lines) or f"{platform.machine()} {platform.processor()}"
+
+
+@attrs.frozen
+class VerdictCache:
+    """Probe verdicts, one small JSON file each, in *directory* (``rm -r`` it to probe again)."""
+
+    directory: Path
+
+    def load(self, key: str) -> RepackDecision | None:
+        """The verdict kept for *key*, if any (an unreadable file counts as none)."""
+        try:
+            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+            return RepackDecision(enabled=bool(data["enabled"]), reason=str(data["reason"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def store(self, key: str, decision: RepackDecision, cpu: str) -> None:
+        """Keep *decision* for *key*; a directory we cannot write only costs the next start a probe."""
+        record = {"enabled": decision.enabled, "reason": decision.reason, "cpu": cpu, "time": time.time()}
+        path = self.directory / f"{key}.json"
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(record), encoding="utf-8")
+            partial.replace(path)  # atomic: a concurrent start reads the old file or the new one
+        except OSError as error:
+            logger.debug("cannot keep the repack verdict in %s: %s", self.directory, error)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+
+
+def decide_repack(
+    mode: str, options: LlamaOptions, *, timeout_s: float, cache: VerdictCache | None
+) -> RepackDecision:
+    """Repacking on or off for *mode* (``auto``, ``on``, ``off``); ``auto`` probes, or reads the cache.
+
+    Blocking (a probe takes seconds): call it from the loading thread.
+
+    Raises:
+        EngineFailure: the model crashes llama.cpp on this CPU even with repacking off.
+
+    """
+    if mode == "on":
+        return RepackDecision(enabled=True, reason="forced on (--repack on)")
+    if mode == "off":
+        return RepackDecision(enabled=False, reason="forced off (--repack off)")
+    key = verdict_key(options)
+    if cache is not None and (kept := cache.load(key)) is not None:
+        decision = attrs.evolve(kept, reason=f"{kept.reason} (verdict cached in {cache.directory})")
+        _report(decision)
+        return decision
+    decision, definite = _probe(options, timeout_s)
+    if cache is not None and definite:
+        cache.store(key, decision, _cpu_identity())
+    _report(decision)
+    return decision
+
+
+def _probe(options: LlamaOptions, timeout_s: float) -> tuple[RepackDecision, bool]:
+    """The decision, and whether it is definite enough to keep."""
+    repacked = run_probe(options, repack=True, timeout_s=timeout_s)
+    logger.info("repack probe: the child with repacking on %s", repacked.detail)
+    if repacked.passed:
+        return RepackDecision(enabled=True, reason="the probe decode with repacking passed"), True
+    plain = run_probe(options, repack=False, timeout_s=timeout_s)
+    logger.info("repack probe: the child with repacking off %s", plain.detail)
+    if plain.crashed:
+        raise EngineFailure(
+            f"llama.cpp crashes on this model and CPU even with repacking off: the probe child "
+            f"{plain.detail} (with repacking on it {repacked.detail})"
+        )
+    return RepackDecision(
+        enabled=False, reason=f"the probe child with repacking {repacked.detail}"
+    ), plain.passed
+
+
+def _report(decision: RepackDecision) -> None:
+    if not decision.enabled:
+        logger.warning("weight repacking is off: %s", decision.reason)
