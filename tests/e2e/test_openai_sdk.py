@@ -95,3 +95,29 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert caught.value.code == "model_not_found"
+
+
+def test_a_final_assistant_message_is_continued(client: openai.OpenAI) -> None:
+    """The model writes on from the assistant's text; the answer holds only the continuation.
+
+    Rendered with a closed turn (the old behaviour) the prompt is one end of turn
+    and one assistant header longer, and the model starts its count over.
+    """
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Count from 1 to 10, separated by commas."},
+        {"role": "assistant", "content": "1, 2, 3,"},
+    ]
+    continued = client.chat.completions.create(model="bubo", messages=messages, max_tokens=12, temperature=0)
+    closed = client.chat.completions.create(
+        model="bubo",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": False},
+    )
+    assert continued.usage is not None
+    assert closed.usage is not None
+    assert closed.usage.prompt_tokens > continued.usage.prompt_tokens
+    text = continued.choices[0].message.content or ""
+    assert text.lstrip().startswith("4"), text

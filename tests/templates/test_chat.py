@@ -206,3 +206,59 @@ class TestEndOfTurn:
     def test_unknown_when_the_template_rejects_the_probe(self) -> None:
         template = ChatTemplate("{{ raise_exception('no') }}", bos_token="", eos_token="", origin="test")
         assert template.end_of_turn == ""
+
+
+class TestFinalAssistantMessage:
+    """A conversation that ends with an assistant message is continued, as llama-server and Anthropic do."""
+
+    COUNTING = (
+        Message(role="user", content="Count to ten."),
+        Message(role="assistant", content="1, 2, 3,"),
+    )
+    OPEN = "<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n"
+
+    def test_is_continued_by_default(self) -> None:
+        """No end of turn after it and no new assistant header: the model writes on from '3,'."""
+        assert render(CHATML, ChatPrompt(messages=self.COUNTING)) == self.OPEN + "1, 2, 3,"
+
+    def test_continue_final_message_says_so_explicitly(self) -> None:
+        prompt = ChatPrompt(messages=self.COUNTING, continue_final_message=True, add_generation_prompt=False)
+        assert render(CHATML, prompt) == self.OPEN + "1, 2, 3,"
+
+    def test_continue_final_message_false_closes_it(self) -> None:
+        rendered = render(CHATML, ChatPrompt(messages=self.COUNTING, continue_final_message=False))
+        assert rendered == self.OPEN + "1, 2, 3,<|im_end|>\n<|im_start|>assistant\n"
+
+    def test_add_generation_prompt_false_renders_the_messages_as_they_are(self) -> None:
+        rendered = render(CHATML, ChatPrompt(messages=self.COUNTING, add_generation_prompt=False))
+        assert rendered == self.OPEN + "1, 2, 3,<|im_end|>\n"
+
+    def test_a_final_tool_call_is_a_closed_turn(self) -> None:
+        call = Message(
+            role="assistant", content=None, tool_calls=(ToolCall(id="c", name="f", arguments="{}"),)
+        )
+        rendered = render(CHATML, ChatPrompt(messages=(*USER, call)))
+        assert rendered.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+    def test_both_switches_true_is_a_400(self) -> None:
+        prompt = ChatPrompt(messages=self.COUNTING, continue_final_message=True, add_generation_prompt=True)
+        with pytest.raises(InvalidRequest, match="cannot both be true") as caught:
+            render(CHATML, prompt)
+        assert caught.value.param == "continue_final_message"
+
+    @pytest.mark.parametrize(
+        "messages",
+        [
+            USER,
+            (
+                *USER,
+                Message(
+                    role="assistant", content="", tool_calls=(ToolCall(id="c", name="f", arguments="{}"),)
+                ),
+            ),
+        ],
+    )
+    def test_nothing_to_continue_is_a_400(self, messages: tuple[Message, ...]) -> None:
+        with pytest.raises(InvalidRequest, match="ends with an assistant message") as caught:
+            render(CHATML, ChatPrompt(messages=messages, continue_final_message=True))
+        assert caught.value.param == "continue_final_message"

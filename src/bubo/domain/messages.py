@@ -52,10 +52,14 @@ class ChatPrompt:
     """Everything the chat template renders.
 
     ``template_kwargs`` are extra variables for the template
-    (``chat_template_kwargs`` in the OpenAI dialect).
+    (``chat_template_kwargs`` in the OpenAI dialect).  ``add_generation_prompt``
+    and ``continue_final_message`` are what the request said (None: it did not
+    say); the template decides from them and the messages, one rule for every
+    dialect (a final assistant message is continued unless the request says otherwise).
     """
 
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
     template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None

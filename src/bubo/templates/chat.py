@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+import attrs
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -127,19 +128,21 @@ class ChatTemplate:
                 ``raise_exception``, e.g. roles that do not alternate) or failed on it.
 
         """
-        prompt = adapt(prompt, self.capabilities)
+        add_generation_prompt, continued = _continuation(prompt)
+        messages = prompt.messages[:-1] if continued is not None else prompt.messages
+        prompt = adapt(attrs.evolve(prompt, messages=messages), self.capabilities)
         variables: dict[str, Any] = {
             **self.default_variables,
             **prompt.template_kwargs,
             "messages": [_message_dict(m) for m in prompt.messages],
-            "add_generation_prompt": prompt.add_generation_prompt,
+            "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         }
         if prompt.tools:
             variables["tools"] = [_tool_dict(t) for t in prompt.tools]
         try:
-            return self._template.render(variables)
+            return self._template.render(variables) + (continued or "")
         except jinja2.exceptions.TemplateError as error:
             raise InvalidRequest(
                 f"the chat template rejected the messages: {error}", code="template_error", param="messages"
@@ -150,6 +153,42 @@ class ChatTemplate:
                 code="template_error",
                 param="messages",
             ) from error
+
+
+def _continuation(prompt: ChatPrompt) -> tuple[bool, str | None]:
+    """Whether to add the generation prompt, and the final assistant text to continue (None: none).
+
+    As llama-server (its default assistant prefill) and Anthropic's API do, a
+    conversation that ends with an assistant message is continued: the turns
+    before it are rendered with the generation prompt, and its text follows, so
+    the model writes on from it.  ``continue_final_message: false`` closes that
+    turn instead; ``add_generation_prompt: false`` alone renders the messages as
+    they are.  Both true is a contradiction (a 400, as in llama-server and vLLM).
+
+    Raises:
+        InvalidRequest: both flags true, or a continuation without a final assistant text.
+
+    """
+    add, keep_going = prompt.add_generation_prompt, prompt.continue_final_message
+    if add and keep_going:
+        raise InvalidRequest(
+            "continue_final_message and add_generation_prompt cannot both be true: "
+            "the one continues the final message, the other opens a new one",
+            param="continue_final_message",
+        )
+    final = prompt.messages[-1] if prompt.messages else None
+    continuable = final is not None and final.role == "assistant" and not final.tool_calls
+    if keep_going is None:
+        keep_going = continuable and add is not False
+    if not keep_going:
+        return (True if add is None else add), None
+    if final is None or not continuable:
+        raise InvalidRequest(
+            "continue_final_message needs a conversation that ends with an assistant message "
+            "without tool calls",
+            param="continue_final_message",
+        )
+    return True, final.content or ""
 
 
 def _message_dict(message: Message) -> dict[str, Any]:

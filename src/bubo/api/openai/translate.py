@@ -64,6 +64,8 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
             tools=tuple(_tool(t) for t in body.tools or ()),
             template_kwargs=body.chat_template_kwargs or {},
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         ),
         options=GenerationOptions(
             max_tokens=max_tokens(limit, limit_param),

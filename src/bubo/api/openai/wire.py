@@ -198,6 +198,9 @@ class ChatCompletionRequest:
     repeat_last_n: int | None = None
     thinking: ThinkingSwitch | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # transformers' / vLLM's render switches (None: a final assistant message is continued)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
