@@ -72,6 +72,15 @@ class TestEnvironment:
         )
         assert render(source, prompt) == "get_weather|w:Oslo|c1=sunny"
 
+    def test_tools_keep_the_order_clients_send_and_llama_server_renders(self) -> None:
+        """name, description, parameters: a template's tojson prints what llama-server's prints."""
+        tool = ToolSpec(name="f", description="Finds.", parameters={"type": "object"})
+        rendered = render("{{ tools | tojson }}", ChatPrompt(messages=USER, tools=(tool,)))
+        assert rendered == (
+            '[{"type": "function", "function": '
+            '{"name": "f", "description": "Finds.", "parameters": {"type": "object"}}}]'
+        )
+
 
 class TestErrors:
     def test_raise_exception_is_a_400(self) -> None:

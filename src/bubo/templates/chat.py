@@ -222,7 +222,10 @@ def _arguments(text: str) -> Any:
 
 
 def _tool_dict(tool: ToolSpec) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
-    if tool.description is not None:
-        function["description"] = tool.description
+    """A tool as llama-server hands it to templates: name, description, parameters, in that order.
+
+    The order is the one clients send and the one a template's ``tojson`` prints,
+    so the rendered prompt equals llama-server's for the same request.
+    """
+    function = {"name": tool.name, "description": tool.description or "", "parameters": dict(tool.parameters)}
     return {"type": "function", "function": function}
