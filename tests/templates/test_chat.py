@@ -271,3 +271,39 @@ class TestFinalAssistantMessage:
         with pytest.raises(InvalidRequest, match="ends with an assistant message") as caught:
             render(CHATML, ChatPrompt(messages=messages, continue_final_message=True))
         assert caught.value.param == "continue_final_message"
+
+
+class TestThinkingIsOnByDefault:
+    """Templates that close the thinking block when `enable_thinking` is falsy see it true unless asked.
+
+    Each source below keeps the gating construct of a template llama.cpp ships
+    (models/templates): the generation prompt closes the block on `not enable_thinking`.
+    """
+
+    GATED = {
+        "deepseek-r1-distill": (
+            "{% for m in messages %}<｜User｜>{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}<｜Assistant｜><think>\n"
+            "{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+        ),
+        "qwq": (
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+            "{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+        ),
+        "command-r7b": (
+            "{% for m in messages %}{{ m.content }}{% endfor %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+            "{% if not enable_thinking %}<|START_THINKING|><|END_THINKING|>{% endif %}"
+        ),
+    }
+    CLOSED = ("</think>", "<|END_THINKING|>")
+
+    @pytest.mark.parametrize("source", GATED.values(), ids=GATED.keys())
+    def test_unset_means_on(self, source: str) -> None:
+        rendered = render(source, ChatPrompt(messages=USER))
+        assert not rendered.endswith(self.CLOSED)
+
+    @pytest.mark.parametrize("source", GATED.values(), ids=GATED.keys())
+    def test_a_request_turns_it_off(self, source: str) -> None:
+        rendered = render(source, ChatPrompt(messages=USER, template_kwargs={"enable_thinking": False}))
+        assert rendered.endswith(self.CLOSED)

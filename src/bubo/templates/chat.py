@@ -91,6 +91,11 @@ class ChatTemplate:
         self.default_variables: dict[str, Any] = (
             dict([caps.preserve_reasoning]) if preserve_reasoning and caps.preserve_reasoning else {}
         )
+        # Thinking is on unless a request turns it off, as in llama-server: templates that gate it
+        # on `not enable_thinking` (DeepSeek-R1 distills, QwQ, Command R7B) would close it when unset.
+        self._thinking_default: dict[str, Any] = (
+            {"enable_thinking": True} if "enable_thinking" in source else {}
+        )
 
     @functools.cached_property
     def end_of_turn(self) -> str:
@@ -132,6 +137,7 @@ class ChatTemplate:
         messages = prompt.messages[:-1] if continued is not None else prompt.messages
         prompt = adapt(attrs.evolve(prompt, messages=messages), self.capabilities)
         variables: dict[str, Any] = {
+            **self._thinking_default,
             **self.default_variables,
             **prompt.template_kwargs,
             "messages": [_message_dict(m) for m in prompt.messages],
