@@ -197,6 +197,8 @@ class TestNumbers:
             (CHAT, body(CHAT, presence_penalty=1e39), "presence_penalty"),
             ("/completion", body("/completion", frequency_penalty=-1e300), "frequency_penalty"),
             ("/completion", body("/completion", repeat_penalty=1e300), "repeat_penalty"),
+            (CHAT, body(CHAT, repeat_penalty=0), "repeat_penalty"),
+            ("/completion", body("/completion", repeat_penalty=-1), "repeat_penalty"),
             (CHAT, body(CHAT, logit_bias={"15": 1e39}), "logit_bias.15"),
             ("/completion", body("/completion", logit_bias=[[15, -1e39]]), "logit_bias[0][1]"),
             ("/completion", body("/completion", logit_bias={"hello": 1e39}), "logit_bias.hello"),

@@ -40,6 +40,7 @@ HOSTILE = [
     (CHAT, json.dumps(chat(max_tokens=2**70)), "max_tokens"),
     ("/completion", json.dumps({"prompt": "hi", "n_predict": 2**31}), "n_predict"),
     (CHAT, json.dumps(chat(top_k=2**32 + 5)), "top_k"),
+    (CHAT, json.dumps(chat(repeat_penalty=0)), "repeat_penalty"),
 ]  # fmt: skip
 
 
@@ -67,7 +68,7 @@ def test_extreme_settings_in_range_reach_llama_cpp(http: httpx.Client, server: S
     for fields in (
         {"temperature": 3.4e38, "top_k": 2**31 - 1, "top_p": 1, "min_p": 0},
         {"presence_penalty": -3.4e38, "frequency_penalty": 3.4e38, "repeat_penalty": 3.4e38},
-        {"repeat_penalty": 0, "repeat_last_n": -1, "seed": 2**63 - 1, "temperature": 0.7},
+        {"repeat_penalty": 1e-30, "repeat_last_n": -1, "seed": 2**63 - 1, "temperature": 0.7},
         {"logit_bias": {"15": 3.4e38, "16": -3.4e38}, "temperature": 0.7},
     ):
         response = http.post(CHAT, json=chat(**fields))

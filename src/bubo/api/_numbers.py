@@ -25,17 +25,17 @@ FLOAT32_MAX = 3.4028234663852886e38
 _TOKEN_ID = re.compile(r"[ \t\n\v\f\r]*[+-]?([0-9]+)")
 _MAX_TOKEN_ID_DIGITS = 18  # longer is no vocabulary's id (and int() refuses over 4,300 digits)
 
-# field -> (lowest, highest) accepted; the wire name is the field name in every dialect
-_RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (-FLOAT32_MAX, FLOAT32_MAX),
-    "top_k": (-INT32_MAX - 1, INT32_MAX),
-    "top_p": (0.0, 1.0),
-    "min_p": (0.0, 1.0),
-    "repeat_penalty": (-FLOAT32_MAX, FLOAT32_MAX),
-    "repeat_last_n": (-1, INT32_MAX),
-    "presence_penalty": (-FLOAT32_MAX, FLOAT32_MAX),
-    "frequency_penalty": (-FLOAT32_MAX, FLOAT32_MAX),
-}
+# (field, lowest, whether the lowest itself is accepted, highest); the same wire name in every dialect
+_RANGES = (
+    ("temperature", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("top_k", -INT32_MAX - 1, True, INT32_MAX),
+    ("top_p", 0.0, True, 1.0),
+    ("min_p", 0.0, True, 1.0),
+    ("repeat_penalty", 0.0, False, FLOAT32_MAX),  # llama.h: "must be > 0.0" (it divides by it)
+    ("repeat_last_n", -1, True, INT32_MAX),
+    ("presence_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("frequency_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
+)
 
 
 def _shown(value: float) -> str:
@@ -49,11 +49,14 @@ def check_sampling(overrides: SamplingOverrides) -> SamplingOverrides:
         InvalidRequest: ``param`` the first field out of range.
 
     """
-    for name, (lowest, highest) in _RANGES.items():
+    for name, lowest, inclusive, highest in _RANGES:
         value = getattr(overrides, name)
-        if value is not None and not lowest <= value <= highest:
+        if value is None:
+            continue
+        if not (lowest <= value if inclusive else lowest < value) or value > highest:
+            floor = "at least" if inclusive else "greater than"
             raise InvalidRequest(
-                f"{name} must be between {_shown(lowest)} and {_shown(highest)}, got {_shown(value)}",
+                f"{name} must be {floor} {_shown(lowest)} and at most {_shown(highest)}, got {_shown(value)}",
                 param=name,
             )
     return overrides
