@@ -1,7 +1,8 @@
-"""JSON-shaped inputs: anything at all, and valid bodies with one field broken."""
+"""JSON-shaped inputs: anything at all, valid bodies with one field broken, and values no field can use."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
@@ -45,20 +46,20 @@ VALID: dict[str, dict[str, Any]] = {
 
 
 @st.composite
-def broken_bodies(draw: st.DrawFn, path: str) -> Any:
-    """The route's valid body with one top-level field replaced by anything, or removed."""
+def broken_bodies(draw: st.DrawFn, path: str, values: st.SearchStrategy[Any] = json_values) -> Any:
+    """The route's valid body with one top-level field replaced by one of *values*, or removed."""
     body = dict(VALID[path])
     key = draw(st.sampled_from([*body, "unknown_field"]))
     if draw(st.booleans()):
-        body[key] = draw(json_values)
+        body[key] = draw(values)
     else:
         body.pop(key, None)
     return body
 
 
 @st.composite
-def nested_breakage(draw: st.DrawFn, path: str) -> Any:
-    """The valid body with a value inside a list or object (a message, a tool) replaced."""
+def nested_breakage(draw: st.DrawFn, path: str, values: st.SearchStrategy[Any] = json_values) -> Any:
+    """The valid body with a value inside a list or object (a message, a tool) replaced by one of *values*."""
     body = dict(VALID[path])
     containers = [k for k, v in body.items() if isinstance(v, (list, dict))]
     if not containers:
@@ -68,11 +69,11 @@ def nested_breakage(draw: st.DrawFn, path: str) -> Any:
     if isinstance(value, list):
         item = dict(value[0]) if value and isinstance(value[0], dict) else {}
         if item:
-            item[draw(st.sampled_from([*item, "extra"]))] = draw(json_values)
+            item[draw(st.sampled_from([*item, "extra"]))] = draw(values)
         body[key] = [item, *value[1:]]
     else:
         inner = dict(value)
-        inner[draw(st.sampled_from([*inner, "extra"]))] = draw(json_values)
+        inner[draw(st.sampled_from([*inner, "extra"]))] = draw(values)
         body[key] = inner
     return body
 
@@ -80,3 +81,82 @@ def nested_breakage(draw: st.DrawFn, path: str) -> Any:
 def bodies(path: str) -> st.SearchStrategy[Any]:
     """Anything a client could send to *path* as JSON."""
     return st.one_of(json_values, broken_bodies(path), nested_breakage(path), st.just(VALID[path]))
+
+
+# ---- values JSON can spell that no field can use -------------------------------------------
+
+# One surrogate between ordinary text: never paired, so never valid Unicode.
+lone_surrogate_text = st.tuples(
+    st.text(max_size=5), st.characters(categories=["Cs"]), st.text(max_size=5)
+).map("".join)
+# json.dumps cannot write these; a placeholder string is swapped for one of them in the text.
+NUMBER = "@unusable-number@"
+UNUSABLE_NUMBERS = ("1e309", "-1e309", "1E+400", "1" + "0" * 400 + ".5", "NaN", "Infinity", "-Infinity")
+unusable_values = st.one_of(
+    lone_surrogate_text,
+    st.lists(lone_surrogate_text, min_size=1, max_size=2),
+    st.dictionaries(lone_surrogate_text, scalars, min_size=1, max_size=2),
+    st.just(NUMBER),
+    st.lists(st.just(NUMBER), min_size=1, max_size=2),
+    st.integers(min_value=2**63, max_value=2**80) | st.integers(min_value=-(2**80), max_value=-(2**63) - 1),
+)
+
+
+def _not_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _refused_anywhere(value: Any) -> bool:
+    """Whether *value* holds a lone surrogate or the NUMBER placeholder (both refused wherever they are)."""
+    if isinstance(value, str):
+        return value == NUMBER or _not_unicode(value)
+    if isinstance(value, dict):
+        return any(_refused_anywhere(k) or _refused_anywhere(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_refused_anywhere(v) for v in value)
+    return False
+
+
+# tool-call arguments as text, and whether the route must refuse them (deeper than 64 levels)
+DEEP = (
+    ("[" * 100_000, True),
+    ('{"a":' * 1_000, True),
+    ("[" * 65, True),
+    ("[" * 64, False),
+    ("[]" * 50_000, False),
+)
+# where each route carries tool-call arguments as text
+_ARGUMENTS: dict[str, Any] = {
+    "/v1/chat/completions": lambda text: {"messages": [USER, _assistant_call(text)]},
+    "/apply-template": lambda text: {"messages": [USER, _assistant_call(text)]},
+    "/v1/responses": lambda text: {
+        "input": [USER, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": text}]
+    },
+}
+
+
+def _assistant_call(arguments: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+@st.composite
+def unusable_bodies(draw: st.DrawFn, path: str) -> tuple[bytes, bool]:
+    """The valid body with one value (top-level or nested) made a lone surrogate, an infinite number,
+    an integer beyond 64 bits, or tool-call arguments nested deep; and whether it must be a 400.
+
+    Lone surrogates and infinite numbers are refused wherever they are; a big integer only
+    where a field reads it (an unknown field ignores it).
+    """
+    if path in _ARGUMENTS and draw(st.booleans()):
+        arguments, must_refuse = draw(st.sampled_from(DEEP))
+        body = {**VALID[path], **_ARGUMENTS[path](arguments)}
+    else:
+        body = draw(st.one_of(broken_bodies(path, unusable_values), nested_breakage(path, unusable_values)))
+        must_refuse = _refused_anywhere(body)
+    text = json.dumps(body).replace(json.dumps(NUMBER), draw(st.sampled_from(UNUSABLE_NUMBERS)))
+    return text.encode(), must_refuse

@@ -12,7 +12,7 @@ from quart_trio import QuartTrio
 from tests._asgi import exchange
 
 from ._budget import run_fuzz
-from .strategies import VALID, bodies
+from .strategies import VALID, bodies, unusable_bodies
 
 ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
 RESPONSE_TIMEOUT_S = 10
@@ -108,6 +108,19 @@ async def test_json_bodies(app: QuartTrio) -> None:
 async def test_bytes_that_are_not_json(app: QuartTrio) -> None:
     strategy = st.tuples(st.sampled_from(ROUTES), st.binary(max_size=200))
     await fuzz(app, strategy, _raw_case)
+
+
+async def _unusable_case(app: QuartTrio, case: tuple[str, tuple[bytes, bool]]) -> tuple[str, int, str, bytes]:
+    path, (raw, must_refuse) = case
+    status, content_type, data = await post(app, path, raw=raw)
+    assert not must_refuse or status == 400, (path, raw[:300], status, data[:300])
+    return path, status, content_type, data
+
+
+async def test_values_no_field_can_use(app: QuartTrio) -> None:
+    """Lone surrogates, infinite numbers, 65-bit integers, deep tool-call arguments: a 400, never a 500."""
+    strategy = st.sampled_from(ROUTES).flatmap(lambda path: st.tuples(st.just(path), unusable_bodies(path)))
+    await fuzz(app, strategy, _unusable_case)
 
 
 async def test_streamed_bodies(app: QuartTrio) -> None:

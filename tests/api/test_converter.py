@@ -127,3 +127,43 @@ class TestJsonBody:
     def test_object(self) -> None:
         """An object parses."""
         assert parse_json_object(' {"a": [1, "é"]} '.encode()) == {"a": [1, "é"]}
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [
+            (b'{"a": [1, {"b": "x\\ud800"}]}', "a[1].b"),
+            (b'{"a": {"\\udc00": 1}}', "a"),
+            (b'{"\\ud800": 1}', None),
+            (b'{"a": "\xed\xa0\x80"}', "a"),
+            ('{"a": "\ud800"}'.encode("utf-16-le", "surrogatepass"), "a"),
+            (b'{"a": {"b": [0.5, 1e309]}}', "a.b[1]"),
+            (b'{"a": -1E400}', "a"),
+        ],
+    )
+    def test_values_no_field_can_use(self, body: bytes, param: str | None) -> None:
+        """A lone surrogate or an infinite number is a parse_error naming where it is, never echoing it."""
+        with pytest.raises(InvalidRequest) as caught:
+            parse_json_object(body)
+        assert (caught.value.code, caught.value.param) == ("parse_error", param)
+        caught.value.message.encode("utf-8")  # the message itself is valid Unicode
+
+    def test_surrogate_pairs_and_large_finite_numbers_parse(self) -> None:
+        """A surrogate pair is one character; 1.7e308 is finite."""
+        assert parse_json_object(b'{"a": "\\ud83d\\ude00", "b": 1.7e308}') == {
+            "a": "\U0001f600",
+            "b": 1.7e308,
+        }
+
+
+class TestIntegerWidth:
+    @pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**70, 1e30])
+    def test_beyond_64_bits(self, value: float) -> None:
+        """An integer field takes at most 64 bits (every one ends in a C integer)."""
+        error = error_of({"count": value})
+        assert error.param == "count"
+        assert "expected an integer that fits in 64 bits" in error.message
+
+    @pytest.mark.parametrize("value", [2**63 - 1, -(2**63)])
+    def test_the_64_bit_bounds(self, value: int) -> None:
+        """The 64-bit bounds themselves are integers."""
+        assert structure(CONVERTER, {"count": value}, Body).count == value

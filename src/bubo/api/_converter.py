@@ -2,10 +2,10 @@
 
 cattrs coerces by default (``"12"`` becomes ``12``, ``"false"`` becomes
 ``True``); a public API must not.  :func:`make_converter` overrides the
-primitive hooks so ``int`` takes integers only (not booleans, not strings),
-``float`` takes numbers, ``bool`` and ``str`` take only their own type, and
-unions are resolved by the JSON type of the value (and, for objects, by their
-``type`` tag).  Unknown keys are ignored and logged at debug level, as real
+primitive hooks so ``int`` takes integers only (not booleans, not strings,
+none beyond 64 bits), ``float`` takes numbers, ``bool`` and ``str`` take only
+their own type, and unions are resolved by the JSON type of the value (and, for
+objects, by their ``type`` tag).  Unknown keys are ignored and logged at debug level, as real
 clients send fields a server does not know.
 
 Every failure becomes :class:`bubo.errors.InvalidRequest` with code
@@ -30,6 +30,8 @@ from cattrs.v import format_exception
 
 from bubo.errors import InvalidRequest
 
+from ._values import NonFiniteNumbers, check_values
+
 __all__ = ["WireValueError", "make_converter", "parse_json_object", "structure"]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Hook = Callable[[Any, Any], Any]
 _NONE = type(None)
+# every integer field ends in a C integer of at most 64 bits (most are narrower: see _limits.py)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # the JSON kind of a parsed value, by its exact Python type (json.loads makes no subclasses)
 _KIND_OF_VALUE = {
@@ -140,12 +144,19 @@ def _type_tags(cls: type) -> tuple[Any, ...]:
 
 
 def _checked(tp: Any) -> Hook:
-    """A structure hook for a primitive that rejects every other JSON type."""
+    """A structure hook for a primitive that rejects every other JSON type (and integers over 64 bits)."""
 
     def structure(value: Any, _: Any) -> Any:
         if not _accepts(tp, value):
             raise WireValueError(f"expected {_describe(tp)}, got {_kind(value)}")
-        return int(value) if tp is int else float(value) if tp is float else value
+        if tp is int:
+            number = int(value)
+            if not INT64_MIN <= number <= INT64_MAX:
+                digits = str(number)
+                shown = digits if len(digits) <= 40 else f"{number:.3e}"
+                raise WireValueError(f"expected an integer that fits in 64 bits, got {shown}")
+            return number
+        return float(value) if tp is float else value
 
     return structure
 
@@ -292,15 +303,18 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object.
 
     Raises:
-        InvalidRequest: empty, not UTF-8, not JSON (``NaN`` included), or not an object.
+        InvalidRequest: empty, not UTF-8, not JSON (``NaN`` included), not an object, or
+            holding a lone surrogate or a number too large to be finite (``1e309``).
 
     """
     if not body.strip():
         raise InvalidRequest("the request body is empty; send a JSON object", code="parse_error")
+    numbers = NonFiniteNumbers()
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=_reject_constant, parse_float=numbers)
     except (ValueError, RecursionError) as error:
         raise InvalidRequest(f"the request body is not valid JSON: {error}", code="parse_error") from None
     if not isinstance(data, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {_kind(data)}", code="parse_error")
+    check_values(data, body, numbers)
     return data

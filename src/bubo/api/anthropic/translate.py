@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from bubo.api._nesting import check_value_depth
+from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.domain.generation import GenerationStats, StopCause
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
@@ -43,17 +45,20 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
     """The domain request for ``POST /v1/messages``.
 
     Raises:
-        InvalidRequest: no messages, ``max_tokens`` below 1, unsupported content,
-            disagreeing thinking controls.
+        InvalidRequest: no messages, ``max_tokens`` below 1 or over 32 bits, a sampler setting
+            out of range, unsupported content, disagreeing thinking controls.
 
     """
     if body.max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {body.max_tokens}", param="max_tokens")
+    check_token_limit(body.max_tokens, "max_tokens")
     return attrs.evolve(
         count_request(body),
         options=GenerationOptions(
             max_tokens=body.max_tokens,
-            sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
+            sampling=check_sampling(
+                SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+            ),
             stop=tuple(body.stop_sequences or ()),
         ),
     )
@@ -142,6 +147,7 @@ def _turn(turn: wire.InputMessage, param: str) -> list[Message]:
             case wire.RedactedThinkingBlock():
                 pass
             case wire.ToolUseBlock(id=call_id, name=name, input=arguments) if turn.role == "assistant":
+                check_value_depth(arguments, f"{where}.input")
                 calls.append(
                     ToolCall(id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.output import Done
@@ -31,7 +32,8 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
     """The domain request for ``/completion``.
 
     Raises:
-        InvalidRequest: no prompt, a bad ``n_predict``, ``n_probs`` or ``logit_bias``.
+        InvalidRequest: no prompt, a bad ``n_predict``, ``n_probs`` or ``logit_bias``, a sampler
+            setting out of range.
 
     """
     if body.prompt is None or body.prompt in ("", []):
@@ -42,6 +44,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
     )
     if n_predict is not None and n_predict < -1:
         raise InvalidRequest(f"{param} must be -1 (no limit) or at least 0, got {n_predict}", param=param)
+    check_token_limit(n_predict, param)
     if body.n_probs is not None and not 0 <= body.n_probs <= _MAX_N_PROBS:
         raise InvalidRequest(f"n_probs must be between 0 and {_MAX_N_PROBS}", param="n_probs")
     if body.t_max_predict_ms is not None and body.t_max_predict_ms < 0:
@@ -51,17 +54,19 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
         prompt=prompt,
         options=GenerationOptions(
             max_tokens=n_predict,
-            sampling=SamplingOverrides(
-                temperature=body.temperature,
-                top_k=body.top_k,
-                top_p=body.top_p,
-                min_p=body.min_p,
-                repeat_penalty=body.repeat_penalty,
-                repeat_last_n=body.repeat_last_n,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                seed=body.seed,
-                logit_bias=_logit_bias(body.logit_bias),
+            sampling=check_sampling(
+                SamplingOverrides(
+                    temperature=body.temperature,
+                    top_k=body.top_k,
+                    top_p=body.top_p,
+                    min_p=body.min_p,
+                    repeat_penalty=body.repeat_penalty,
+                    repeat_last_n=body.repeat_last_n,
+                    presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty,
+                    seed=body.seed,
+                    logit_bias=_logit_bias(body.logit_bias),
+                )
             ),
             stop=stop,
             n_probs=body.n_probs or None,
@@ -76,7 +81,7 @@ def _bias_value(value: Any, param: str) -> float:
         return BANNED
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest("a logit bias is a number, or false to ban the token", param=param)
-    return float(value)
+    return check_bias(float(value), param)
 
 
 def _bias_target(value: Any, param: str) -> int | str:
@@ -94,8 +99,9 @@ def _logit_bias(bias: list[list[Any]] | dict[str, Any] | None) -> LogitBias:
     out: list[tuple[int | str, float]] = []
     if isinstance(bias, dict):
         for key, value in bias.items():
-            target: int | str = int(key) if key.lstrip("-").isdigit() else key
-            out.append((target, _bias_value(value, f"logit_bias.{key}")))
+            param = f"logit_bias.{key}"
+            token = token_id(key, param)
+            out.append((key if token is None else token, _bias_value(value, param)))
         return tuple(out)
     for index, pair in enumerate(bias):
         param = f"logit_bias[{index}]"

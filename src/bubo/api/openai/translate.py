@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from bubo.api._nesting import check_arguments_depth
+from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import TokenLogprob
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
@@ -178,14 +180,14 @@ def max_tokens(value: int | None, param: str) -> int | None:
     """A token limit: ``None`` or ``-1`` keep the server default, else a positive integer.
 
     Raises:
-        InvalidRequest: zero or another negative number.
+        InvalidRequest: zero or another negative number, or more than 2,147,483,647 (32 bits).
 
     """
     if value is None or value == -1:
         return None
     if value < 1:
         raise InvalidRequest(f"{param} must be a positive integer or -1, got {value}", param=param)
-    return value
+    return check_token_limit(value, param)
 
 
 def _check_n(n: int | None) -> None:
@@ -207,17 +209,19 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def _sampling(body: wire.ChatCompletionRequest | wire.CompletionRequest) -> SamplingOverrides:
-    return SamplingOverrides(
-        temperature=body.temperature,
-        top_k=body.top_k,
-        top_p=body.top_p,
-        min_p=body.min_p,
-        repeat_penalty=body.repeat_penalty,
-        repeat_last_n=body.repeat_last_n,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        seed=body.seed,
-        logit_bias=_logit_bias(body.logit_bias),
+    return check_sampling(
+        SamplingOverrides(
+            temperature=body.temperature,
+            top_k=body.top_k,
+            top_p=body.top_p,
+            min_p=body.min_p,
+            repeat_penalty=body.repeat_penalty,
+            repeat_last_n=body.repeat_last_n,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            seed=body.seed,
+            logit_bias=_logit_bias(body.logit_bias),
+        )
     )
 
 
@@ -226,13 +230,11 @@ def _logit_bias(bias: dict[str, float] | None) -> LogitBias:
         return ()
     out: list[tuple[int | str, float]] = []
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidRequest(
-                f"logit_bias keys must be token ids, got {key!r}", param=f"logit_bias.{key}"
-            ) from None
-        out.append((token, value))
+        param = f"logit_bias.{key}"
+        token = token_id(key, param)
+        if token is None:
+            raise InvalidRequest(f"logit_bias keys must be token ids, got {key!r}", param=param)
+        out.append((token, check_bias(value, param)))
     return tuple(out)
 
 
@@ -249,8 +251,14 @@ def _message(message: wire.ChatMessage, index: int) -> Message:
         content=_content(message.content, f"{param}.content"),
         reasoning=message.reasoning_content if message.reasoning_content is not None else message.reasoning,
         tool_calls=tuple(
-            ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
-            for call in message.tool_calls or ()
+            ToolCall(
+                id=call.id,
+                name=call.function.name,
+                arguments=check_arguments_depth(
+                    call.function.arguments, f"{param}.tool_calls[{call_index}].function.arguments"
+                ),
+            )
+            for call_index, call in enumerate(message.tool_calls or ())
         ),
         tool_call_id=message.tool_call_id,
         name=message.name,

@@ -10,6 +10,8 @@ import attrs
 import cattrs
 
 from bubo.api._converter import structure
+from bubo.api._nesting import check_arguments_depth
+from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done
@@ -63,13 +65,14 @@ def responses_request(
 
     Raises:
         InvalidRequest: no input, an unknown item type, unsupported content,
-            ``max_output_tokens`` below 1.
+            ``max_output_tokens`` below 1 or over 32 bits, a sampler setting out of range.
 
     """
     if not body.input:
         raise InvalidRequest("input is required", code="missing_input", param="input")
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
+    check_token_limit(body.max_output_tokens, "max_output_tokens")
     items = (
         [Message(role="user", content=body.input)]
         if isinstance(body.input, str)
@@ -81,7 +84,7 @@ def responses_request(
         prompt=ChatPrompt(messages=(*system, *history), tools=_tools(converter, body.tools or ())),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
-            sampling=SamplingOverrides(temperature=body.temperature, top_p=body.top_p),
+            sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
         ),
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
@@ -158,7 +161,11 @@ def _messages(converter: cattrs.Converter, items: list[dict[str, Any]]) -> list[
                 else:
                     out.append(Message(role=role, content=text))
             case wire.FunctionCallItem() | wire.CustomToolCallItem():
-                arguments = item.arguments if isinstance(item, wire.FunctionCallItem) else item.input
+                arguments = (
+                    check_arguments_depth(item.arguments, f"input[{index}].arguments")
+                    if isinstance(item, wire.FunctionCallItem)
+                    else check_arguments_depth(item.input, f"input[{index}].input")
+                )
                 _add_assistant(
                     out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
                 )
