@@ -5,9 +5,10 @@ server's own nursery, so it has no answer to two things a public server needs:
 
 - **A cap on open connections.**  Each one holds a file descriptor; once the
   process runs out, nobody can connect, ``/health`` included.  Here at most
-  ``max_connections`` are served (kept below the descriptor limit, which is
-  raised toward its hard limit at start); the excess gets a plain 503
-  ``too_many_connections`` and is closed.
+  ``max_connections`` are open (kept below the descriptor limit, which is
+  raised toward its hard limit at start).  At the cap a newcomer takes the
+  place of the connection idle longest; when every connection has a request
+  running, it gets a plain 503 ``too_many_connections`` and is closed.
 - **One connection's failure stays its own.**  An exception in Hypercorn's
   protocol code (its HTTP/2 handling has raised ``KeyError`` on a client's
   stray frame, see ``api/_transport.py``) would end ``serve()`` and the
@@ -26,6 +27,7 @@ import logging
 import resource
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import cast
 
 import attrs
 import trio
@@ -34,7 +36,14 @@ from hypercorn.config import Config
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ASGIFramework, ConnectionState, LifespanState
+from hypercorn.typing import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ConnectionState,
+    LifespanState,
+    Scope,
+)
 from hypercorn.utils import repr_socket_addr
 
 from bubo.api._transport import error_body
@@ -71,18 +80,31 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+@attrs.define(eq=False)
+class _Connection:
+    key: tuple[object, ...]  # the client's (address, port), as in the ASGI scope
+    stream: trio.SocketStream
+    requests: int = 0  # in the app now (HTTP/2 runs several at once)
+    idle_since: float = attrs.field(factory=trio.current_time)
+
+
 @attrs.define
 class ConnectionLimiter:
-    """At most *cap* connections served; the excess refused with a 503 and closed."""
+    """At most *cap* connections open; at the cap an idle one makes room, else the new one gets 503.
+
+    A connection is idle while none of its requests is in the app: fresh, between
+    keep-alive requests, or still sending its headers.  The one idle longest is
+    closed for the newcomer (as a keep-alive timeout would close it), so clients
+    that merely hold connections cannot lock out new ones, ``/health`` included.
+    Only when every connection has a request running is the newcomer refused.
+    """
 
     cap: int
-    _served: trio.CapacityLimiter = attrs.field(init=False)
-    _refusing: trio.CapacityLimiter = attrs.field(init=False)
+    _open: dict[tuple[object, ...], _Connection] = attrs.field(init=False, factory=dict)
+    _refusing: trio.CapacityLimiter = attrs.field(
+        init=False, factory=lambda: trio.CapacityLimiter(REFUSALS_AT_ONCE)
+    )
     _warned: bool = attrs.field(init=False, default=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._served = trio.CapacityLimiter(self.cap)
-        self._refusing = trio.CapacityLimiter(REFUSALS_AT_ONCE)
 
     @classmethod
     def below_descriptor_limit(cls, wanted: int, open_file_limit: int) -> ConnectionLimiter:
@@ -101,29 +123,62 @@ class ConnectionLimiter:
     @property
     def open(self) -> int:
         """Connections being served now."""
-        return int(self._served.borrowed_tokens)
+        return len(self._open)
+
+    def track(self, app: ASGIFramework) -> ASGIFramework:
+        """*app*, counting each connection's requests in it (which connections are idle)."""
+
+        async def tracked(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+            client = scope.get("client")
+            connection = self._open.get(tuple(client)) if isinstance(client, tuple) else None
+            if connection is None:
+                await app(scope, receive, send)
+                return
+            connection.requests += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                connection.requests -= 1
+                connection.idle_since = trio.current_time()
+
+        return tracked
 
     async def handle(
         self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
     ) -> None:
-        """Serve *stream* within the cap, or refuse it."""
-        try:
-            self._served.acquire_on_behalf_of_nowait(stream)
-        except trio.WouldBlock:
+        """Serve *stream* within the cap (closing the longest-idle connection if need be), or refuse it."""
+        if len(self._open) >= self.cap and not await self._close_longest_idle():
             await self._refuse(stream)
             return
         try:
+            key = tuple(stream.socket.getpeername()[:2])
+        except OSError:
+            return  # the client is already gone
+        connection = self._open[key] = _Connection(key, stream)
+        try:
             await serve(stream)
         finally:
-            self._served.release_on_behalf_of(stream)
-            if self._served.available_tokens > 0:
+            if self._open.get(key) is connection:
+                del self._open[key]
+            if len(self._open) < self.cap:
                 self._warned = False
+
+    async def _close_longest_idle(self) -> bool:
+        idle = [c for c in self._open.values() if c.requests == 0]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.idle_since)
+        del self._open[victim.key]
+        await victim.stream.aclose()  # its reader sees the close; Hypercorn ends the connection
+        return True
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         if not self._warned:
             self._warned = True
             logger.warning(
-                "%d connections open (--max-connections): new connections get 503 until some close", self.cap
+                "%d connections open, each with a request running (--max-connections): "
+                "new connections get 503 until some finish",
+                self.cap,
             )
         try:
             self._refusing.acquire_on_behalf_of_nowait(stream)
@@ -175,13 +230,15 @@ async def serve(
     shutdown_trigger: Callable[[], Awaitable[None]],
 ) -> None:
     """Serve *app* on ``config.bind`` until *shutdown_trigger* returns, then shut down gracefully."""
-    wrapped = ASGIWrapper(app)
+    wrapped = ASGIWrapper(limiter.track(app))
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     context = WorkerContext(None)
 
     async def serve_connection(stream: trio.SocketStream) -> None:
-        server = TCPServer(wrapped, config, context, ConnectionState(lifespan_state.copy()), stream)
+        # Annotated as the TLS stream, TCPServer takes plain TCP streams too (as Hypercorn's own worker does).
+        tls_or_tcp = cast("trio.SSLStream[trio.SocketStream]", stream)
+        server = TCPServer(wrapped, config, context, ConnectionState(lifespan_state.copy()), tls_or_tcp)
         try:
             await server.run()
         except* Exception:

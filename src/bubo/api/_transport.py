@@ -26,7 +26,7 @@ envelope before any handshake, instead of reaching the framework.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -38,10 +38,12 @@ from ._json import dumps, unstructure
 
 __all__ = ["ASGIApp", "TransportGuard", "error_body"]
 
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+# ASGI's own types are the server's (hypercorn.typing, re-exported by Quart as TypedDict unions);
+# the guard reads a few keys of any message and passes the rest through untouched.
+Message = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 # Headers HTTP/2 forbids (RFC 9113 §8.2.2): the h2 library refuses to send a response
 # that carries one, and Hypercorn then drops the whole response without a word.
@@ -61,7 +63,7 @@ class TransportGuard:
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Mapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             await _refuse_websocket(scope, receive, send)
         elif scope["type"] == "http":
@@ -84,7 +86,7 @@ class _Exchange:
         self._gone = False
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        message: Message = await self._receive()
         if message["type"] == "http.disconnect":
             self._gone = True
             self._request_over.set()
@@ -120,7 +122,7 @@ def _without_connection_headers(headers: Any) -> list[tuple[bytes, bytes]]:
     return [(name, value) for name, value in headers if bytes(name).lower() not in _CONNECTION_SPECIFIC]
 
 
-async def _refuse_websocket(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+async def _refuse_websocket(scope: Mapping[str, Any], receive: Receive, send: Send) -> None:
     """Answer a WebSocket upgrade with a plain 400 (or, without the denial extension, a close)."""
     message = await receive()
     if message["type"] != "websocket.connect":
