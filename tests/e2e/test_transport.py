@@ -98,7 +98,7 @@ class H2Client:
     def upgrade(cls, server: Server, path: str) -> H2Client:
         """``Upgrade: h2c`` on a GET of *path*; the answer to it comes on stream 1."""
         connection = _h2_connection()
-        settings = base64.urlsafe_b64encode(connection.initiate_upgrade_connection()).rstrip(b"=")
+        settings = connection.initiate_upgrade_connection()  # the HTTP2-Settings value, base64url
         sock = connect(server)
         sock.sendall(
             f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
@@ -150,6 +150,11 @@ class H2Client:
             self.events.extend(self.connection.receive_data(data))
             self.flush()
         return True
+
+    def round_trip(self, stream_id: int) -> None:
+        """A whole ``GET /health`` on *stream_id*: by its end the app is done with what it answered before."""
+        self.request(stream_id, "GET", "/health", end_stream=True, authorization=f"Bearer {KEY}")
+        assert self.read_until(ended(stream_id)), "the server closed the connection"
 
     def close(self) -> None:
         self.sock.close()
@@ -210,6 +215,7 @@ class TestHTTP2:
         client = H2Client.prior_knowledge(served)
         client.request(1, "GET", "/health", end_stream=False, authorization=f"Bearer {KEY}")
         assert client.read_until(answered(1))
+        client.round_trip(3)
         client.data(1, b"late", end_stream=True)
         assert client.read_until(ended(1)), "the server closed the connection"
         assert status_of(client, 1) == 200
@@ -222,6 +228,7 @@ class TestHTTP2:
         preflight = {"origin": ORIGIN, "access-control-request-method": "POST"}
         client.request(1, "OPTIONS", "/v1/chat/completions", end_stream=False, **preflight)
         assert client.read_until(answered(1))
+        client.round_trip(3)
         client.data(1, b"late", end_stream=True)
         assert client.read_until(ended(1)), "the server closed the connection"
         client.close()
@@ -232,6 +239,7 @@ class TestHTTP2:
         assert client.read_until(ended(1))
         client.request(3, "GET", "/v1/models", end_stream=False, authorization=f"Bearer {KEY}")
         assert client.read_until(answered(3))
+        client.round_trip(5)
         client.data(3, b"late", end_stream=True)
         assert client.read_until(ended(3)), "the server closed the connection"
         client.close()
@@ -385,6 +393,23 @@ class TestConnectionCap:
             for sock in busy:
                 sock.close()
         assert_serving(capped)
+
+
+def test_a_connection_failing_in_hypercorn_fails_alone(capped: Server) -> None:
+    """``bubo serve`` only: a malformed ``HTTP2-Settings`` makes Hypercorn raise on that connection.
+
+    Under ``hypercorn bubo.app:app`` this still ends the process (docs/operations.md).
+    """
+    logged = len(capped.output())
+    sock = connect(capped)
+    sock.sendall(
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: A\r\n\r\n"
+    )
+    assert closed_by_server(sock)
+    sock.close()
+    assert_serving(capped)
+    assert "a connection failed in the HTTP layer and was closed" in capped.output()[logged:]
 
 
 def test_health_answers_when_clients_hold_more_connections_than_descriptors(tmp_path: Path) -> None:

@@ -68,8 +68,10 @@ class TransportGuard:
             await _refuse_websocket(scope, receive, send)
         elif scope["type"] == "http":
             exchange = _Exchange(receive, send, http2=scope.get("http_version") == "2")
-            await self._app(scope, exchange.receive, exchange.send)
-            await exchange.finish()
+            try:
+                await self._app(scope, exchange.receive, exchange.send)
+            finally:  # after an error too: Hypercorn then answers 500 and forgets the stream
+                await exchange.finish()
         else:
             await self._app(scope, receive, send)
 
