@@ -45,12 +45,6 @@ Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
-# Headers HTTP/2 forbids (RFC 9113 §8.2.2): the h2 library refuses to send a response
-# that carries one, and Hypercorn then drops the whole response without a word.
-_CONNECTION_SPECIFIC = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-
 
 def error_body(error: BuboError) -> bytes:
     """*error* in the error envelope, as the bytes of a JSON body."""
@@ -97,9 +91,7 @@ class _Exchange:
         return message
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and self._http2:
-            message = {**message, "headers": _without_connection_headers(message.get("headers", ()))}
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
             self._final = message  # sent by finish(), once the framework's task is over
             return
         await self._send(message)
@@ -118,10 +110,6 @@ class _Exchange:
         """Take what the server still delivers (unread body, the disconnect) so it never waits on us."""
         while not self._gone:
             await self.receive()
-
-
-def _without_connection_headers(headers: Any) -> list[tuple[bytes, bytes]]:
-    return [(name, value) for name, value in headers if bytes(name).lower() not in _CONNECTION_SPECIFIC]
 
 
 async def _refuse_websocket(scope: Mapping[str, Any], receive: Receive, send: Send) -> None:
