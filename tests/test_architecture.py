@@ -31,7 +31,7 @@ RESTRICTED = {
     "llama_cpp": {"engine"},
     "quart": {"api", "server"},
     "quart_trio": {"api", "server"},
-    "hypercorn": {"cli"},
+    "hypercorn": {"cli", "transport"},
     "jinja2": {"templates"},
     "tokenizers": {"tokenizer"},
     "prometheus_client": {"api"},

@@ -101,9 +101,9 @@ def _bind(host: str, port: int) -> str:
 
 async def _serve(settings: Settings) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
-    from hypercorn.trio import serve  # noqa: PLC0415
 
     from bubo.server import create_app, drain  # noqa: PLC0415
+    from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
     load_failed = trio.Event()
     app = create_app(settings, on_load_failure=load_failed.set)
@@ -113,6 +113,10 @@ async def _serve(settings: Settings) -> int:
     config.access_log_format = ACCESS_LOG_FORMAT
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = FLUSH_AFTER_DRAIN_S
+    config.keep_alive_timeout = settings.server.keep_alive_timeout
+    limiter = ConnectionLimiter.below_descriptor_limit(
+        settings.server.max_connections, raise_open_file_limit()
+    )
     warn_if_exposed(settings)
 
     async def shutdown_trigger() -> None:
@@ -138,6 +142,6 @@ async def _serve(settings: Settings) -> int:
             nursery.start_soon(on_signal)
             nursery.start_soon(on_load_failure)
 
-    await serve(app, config, shutdown_trigger=shutdown_trigger)
+    await serve(app, config, limiter, shutdown_trigger=shutdown_trigger)
     logger.info("stopped; the model is freed")
     return 1 if load_failed.is_set() else 0

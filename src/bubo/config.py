@@ -60,6 +60,11 @@ def _non_negative(_instance: object, attribute: attrs.Attribute[Any], value: flo
         raise ConfigError(f"{attribute.name} must not be negative, got {value}")
 
 
+def _above_zero(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{attribute.name} must be above 0, got {value}")
+
+
 def _default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -79,6 +84,8 @@ class ServerSettings:
     max_body_mib: int = attrs.field(default=32, validator=_positive)
     max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for the slot
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
+    max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
+    keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
@@ -263,6 +270,12 @@ OPTIONS: tuple[Option, ...] = (
            "requests that may wait for the slot (64); more get 503 queue_full with Retry-After", "N"),
     Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
            "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled (30)", "S"),
+    Option(("--max-connections",), ("server", "max_connections"), _int,
+           "connections open at once (1000, kept below the open-file limit); more get 503 "
+           "too_many_connections and are closed (bubo serve only)", "N"),
+    Option(("--keep-alive-timeout",), ("server", "keep_alive_timeout"), _float,
+           "seconds a connection may stay idle, or take to send its request headers, before it is "
+           "closed (5; bubo serve only)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, or * (default: no CORS)", "ORIGINS"),
     Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,

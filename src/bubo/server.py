@@ -27,6 +27,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from bubo.api import anthropic, debug, llamacpp, openai, ops, responses
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
+from bubo.api._transport import TransportGuard
 from bubo.config import Settings
 from bubo.domain.ids import new_id
 from bubo.errors import (
@@ -115,6 +116,9 @@ def create_app(
             allow_methods=["GET", "POST", "OPTIONS"],
             expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
         )
+    # How each response ends (connections closed, keep-alive timers re-armed, HTTP/2 streams kept
+    # until the request ends) and WebSocket refused: bubo/api/_transport.py.
+    app.asgi_app = TransportGuard(app.asgi_app)  # type: ignore[method-assign] # Quart's middleware hook
     app.before_request(_assign_request_id)
     app.before_request(_check_api_key)
     app.after_request(_echo_request_id)
