@@ -145,9 +145,10 @@ def _grammar(
             raise InvalidRequest(
                 "tool_choice requires a tool call but no tools were offered", param=choice.param
             )
-        for index, tool in enumerate(tools):
-            check_schema(tool.parameters, f"tools[{index}]")
-        return tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls), "tools"
+        for tool in tools:
+            check_schema(tool.parameters, tool.param)
+        grammar = tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls)
+        return grammar, tools[0].param if len(tools) == 1 else "tools"
     if request.output_format is not None:
         output = request.output_format
         check_schema(output.schema, output.param)
