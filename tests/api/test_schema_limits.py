@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 import pytest
+from quart_trio import QuartTrio
 
+from bubo.config import Settings
 from bubo.engine.fake import FakeEngine
 from bubo.grammar.schema import LIMITS
+from bubo.server import create_app
+from bubo.templates import ChatTemplate
+
+from ..conftest import RuntimeFactory, wait_until_ready
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -135,3 +143,27 @@ async def test_a_schema_at_the_limits_is_served(app, fake_engine: FakeEngine) ->
     response = await app.test_client().post(route, json=body)
     assert response.status_code == 200
     assert len(fake_engine.requests) == 1
+
+
+@pytest.fixture(name="unrenderable_app")
+async def _unrenderable_app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
+    """The app over a template that fails whenever it is rendered."""
+    template = ChatTemplate('{{ raise_exception("rendered") }}', bos_token="", eos_token="", origin="test")
+    runtime = attrs.evolve(make_runtime(), template=template)
+    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("field", ["chat forced tool", "chat response_format"])
+async def test_checked_before_the_prompt_is_rendered(unrenderable_app, field: str) -> None:
+    """The schema check comes first: a 100,000-value enum in a tool is not rendered into a prompt (5.8 s)."""
+    route, body, param = bodies(HOSTILE["enum"][0])[field]
+    response = await unrenderable_app.test_client().post(route, json=body)
+    error = (await response.get_json())["error"]
+    assert (response.status_code, error["code"], error["param"]) == (
+        400,
+        "schema_too_complex",
+        param + ".enum",
+    )
