@@ -22,6 +22,7 @@ SUPPORTED = [
     "^.{0,1000}$",
     "^(a{1,10}){0,100}$",
     "^(a?)?(b*c)+$",
+    "^(x[a-z]{1,999})*$",  # 1 + 2 * 998 = 1,997 rules in the group: within llama.cpp's 2,000
     "^$",
 ]
 
@@ -62,6 +63,9 @@ def test_supported_patterns_pass(pattern: str) -> None:
         ("^(a{0,10}){0,100}$", "{ on something that can match the empty string"),
         ("^(a|)*$", "* on something that can match the empty string"),
         ("^(b|(a*c?)){2}$", "{ on something that can match the empty string"),
+        # a repeated group holding more rules than llama.cpp's parser takes
+        ("^(x[a-z]{0,1000})*$", "expands to 2001 grammar rules; it takes at most 2000"),
+        ("^(xa{0,600}b{0,500})+$", "expands to 2201 grammar rules"),
         # escapes outside what GBNF knows, with the replacement
         ("^\\d+$", "\\d, which the grammar conversion does not support; write [0-9]"),
         ("^[0-9]+\\.[0-9]+$", "write [.]"),

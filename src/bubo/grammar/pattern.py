@@ -37,6 +37,8 @@ __all__ = ["MAX_GROUP_DEPTH", "PatternRefused", "check_pattern"]
 
 MAX_GROUP_DEPTH = 32
 """Groups inside groups (the converter reads each level with a Python recursion)."""
+LLAMA_GROUP_RULES = 2000
+"""llama.cpp's ``MAX_REPETITION_THRESHOLD``: the rules a repeated group may hold (times its bound)."""
 
 _METACHARACTERS = frozenset("()[]{}|*+?")  # escaped, the converter writes them as literals
 _SAME_IN_GBNF = frozenset('\\"-nrt')  # escapes GBNF's string syntax reads as the regex does
@@ -66,9 +68,10 @@ class PatternRefused(ValueError):
 
 @attrs.define
 class _Group:
-    """An open group: the largest repetition weight inside it, whether it can match the empty string."""
+    """An open group: its largest repetition weight, the GBNF rules inside it, whether it can match ""."""
 
     weight: int = 1
+    rules: int = 0  # the rules llama.cpp's parser will generate for what is inside
     empty_branch: bool = False  # an alternative already closed by | can match ""
     empty_so_far: bool = True  # the current alternative, so far, can match ""
 
@@ -82,6 +85,7 @@ class _Scan:
     pos: int = 0
     groups: list[_Group] = attrs.Factory(list)
     weight: int = 0  # the repetition weight of the atom just read (0: none, nothing to repeat)
+    rules: int = 0  # the GBNF rules the atom just read (with its quantifier) makes llama.cpp generate
     empty: bool = False  # the atom just read (with its quantifier) can match the empty string
     quantified: bool = False  # the atom just read has its quantifier already
     run: int = 0  # characters in the converter's current run of literal text
@@ -119,6 +123,7 @@ def _settle(scan: _Scan) -> None:
     if scan.groups and scan.weight:
         group = scan.groups[-1]
         group.weight = max(group.weight, scan.weight)
+        group.rules += scan.rules
         group.empty_so_far = group.empty_so_far and scan.empty
 
 
@@ -127,6 +132,7 @@ def _atom(scan: _Scan, char: str) -> None:
     scan.quantified = False
     scan.escape_ends_run = False
     scan.weight = 1
+    scan.rules = 0
     scan.empty = False
     if char in '\\"':  # the converter appends an escape or a quote to the run whatever follows
         scan.escape_ends_run = scan.run > 0
@@ -164,11 +170,13 @@ def _structure(scan: _Scan, char: str) -> None:
             raise scan.refuse(f"nests groups more than {MAX_GROUP_DEPTH} deep")
         scan.groups.append(_Group())
         scan.weight = 0
+        scan.rules = 0
     elif char == ")":
         if not scan.groups:
             raise scan.refuse("has a ) with no ( before it")
         group = scan.groups.pop()
         scan.weight = group.weight
+        scan.rules = 1 + group.rules  # the group is a rule of its own
         scan.empty = group.empty_branch or group.empty_so_far
     elif char == "|":
         if not scan.groups:  # the converter would split the whole JSON string rule, quotes and all
@@ -177,6 +185,7 @@ def _structure(scan: _Scan, char: str) -> None:
         group.empty_branch = group.empty_branch or group.empty_so_far
         group.empty_so_far = True
         scan.weight = 0
+        scan.rules = 0
 
 
 def _escape(scan: _Scan) -> None:
@@ -256,8 +265,15 @@ def _quantifier(scan: _Scan, char: str) -> None:
             f"has {char} on something that can match the empty string: the grammar would be ambiguous "
             "enough to stall sampling; repeat something that cannot be empty, e.g. (a+)? instead of (a?)+"
         )
+    if char == "{":  # written out: the atom becomes a rule of its own, each optional copy two more
+        scan.rules = 2 * (maximum - minimum) if maximum is not None else 2
+    else:
+        _check_rules(scan, scan.rules)
+        scan.rules += 1
     scan.pos += 1
-    if scan.text.startswith("?", scan.pos):  # lazy
+    if scan.text.startswith("?", scan.pos):  # lazy: a ? on what the quantifier made
+        _check_rules(scan, scan.rules)
+        scan.rules += 1
         scan.pos += 1
     scan.weight *= factor
     scan.empty = scan.empty or minimum == 0
@@ -268,6 +284,15 @@ def _quantifier(scan: _Scan, char: str) -> None:
         )
     scan.quantified = True
     scan.run = 0
+
+
+def _check_rules(scan: _Scan, rules: int) -> None:
+    """llama.cpp refuses ``*``, ``+`` or ``?`` on a group holding more than 2,000 rules."""
+    if rules > LLAMA_GROUP_RULES:
+        raise scan.refuse(
+            f"repeats a group that llama.cpp expands to {rules} grammar rules; it takes at most "
+            f"{LLAMA_GROUP_RULES} (write fewer or smaller bounded repetitions inside)"
+        )
 
 
 def _braces(scan: _Scan) -> tuple[int, int | None, int]:
