@@ -71,6 +71,8 @@ class TestCheckSchema:
             ({"enum": []}, ".enum", "non-empty array"),
             ({"type": "string", "pattern": "^(($"}, ".pattern", "'^(($' has an unclosed ("),
             ({"type": "string", "pattern": 5}, ".pattern", "must be a string"),
+            ({"type": "string", "format": {}}, ".format", "is {}"),
+            ({"type": ["string", {"a": 1}]}, ".type", "unknown type {'a': 1}"),
         ],
     )
     def test_what_cannot_be_enforced_is_refused_at_its_path(self, schema, path, words) -> None:
@@ -78,6 +80,12 @@ class TestCheckSchema:
         error = refusal(schema)
         assert (error.code, error.param) == ("unsupported_schema", PARAM + path)
         assert words in error.message
+
+    def test_a_long_value_is_cut_short_in_the_message(self) -> None:
+        """A client's 100,000-character value is not sent back whole."""
+        error = refusal({"type": "string", "format": "x" * 100_000})
+        assert "is 'xxx" in error.message
+        assert len(error.message) < 200
 
 
 class TestLimits:

@@ -76,6 +76,7 @@ _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean",
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"))
+_SHOWN = 80  # characters of a client's value repeated in a message
 _PLAIN_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
 
 UNSUPPORTED = "unsupported_schema"
@@ -97,6 +98,12 @@ def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> None
 
     """
     _Walk(param, limits).run(schema)
+
+
+def _show(value: Any) -> str:
+    """A value for a message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
 
 
 def _segment(key: str) -> str:
@@ -183,14 +190,15 @@ class _Walk:
 
     def _check_value(self, keyword: str, value: Any, here: Path) -> None:
         """The value of a keyword that is not a schema itself."""
-        if keyword == "format" and value not in _FORMATS:
-            raise self.refuse(here, f"is {value!r}; constrained decoding cannot enforce it")
+        if keyword == "format" and not (isinstance(value, str) and value in _FORMATS):
+            raise self.refuse(here, f"is {_show(value)}; constrained decoding cannot enforce it")
         if keyword == "type":
-            unknown = [kind for kind in (value if isinstance(value, list) else [value]) if kind not in _TYPES]
+            kinds = value if isinstance(value, list) else [value]
+            unknown = [kind for kind in kinds if not (isinstance(kind, str) and kind in _TYPES)]
             if unknown:
-                raise self.refuse(here, f"names the unknown type {unknown[0]!r}")
+                raise self.refuse(here, f"names the unknown type {_show(unknown[0])}")
         elif keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            raise self.refuse(here, f"is {value!r}: only local references (#/…) are resolved")
+            raise self.refuse(here, f"is {_show(value)}: only local references (#/…) are resolved")
         elif keyword in ("minLength", "maxLength", "minItems", "maxItems"):
             self._check_count(value, here)
         elif keyword == "pattern":
@@ -229,7 +237,7 @@ class _Walk:
         try:
             check_pattern(pattern, max_repeat=self.limits.repetition)
         except PatternRefused as refused:
-            raise self.refuse(here, f"{pattern!r} {refused.reason}") from None
+            raise self.refuse(here, f"{_show(pattern)} {refused.reason}") from None
 
     def _count_alternatives(self, count: int, here: Path) -> None:
         self.alternatives += count
