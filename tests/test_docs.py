@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from quart_trio import QuartTrio
 
 from bubo.config import OPTIONS, options_table
+from bubo.engine._grammar import MAX_GBNF_CHARS, MAX_GBNF_NESTING
+from bubo.grammar.schema import LIMITS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -30,3 +33,13 @@ async def test_every_route_is_documented(app) -> None:
         if rule.endpoint == "static":
             continue
         assert f"`{path}" in text, path
+
+
+def test_every_schema_limit_is_documented() -> None:
+    """docs/operations.md lists each schema and grammar limit with its default."""
+    text = (DOCS / "operations.md").read_text()
+    section = text.split("## Schema and grammar limits", 1)[1].split("\n## ", 1)[0]
+    for field in attrs.fields(type(LIMITS)):
+        assert f"{getattr(LIMITS, field.name):,}" in section, field.name
+    assert f"{MAX_GBNF_NESTING:,} nested groups" in section
+    assert f"{MAX_GBNF_CHARS // (1024 * 1024)} MiB of text" in section

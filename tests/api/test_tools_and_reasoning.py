@@ -148,20 +148,25 @@ class TestStructuredOutput:
         assert grammar.schemas == (("output", schema),)
 
     @pytest.mark.parametrize(
-        ("schema", "keyword"),
+        ("schema", "path", "keyword"),
         [
-            ({"type": "integer", "minimum": 1}, "minimum"),
-            ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not"),
-            ({"type": "string", "format": "email"}, "email"),
-            ({"$ref": "https://example.com/schema.json"}, "https://example.com"),
-            ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-            # refused by llama.cpp's converter itself: it needs anchored patterns and resolvable refs
-            ({"type": "string", "pattern": "[a-z]+"}, "Pattern must start with"),
-            ({"$ref": "#/$defs/missing"}, "Error resolving ref"),
+            ({"type": "integer", "minimum": 1}, ".minimum", "minimum"),
+            (
+                {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+                ".properties.a.not",
+                "not",
+            ),
+            ({"type": "string", "format": "email"}, ".format", "email"),
+            ({"$ref": "https://example.com/schema.json"}, ".$ref", "https://example.com"),
+            ({"type": "array", "uniqueItems": True}, ".uniqueItems", "uniqueItems"),
+            # llama.cpp's converter needs anchored patterns
+            ({"type": "string", "pattern": "[a-z]+"}, ".pattern", "must start with ^ and end with $"),
+            # refused by the converter itself, which cannot say where: the param is the schema
+            ({"$ref": "#/$defs/missing"}, "", "Error resolving ref"),
         ],
     )
-    async def test_unsupported_constructs_are_refused(self, app, schema, keyword) -> None:
-        """A construct the grammar cannot enforce is a 400 naming it, not an unconstrained run."""
+    async def test_unsupported_constructs_are_refused(self, app, schema, path, keyword) -> None:
+        """A construct the grammar cannot enforce is a 400 naming it and its path, not an unconstrained run."""
         response = await app.test_client().post(
             "/v1/chat/completions",
             json={
@@ -172,7 +177,10 @@ class TestStructuredOutput:
         )
         assert response.status_code == 400
         error = (await response.get_json())["error"]
-        assert (error["code"], error["param"]) == ("unsupported_schema", "response_format.json_schema.schema")
+        assert (error["code"], error["param"]) == (
+            "unsupported_schema",
+            "response_format.json_schema.schema" + path,
+        )
         assert keyword in error["message"]
 
     async def test_json_object(self, app, fake_engine: FakeEngine) -> None:

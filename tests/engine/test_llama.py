@@ -21,8 +21,13 @@ from bubo.domain.generation import (
 )
 from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import GrammarRejected
+from bubo.engine._grammar import MAX_GBNF_NESTING
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.grammar import check_schema
+from bubo.grammar.schema import LIMITS
 from bubo.tokenizer import HFTokenizer
+
+from ..grammar.test_pattern import SUPPORTED
 
 pytestmark = pytest.mark.llama
 
@@ -309,6 +314,53 @@ class TestConstraints:
     def test_schemas_the_converter_refuses(self, engine, schema) -> None:
         """llama.cpp's converter reports these with assert; they are a GrammarRejected, not an AssertionError."""
         with pytest.raises(GrammarRejected, match="cannot be turned into a grammar"):
+            engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
+
+    @pytest.mark.parametrize(
+        "schema",
+        [
+            {"type": "string", "maxLength": LIMITS.repetition},
+            {"type": "string", "minLength": LIMITS.repetition},
+            {"type": "array", "items": {"type": "integer"}, "minItems": 10, "maxItems": LIMITS.repetition},
+            {"type": "string", "pattern": "^" + "(" * 31 + f"a{{0,{LIMITS.repetition}}}" + ")" * 31 + "$"},
+            {"enum": [f"value {i}" for i in range(LIMITS.alternatives)]},
+            {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(LIMITS.properties)}},
+            {"type": "object", "properties": {"x": {"const": "y" * (LIMITS.literal_chars - 10)}}},
+        ],
+        ids=["maxLength", "minLength", "maxItems", "pattern", "enum", "properties", "literal"],
+    )
+    def test_schemas_at_the_limits_compile(self, engine, schema) -> None:
+        """What the schema limits let through, llama.cpp parses: the limits are not above its own."""
+        check_schema(schema, "schema")
+        spec = GrammarSpec(rules="root ::= value", schemas=(("value", schema),))
+        assert "value ::=" in engine.compile_grammar(spec)
+
+    @pytest.mark.parametrize("pattern", SUPPORTED)
+    def test_supported_patterns_compile(self, engine, pattern) -> None:
+        """Each pattern the check lets through becomes GBNF that llama.cpp parses."""
+        check_schema({"type": "string", "pattern": pattern}, "schema")
+        schema = {"type": "string", "pattern": pattern}
+        engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
+
+    def test_nesting_past_the_parser_is_refused_before_it(self, engine) -> None:
+        """Groups nested past MAX_GBNF_NESTING are refused before llama.cpp's recursive parser sees them.
+
+        20,000 levels overflowed its stack (SIGSEGV) in a worker thread.
+        """
+        engine.compile_grammar(
+            GrammarSpec(rules="root ::= " + "(" * MAX_GBNF_NESTING + '"a"' + ")" * MAX_GBNF_NESTING)
+        )
+        deep = "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000
+        with pytest.raises(
+            GrammarRejected, match=f"nests groups 20000 deep; at most {MAX_GBNF_NESTING}"
+        ) as caught:
+            engine.compile_grammar(GrammarSpec(rules=deep))
+        assert caught.value.code == "schema_too_complex"
+
+    def test_a_schema_the_converter_expands_too_deep_is_refused(self, engine) -> None:
+        """Even past the schema check, maxLength 20,000 (20,000 nested groups) cannot reach the parser."""
+        schema = {"type": "string", "maxLength": 20_000}
+        with pytest.raises(GrammarRejected, match="nests groups"):
             engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
 
     async def test_thinking_budget_inserts_the_end(self, engine, tokenizer) -> None:

@@ -6,6 +6,23 @@ import pytest
 
 from bubo.errors import InvalidRequest
 from bubo.grammar import check_schema, literal, output_grammar, thinking_prefix
+from bubo.grammar.schema import LIMITS, SchemaLimits
+
+PARAM = "response_format.json_schema.schema"
+
+
+def refusal(schema: object, limits: SchemaLimits = LIMITS) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        check_schema(schema, PARAM, limits)
+    return caught.value
+
+
+def nested(depth: int, keyword: str = "items") -> dict[str, object]:
+    """A schema *depth* levels deep, the root included."""
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(depth - 1):
+        schema = {"type": "array", keyword: schema} if keyword == "items" else {keyword: [schema]}
+    return schema
 
 
 class TestCheckSchema:
@@ -13,7 +30,6 @@ class TestCheckSchema:
         "schema",
         [
             {},
-            True,
             {
                 "type": "object",
                 "properties": {"a": {"type": "string", "minLength": 1, "maxLength": 5}},
@@ -25,34 +41,126 @@ class TestCheckSchema:
             {"$defs": {"p": {"type": "string", "pattern": "^[a-z]+$"}}, "$ref": "#/$defs/p"},
             {"type": "string", "format": "date-time", "title": "When", "description": "ISO time"},
             {"type": "object", "additionalProperties": {"type": "boolean"}},
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
         ],
     )
     def test_enforced_keywords_pass(self, schema) -> None:
         """Schemas built only from enforced keywords (and annotations) are accepted."""
-        check_schema(schema, "response_format")
+        check_schema(schema, PARAM)
 
     @pytest.mark.parametrize(
-        ("schema", "where"),
+        ("schema", "path", "words"),
         [
-            ({"type": "number", "maximum": 3}, "$ uses 'maximum'"),
+            ({"type": "number", "maximum": 3}, ".maximum", "$.maximum uses 'maximum'"),
             (
                 {"properties": {"a": {"items": {"type": "string", "contains": {}}}}},
-                "$.properties.a.items uses 'contains'",
+                ".properties.a.items.contains",
+                "uses 'contains'",
             ),
-            ({"anyOf": [{"type": "string"}, {"if": {}}]}, "$.anyOf[1] uses 'if'"),
-            ({"type": "decimal"}, "unknown type 'decimal'"),
-            ({"type": "string", "format": "hostname"}, "format 'hostname'"),
-            ({"properties": []}, "properties that is not an object"),
-            ("a string", "is not an object"),
+            ({"anyOf": [{"type": "string"}, {"if": {}}]}, ".anyOf[1].if", "uses 'if'"),
+            ({"type": "decimal"}, ".type", "unknown type 'decimal'"),
+            ({"type": "string", "format": "hostname"}, ".format", "'hostname'"),
+            ({"properties": []}, ".properties", "is not an object"),
+            ("a string", "", "is not an object"),
+            (True, "", "a boolean schema"),
+            ({"type": "array", "items": True}, ".items", "a boolean schema"),
+            ({"properties": {"a.b": {"not": {}}}}, '.properties["a.b"].not', "uses 'not'"),
+            ({"type": "string", "maxLength": "5"}, ".maxLength", "non-negative integer"),
+            ({"type": "array", "minItems": -1}, ".minItems", "non-negative integer"),
+            ({"type": "string", "minLength": 4, "maxLength": 3}, ".minLength", "is 4, above maxLength 3"),
+            ({"enum": []}, ".enum", "non-empty array"),
+            ({"type": "string", "pattern": "^(($"}, ".pattern", "'^(($' has an unclosed ("),
+            ({"type": "string", "pattern": 5}, ".pattern", "must be a string"),
+            ({"type": "string", "format": {}}, ".format", "is {}"),
+            ({"type": ["string", {"a": 1}]}, ".type", "unknown type {'a': 1}"),
         ],
     )
-    def test_other_keywords_are_refused_with_their_place(self, schema, where) -> None:
-        """Anything the conversion would ignore is a 400 naming the keyword and where it is."""
-        with pytest.raises(InvalidRequest) as caught:
-            check_schema(schema, "text.format.schema")
-        assert caught.value.code == "unsupported_schema"
-        assert caught.value.param == "text.format.schema"
-        assert where in caught.value.message
+    def test_what_cannot_be_enforced_is_refused_at_its_path(self, schema, path, words) -> None:
+        """Anything the conversion would ignore, misread or fail on is a 400 whose param is its path."""
+        error = refusal(schema)
+        assert (error.code, error.param) == ("unsupported_schema", PARAM + path)
+        assert words in error.message
+
+    def test_a_long_value_is_cut_short_in_the_message(self) -> None:
+        """A client's 100,000-character value is not sent back whole."""
+        error = refusal({"type": "string", "format": "x" * 100_000})
+        assert "is 'xxx" in error.message
+        assert len(error.message) < 200
+
+
+class TestLimits:
+    """Each limit: at the limit passes, one over is a 400 schema_too_complex naming the field and the limit."""
+
+    @pytest.mark.parametrize("keyword", ["minLength", "maxLength"])
+    def test_string_lengths(self, keyword: str) -> None:
+        check_schema({"type": "string", keyword: LIMITS.repetition}, PARAM)
+        error = refusal({"properties": {"x": {"type": "string", keyword: 20_000}}})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.properties.x.{keyword}")
+        assert f"is 20000; at most {LIMITS.repetition}" in error.message
+
+    @pytest.mark.parametrize("keyword", ["minItems", "maxItems"])
+    def test_array_lengths(self, keyword: str) -> None:
+        check_schema({"type": "array", "items": {}, keyword: LIMITS.repetition}, PARAM)
+        error = refusal({"type": "array", "items": {}, keyword: 50_000})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.{keyword}")
+
+    def test_pattern_quantifiers(self) -> None:
+        check_schema({"type": "string", "pattern": f"^a{{0,{LIMITS.repetition}}}$"}, PARAM)
+        error = refusal({"type": "string", "pattern": "^a{0,20000}$"})
+        assert (error.code, error.param) == ("unsupported_schema", f"{PARAM}.pattern")
+        assert f"at most {LIMITS.repetition} repetitions" in error.message
+
+    def test_pattern_length(self) -> None:
+        check_schema({"type": "string", "pattern": "^" + "a" * (LIMITS.pattern_chars - 2) + "$"}, PARAM)
+        error = refusal({"type": "string", "pattern": "^" + "a" * LIMITS.pattern_chars + "$"})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.pattern")
+
+    @pytest.mark.parametrize("keyword", ["items", "anyOf"])
+    def test_depth(self, keyword: str) -> None:
+        check_schema(nested(LIMITS.depth, keyword), PARAM)
+        error = refusal(nested(500, keyword))
+        assert error.code == "schema_too_complex"
+        assert f"at most {LIMITS.depth} levels" in error.message
+        step = ".items" if keyword == "items" else ".anyOf[0]"
+        assert error.param == PARAM + step * LIMITS.depth
+
+    def test_depth_is_not_bounded_by_the_interpreter(self) -> None:
+        """100,000 levels: refused at the limit, no RecursionError on the way."""
+        assert refusal(nested(100_000)).code == "schema_too_complex"
+
+    def test_subschemas(self) -> None:
+        limits = SchemaLimits(subschemas=10)
+        check_schema({"anyOf": [{"type": "null"}] * 9}, PARAM, limits)
+        error = refusal({"anyOf": [{"type": "null"}] * 10}, limits)
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.anyOf[9]")
+        assert "at most 10 are supported" in error.message
+
+    def test_properties(self) -> None:
+        many = {"type": "object", "properties": {f"p{i}": {} for i in range(LIMITS.properties)}}
+        check_schema(many, PARAM)
+        many["properties"]["one-more"] = {}
+        error = refusal({"properties": {"inner": many}})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.properties.inner.properties")
+
+    def test_enum_values(self) -> None:
+        check_schema({"enum": list(range(LIMITS.alternatives))}, PARAM)
+        error = refusal({"properties": {"x": {"enum": [f"v{i}" for i in range(100_000)]}}})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.properties.x.enum")
+        assert f"to 100000; at most {LIMITS.alternatives}" in error.message
+
+    def test_enum_values_and_branches_add_up(self) -> None:
+        limits = SchemaLimits(alternatives=5)
+        check_schema({"anyOf": [{"enum": [1, 2]}, {"const": 3}]}, PARAM, limits)  # 2 branches, 2 values
+        error = refusal({"oneOf": [{"enum": [1, 2]}, {"anyOf": [{"const": 3}, {"const": 4}]}]}, limits)
+        assert error.param == f"{PARAM}.oneOf[1].anyOf"
+
+    def test_literal_characters(self) -> None:
+        """enum and const values are counted as JSON text, property names too."""
+        limits = SchemaLimits(literal_chars=10)
+        check_schema({"properties": {"ab": {"const": "cdef"}}}, PARAM, limits)  # "ab" + "cdef": 4 + 6
+        error = refusal({"properties": {"ab": {"const": "cdefg"}}}, limits)
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.properties.ab.const")
+        assert "to 11 characters; at most 10" in error.message
 
 
 class TestGbnf:

@@ -39,12 +39,13 @@ class Message:
 
 @attrs.frozen(kw_only=True)
 class ToolSpec:
-    """A function the model may call; ``parameters`` is its JSON schema."""
+    """A function the model may call; ``parameters`` is its JSON schema, sent in the field ``param``."""
 
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] = attrs.field(factory=dict)
     strict: bool | None = None
+    param: str = attrs.field(default="tools", eq=False)  # e.g. "tools[2].function.parameters", for errors
 
 
 @attrs.frozen(kw_only=True)

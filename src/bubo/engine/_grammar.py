@@ -1,10 +1,19 @@
-"""Grammar specs to GBNF text, with llama.cpp's JSON-schema-to-grammar conversion.
+"""Grammar specs to GBNF text, with llama.cpp's JSON-schema-to-grammar conversion, bounded for its parser.
 
 The conversion is llama-cpp-python's port of llama.cpp's
 ``json_schema_to_grammar.py`` (``llama_cpp.llama_grammar.SchemaConverter``).
+
+llama.cpp's GBNF parser reads a parenthesised group with one C++ recursion
+per level, on the calling thread's stack: a grammar nested deep enough kills
+the process with SIGSEGV before any check of its own can refuse it.  So every
+grammar, from a schema, a tool format or ``--grammar-file``, is measured here
+first, in one linear pass, and refused above :data:`MAX_GBNF_NESTING` levels
+or :data:`MAX_GBNF_CHARS` characters (docs/operations.md has the measurements).
 """
 
 from __future__ import annotations
+
+import re
 
 from llama_cpp.llama_grammar import SchemaConverter
 
@@ -12,18 +21,30 @@ from bubo.domain.generation import GrammarSpec
 
 from .base import GrammarRejected
 
-__all__ = ["to_gbnf"]
+__all__ = ["MAX_GBNF_CHARS", "MAX_GBNF_NESTING", "check_gbnf", "to_gbnf"]
+
+MAX_GBNF_NESTING = 1_100
+"""Groups inside groups.  Measured (llama.cpp of llama-cpp-python 0.3.36, a trio worker thread, 8 MiB
+stack): ≈ 450 bytes of stack a level, SIGSEGV from ≈ 18,700 levels.  The deepest a schema within
+:class:`bubo.grammar.schema.SchemaLimits` makes is ≈ 1,035 (1,000 repetitions in 32 groups)."""
+MAX_GBNF_CHARS = 4 * 1024 * 1024
+"""Characters of GBNF text; llama.cpp parsed 4.4 million in 0.44 s (each request parses its grammar twice)."""
+
+# what can hold a parenthesis that is not a group: a "literal", a [class], a # comment; and the groups
+_GROUPING = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\r\n]*|[()]')
 
 
 def to_gbnf(spec: GrammarSpec) -> str:
-    """The complete GBNF text for *spec*: its own rules plus one rule per schema.
+    """The GBNF text for *spec*: its own rules plus one rule per schema, checked by :func:`check_gbnf`.
 
     Raises:
         GrammarRejected: the converter refused a schema (an unanchored ``pattern``,
-            a ``$ref`` that does not resolve, …); it reports with ``assert``.
+            a ``$ref`` that does not resolve, …; it reports with ``assert``), or
+            the grammar is beyond what llama.cpp's parser can safely read.
 
     """
     if not spec.schemas:
+        check_gbnf(spec.rules)
         return spec.rules
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     aliases = []
@@ -31,8 +52,48 @@ def to_gbnf(spec: GrammarSpec) -> str:
         try:
             resolved = converter.resolve_refs(dict(schema), name)
             rule = converter.visit(resolved, name)
-        except (AssertionError, KeyError, TypeError, ValueError, RecursionError) as error:
+        except (
+            AssertionError,
+            AttributeError,
+            IndexError,
+            KeyError,
+            TypeError,
+            ValueError,
+            RecursionError,
+        ) as error:
             raise GrammarRejected(f"the JSON schema cannot be turned into a grammar: {error}") from None
         if rule != name:  # primitives are shared rules ("integer"), named after their type
             aliases.append(f"{name} ::= {rule}")
-    return "\n".join([spec.rules, *aliases, converter.format_grammar()])
+    text = "\n".join([spec.rules, *aliases, converter.format_grammar()])
+    check_gbnf(text)
+    return text
+
+
+def check_gbnf(text: str) -> None:
+    """Refuse GBNF that llama.cpp's parser could not read without overflowing its stack, or too large.
+
+    One pass: string literals, character classes and comments are skipped, so a
+    parenthesis inside them does not count.
+
+    Raises:
+        GrammarRejected: the text is longer than :data:`MAX_GBNF_CHARS` or nests
+            groups deeper than :data:`MAX_GBNF_NESTING`.
+
+    """
+    if len(text) > MAX_GBNF_CHARS:
+        raise GrammarRejected(
+            f"the grammar is {len(text)} characters long; at most {MAX_GBNF_CHARS} are supported",
+            code="schema_too_complex",
+        )
+    depth = deepest = 0
+    for token in _GROUPING.finditer(text):
+        if token.group() == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.group() == ")":
+            depth = max(depth - 1, 0)
+    if deepest > MAX_GBNF_NESTING:
+        raise GrammarRejected(
+            f"the grammar nests groups {deepest} deep; at most {MAX_GBNF_NESTING} are supported",
+            code="schema_too_complex",
+        )

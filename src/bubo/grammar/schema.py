@@ -1,4 +1,4 @@
-"""JSON schemas for constrained output: which keywords are enforced, and the output grammar.
+"""JSON schemas for constrained output: which keywords are enforced, how big a schema may be, the grammar.
 
 llama.cpp's JSON-schema-to-grammar conversion enforces types, properties,
 required, additionalProperties, items/prefixItems with minItems/maxItems,
@@ -7,19 +7,58 @@ local ``$ref``, string pattern, minLength/maxLength and the uuid and date/time
 formats.  It silently ignores the rest (numeric bounds, ``not``,
 ``if``/``then``/``else``, ``patternProperties``, ``uniqueItems``, …): a schema
 using those is refused with a 400 naming the keyword, never run unconstrained.
+
+The conversion also expands what a schema asks for (``maxLength: n`` becomes
+*n* nested optional groups; an enum, one alternative per value), and
+llama.cpp's grammar parser recurses once per nesting level: a large bound
+crashed the process, a large enum made every sampled token slow.  So a schema
+is measured here first, in one pass over it (no recursion, so no depth can
+overflow it), against :class:`SchemaLimits`, and refused with a 400 naming the
+field over its limit.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
+
+import attrs
 
 from bubo.domain.generation import GrammarSpec
 from bubo.errors import InvalidRequest
 
 from .gbnf import THINK_BODY, thinking_prefix
+from .pattern import PatternRefused, check_pattern
 
-__all__ = ["check_schema", "output_grammar"]
+__all__ = ["LIMITS", "SchemaLimits", "check_schema", "output_grammar"]
+
+
+@attrs.frozen
+class SchemaLimits:
+    """What one schema may ask of the grammar conversion (see docs/operations.md for the measurements)."""
+
+    depth: int = 32
+    """Schemas nested in schemas (``items``, ``properties``, ``anyOf`` …), the root being 1."""
+    subschemas: int = 1000
+    """Schemas in all, the root included."""
+    properties: int = 256
+    """Properties of one object: the converter's time grows with their square (0.17 s at 256)."""
+    repetition: int = 1000
+    """``minLength``/``maxLength``/``minItems``/``maxItems`` and a pattern's quantifiers.  Each
+    repetition is written out, the optional ones as nested groups: llama.cpp accepts a bound up to
+    1,000, refuses more, and from ≈ 18,700 its parser overflows the stack (SIGSEGV) first."""
+    alternatives: int = 500
+    """``enum`` values and ``anyOf``/``oneOf`` branches in all: every sampled token is checked
+    against each open alternative (≈ 0.6 ms each per token with a 49k-token vocabulary)."""
+    literal_chars: int = 100_000
+    """Characters of all ``enum``/``const`` values (as JSON) and property names together."""
+    pattern_chars: int = 1000
+    """Characters of one ``pattern``."""
+
+
+LIMITS = SchemaLimits()
 
 _ENFORCED = frozenset(
     {
@@ -36,65 +75,195 @@ _FORMATS = frozenset({"uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5", "date
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"))
+_SHOWN = 80  # characters of a client's value repeated in a message
+_PLAIN_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
+
+UNSUPPORTED = "unsupported_schema"
+TOO_COMPLEX = "schema_too_complex"
+
+Path = tuple[str, ...]
 
 
-def check_schema(schema: Any, param: str) -> None:
-    """Refuse a schema the grammar conversion would not enforce in full.
+def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> None:
+    """Refuse a schema the grammar conversion would not enforce in full, or that asks it for too much.
+
+    *param* is the request field holding the schema; an error's ``param`` is the
+    path of the offending keyword below it (``response_format.json_schema.schema.properties.x.maxLength``).
 
     Raises:
-        InvalidRequest: ``unsupported_schema``, naming the keyword and where it is.
+        InvalidRequest: ``unsupported_schema`` (a keyword, value or pattern the
+            conversion cannot enforce) or ``schema_too_complex`` (over a limit),
+            naming the field and, for a limit, the limit.
 
     """
-    _check(schema, param, "$")
+    _Walk(param, limits).run(schema)
 
 
-def _refuse(param: str, where: str, reason: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"the JSON schema at {where} {reason}; constrained decoding cannot enforce it",
-        code="unsupported_schema",
-        param=param,
-    )
+def _show(value: Any) -> str:
+    """A value for a message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
 
 
-def _check(schema: Any, param: str, where: str) -> None:
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, Mapping):
-        raise _refuse(param, where, "is not an object")
-    for keyword, value in schema.items():
-        if keyword in _ANNOTATIONS:
-            continue
-        if keyword not in _ENFORCED:
-            raise _refuse(param, where, f"uses {keyword!r}")
-        _check_value(keyword, value, param, where)
+def _segment(key: str) -> str:
+    return f".{key}" if _PLAIN_NAME.fullmatch(key) else f"[{json.dumps(key)}]"
 
 
-def _check_value(keyword: str, value: Any, param: str, where: str) -> None:
-    """Check one enforced keyword's value, and the schemas nested in it."""
-    _check_scalar(keyword, value, param, where)
-    if keyword in _SCHEMA_MAPS:
-        if not isinstance(value, Mapping):
-            raise _refuse(param, where, f"has a {keyword} that is not an object")
-        for name, child in value.items():
-            _check(child, param, f"{where}.{keyword}.{name}")
-    elif keyword in _SCHEMA_LISTS:
-        if not isinstance(value, list):
-            raise _refuse(param, where, f"has a {keyword} that is not an array")
-        for index, child in enumerate(value):
-            _check(child, param, f"{where}.{keyword}[{index}]")
-    elif keyword in ("items", "additionalProperties") and not isinstance(value, bool):
-        _check(value, param, f"{where}.{keyword}")
+@attrs.define
+class _Walk:
+    """One pass over a schema, depth first, with an explicit stack; counts against the limits."""
 
+    param: str
+    limits: SchemaLimits
+    subschemas: int = 0
+    alternatives: int = 0
+    literal_chars: int = 0
 
-def _check_scalar(keyword: str, value: Any, param: str, where: str) -> None:
-    if keyword == "format" and value not in _FORMATS:
-        raise _refuse(param, where, f"uses format {value!r}")
-    if keyword == "type":
-        unknown = [kind for kind in (value if isinstance(value, list) else [value]) if kind not in _TYPES]
-        if unknown:
-            raise _refuse(param, where, f"has unknown type {unknown[0]!r}")
-    if keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-        raise _refuse(param, where, f"refers to {value!r} (only local references are resolved)")
+    def refuse(self, path: Path, reason: str, code: str = UNSUPPORTED) -> InvalidRequest:
+        """The 400: the message says where (``$.properties.a``) and why; ``param`` is the full path."""
+        where = "$" + "".join(path)
+        return InvalidRequest(
+            f"the JSON schema at {where} {reason}", code=code, param=self.param + "".join(path)
+        )
+
+    def run(self, root: Any) -> None:
+        pending: list[tuple[Any, Path, int]] = [(root, (), 1)]
+        while pending:
+            schema, path, depth = pending.pop()
+            self.subschemas += 1
+            if self.subschemas > self.limits.subschemas:
+                limit = self.limits.subschemas
+                raise self.refuse(
+                    path, f"is schema number {limit + 1}; at most {limit} are supported", TOO_COMPLEX
+                )
+            if depth > self.limits.depth:
+                raise self.refuse(
+                    path,
+                    f"is nested {depth} deep; at most {self.limits.depth} levels are supported",
+                    TOO_COMPLEX,
+                )
+            if not isinstance(schema, Mapping):
+                kind = "a boolean schema" if isinstance(schema, bool) else "not an object"
+                raise self.refuse(
+                    path, f"is {kind}; constrained decoding needs an object ({{}} admits anything)"
+                )
+            children = self._check(schema, path)
+            pending.extend((child, child_path, depth + 1) for child, child_path in reversed(children))
+
+    def _check(self, schema: Mapping[str, Any], path: Path) -> list[tuple[Any, Path]]:
+        """Check one schema's own keywords; its child schemas, with their paths."""
+        children: list[tuple[Any, Path]] = []
+        for keyword, value in schema.items():
+            if keyword in _ANNOTATIONS:
+                continue
+            here = (*path, _segment(keyword))
+            if keyword not in _ENFORCED:
+                raise self.refuse(here, f"uses {keyword!r}; constrained decoding cannot enforce it")
+            self._check_value(keyword, value, here)
+            children.extend(self._children(keyword, value, here))
+        self._check_bounds(schema, path)
+        return children
+
+    def _children(self, keyword: str, value: Any, here: Path) -> list[tuple[Any, Path]]:
+        if keyword in _SCHEMA_MAPS:
+            if not isinstance(value, Mapping):
+                raise self.refuse(here, "is not an object")
+            if keyword == "properties":
+                if len(value) > self.limits.properties:
+                    raise self.refuse(
+                        here, f"has {len(value)} properties; at most {self.limits.properties} are supported",
+                        TOO_COMPLEX,
+                    )  # fmt: skip
+                for name in value:
+                    self._count_literal(len(json.dumps(name)), here)
+            return [(child, (*here, _segment(name))) for name, child in value.items()]
+        if keyword in _SCHEMA_LISTS:
+            if not isinstance(value, list):
+                raise self.refuse(here, "is not an array")
+            if keyword in ("anyOf", "oneOf"):
+                self._count_alternatives(len(value), here)
+            return [(child, (*here, f"[{index}]")) for index, child in enumerate(value)]
+        if keyword == "items" or (keyword == "additionalProperties" and not isinstance(value, bool)):
+            return [(value, here)]
+        return []
+
+    def _check_value(self, keyword: str, value: Any, here: Path) -> None:
+        """The value of a keyword that is not a schema itself."""
+        if keyword == "format" and not (isinstance(value, str) and value in _FORMATS):
+            raise self.refuse(here, f"is {_show(value)}; constrained decoding cannot enforce it")
+        if keyword == "type":
+            kinds = value if isinstance(value, list) else [value]
+            unknown = [kind for kind in kinds if not (isinstance(kind, str) and kind in _TYPES)]
+            if unknown:
+                raise self.refuse(here, f"names the unknown type {_show(unknown[0])}")
+        elif keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            raise self.refuse(here, f"is {_show(value)}: only local references (#/…) are resolved")
+        elif keyword in ("minLength", "maxLength", "minItems", "maxItems"):
+            self._check_count(value, here)
+        elif keyword == "pattern":
+            self._check_pattern(value, here)
+        elif keyword == "enum":
+            if not isinstance(value, list) or not value:
+                raise self.refuse(here, "must be a non-empty array")
+            self._count_alternatives(len(value), here)
+            self._count_values(value, here)
+        elif keyword == "const":
+            self._count_values([value], here)
+
+    def _check_count(self, value: Any, here: Path) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.refuse(here, "must be a non-negative integer")
+        if value > self.limits.repetition:
+            raise self.refuse(
+                here, f"is {value}; at most {self.limits.repetition} is supported (each repetition is "
+                "written out in the grammar)", TOO_COMPLEX,
+            )  # fmt: skip
+
+    def _check_bounds(self, schema: Mapping[str, Any], path: Path) -> None:
+        for low, high in _BOUNDS:
+            minimum, maximum = schema.get(low, 0), schema.get(high)
+            if maximum is not None and minimum > maximum:
+                raise self.refuse((*path, f".{low}"), f"is {minimum}, above {high} {maximum}")
+
+    def _check_pattern(self, pattern: Any, here: Path) -> None:
+        if not isinstance(pattern, str):
+            raise self.refuse(here, "must be a string")
+        if len(pattern) > self.limits.pattern_chars:
+            raise self.refuse(
+                here, f"is {len(pattern)} characters long; at most {self.limits.pattern_chars} are supported",
+                TOO_COMPLEX,
+            )  # fmt: skip
+        try:
+            check_pattern(pattern, max_repeat=self.limits.repetition)
+        except PatternRefused as refused:
+            raise self.refuse(here, f"{_show(pattern)} {refused.reason}") from None
+
+    def _count_alternatives(self, count: int, here: Path) -> None:
+        self.alternatives += count
+        if self.alternatives > self.limits.alternatives:
+            raise self.refuse(
+                here,
+                f"brings the enum values and anyOf/oneOf branches to {self.alternatives}; at most "
+                f"{self.limits.alternatives} are supported (every token is checked against each)",
+                TOO_COMPLEX,
+            )
+
+    def _count_values(self, values: list[Any], here: Path) -> None:
+        for value in values:
+            try:
+                size = len(json.dumps(value))
+            except (RecursionError, ValueError):
+                raise self.refuse(here, "holds a value nested too deeply to write out", TOO_COMPLEX) from None
+            self._count_literal(size, here)
+
+    def _count_literal(self, size: int, here: Path) -> None:
+        self.literal_chars += size
+        if self.literal_chars > self.limits.literal_chars:
+            raise self.refuse(
+                here, f"brings the enum/const values and property names to {self.literal_chars} characters; "
+                f"at most {self.limits.literal_chars} are supported", TOO_COMPLEX,
+            )  # fmt: skip
 
 
 def output_grammar(schema: Mapping[str, Any], *, starts_inside: bool, may_think: bool) -> GrammarSpec:

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from bubo.domain.generation import CacheTags, GrammarSpec, ThinkingBudget
-from bubo.domain.messages import ChatPrompt
+from bubo.domain.messages import ChatPrompt, ToolSpec
 from bubo.domain.requests import ChatRequest
 from bubo.engine import GrammarRejected
 from bubo.errors import InvalidRequest
@@ -59,6 +59,7 @@ def render_chat_request(runtime: Runtime, request: ChatRequest) -> RenderedPromp
 
 async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
     """Render, tokenize, check, and plan grammar and parsers for a chat request."""
+    _check_schemas(request)  # first: a schema over the limits must not cost a render of itself
     prompt = _with_thinking_variables(request)  # offers no tools when tool_choice is "none"
     rendered = await trio.to_thread.run_sync(render_chat, runtime, prompt)
     inside = starts_inside_thinking(rendered.text)
@@ -124,32 +125,46 @@ async def _compiled_grammar(
         raise InvalidRequest(error.message, code=error.code, param=param) from None
 
 
-def _grammar(
-    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
-) -> tuple[GrammarSpec, str] | None:
-    """Forced tool calls, else a JSON answer, else none; with the request field it comes from."""
+def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...] | None:
+    """The tools a call is forced among (``tool_choice`` required or named), else None."""
     choice = request.tool_choice
+    if choice.mode not in ("required", "named"):
+        return None
     tools = request.prompt.tools
-    prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
     if choice.mode == "named":
-        chosen = [t for t in tools if t.name == choice.name]
+        chosen = tuple(t for t in tools if t.name == choice.name)
         if not chosen:
             names = ", ".join(repr(t.name) for t in tools) or "none"
             raise InvalidRequest(
                 f"tool_choice names {choice.name!r}, which is not among the tools offered ({names})",
                 param=choice.param,
             )
-        tools = tuple(chosen)
-    if choice.mode in ("required", "named"):
-        if not tools:
-            raise InvalidRequest(
-                "tool_choice requires a tool call but no tools were offered", param=choice.param
-            )
-        for index, tool in enumerate(tools):
-            check_schema(tool.parameters, f"tools[{index}]")
-        return tool_format(runtime.tool_parser).grammar(tools, prefix=prefix, max_calls=max_calls), "tools"
+        return chosen
+    if not tools:
+        raise InvalidRequest("tool_choice requires a tool call but no tools were offered", param=choice.param)
+    return tools
+
+
+def _check_schemas(request: ChatRequest) -> None:
+    """Refuse a schema the grammar will not enforce, or that asks too much of it (one cheap pass each)."""
+    forced = _forced_tools(request)
+    if forced is not None:
+        for tool in forced:
+            check_schema(tool.parameters, tool.param)
+    elif request.output_format is not None:
+        check_schema(request.output_format.schema, request.output_format.param)
+
+
+def _grammar(
+    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
+) -> tuple[GrammarSpec, str] | None:
+    """Forced tool calls, else a JSON answer, else none; with the request field it comes from."""
+    prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
+    forced = _forced_tools(request)
+    if forced is not None:
+        grammar = tool_format(runtime.tool_parser).grammar(forced, prefix=prefix, max_calls=max_calls)
+        return grammar, forced[0].param if len(forced) == 1 else "tools"
     if request.output_format is not None:
         output = request.output_format
-        check_schema(output.schema, output.param)
         return output_grammar(output.schema, starts_inside=starts_inside, may_think=may_think), output.param
     return None

@@ -185,13 +185,16 @@ def _result_text(block: wire.ToolResultBlock, param: str) -> str:
 
 def _tools(tools: Sequence[wire.Tool]) -> tuple[ToolSpec, ...]:
     out = []
-    for tool in tools:
+    for index, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
             logger.warning("skipping tool %r: server tool type %r is not supported", tool.name, tool.type)
             continue
         out.append(
             ToolSpec(
-                name=tool.name, description=tool.description, parameters=tool.input_schema or _EMPTY_SCHEMA
+                name=tool.name,
+                description=tool.description,
+                parameters=tool.input_schema or _EMPTY_SCHEMA,
+                param=f"tools[{index}].input_schema",
             )
         )
     return tuple(out)

@@ -64,7 +64,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
     return ChatRequest(
         prompt=ChatPrompt(
             messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
-            tools=tuple(_tool(t) for t in body.tools or ()),
+            tools=tuple(_tool(t, i) for i, t in enumerate(body.tools or ())),
             template_kwargs=body.chat_template_kwargs or {},
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
@@ -276,13 +276,14 @@ def _content(content: str | list[wire.ContentPart] | None, param: str) -> str | 
     return "\n".join(texts)
 
 
-def _tool(tool: wire.Tool) -> ToolSpec:
+def _tool(tool: wire.Tool, index: int) -> ToolSpec:
     function = tool.function
     return ToolSpec(
         name=function.name,
         description=function.description,
         parameters=function.parameters or {"type": "object", "properties": {}},
         strict=function.strict,
+        param=f"tools[{index}].function.parameters",
     )
 
 

@@ -236,6 +236,7 @@ def _tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> tupl
                 description=tool.description,
                 parameters=tool.parameters or _EMPTY_SCHEMA,
                 strict=tool.strict,
+                param=f"tools[{index}].parameters",
             )
         )
     return tuple(out)
