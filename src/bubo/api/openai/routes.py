@@ -33,6 +33,7 @@ def _identity(model: str) -> StreamIdentity:
 
 
 @blueprint.post("/v1/chat/completions")
+@blueprint.post("/chat/completions")  # llama-server serves it without /v1 too
 async def chat_completions() -> Response:
     """Chat, streaming or not."""
     runtime = require_runtime()

@@ -36,6 +36,7 @@ def _not_stored(response_id: str, param: str | None = None) -> NotFound:
 
 
 @blueprint.post("/v1/responses")
+@blueprint.post("/responses")  # llama-server serves it without /v1 too
 async def create() -> Response:
     """A response, streaming or not; stored for continuation unless ``store`` is false."""
     runtime = require_runtime()
@@ -81,6 +82,7 @@ async def create() -> Response:
 
 
 @blueprint.get("/v1/responses/<response_id>")
+@blueprint.get("/responses/<response_id>")
 async def retrieve(response_id: str) -> Response:
     """A stored response."""
     require_runtime()
@@ -91,6 +93,7 @@ async def retrieve(response_id: str) -> Response:
 
 
 @blueprint.delete("/v1/responses/<response_id>")
+@blueprint.delete("/responses/<response_id>")
 async def delete(response_id: str) -> Response:
     """Forget a stored response."""
     require_runtime()
