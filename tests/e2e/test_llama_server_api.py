@@ -130,3 +130,45 @@ class TestDisconnect:
             "/v1/chat/completions", json={"model": "bubo", "messages": USER, "max_tokens": 8}
         ).json()
         assert answer["choices"][0]["message"]["content"]
+
+
+class TestOutputConstraints:
+    """llama-server's grammar fields reach llama.cpp: the answer obeys them, a bad grammar is a 400."""
+
+    def test_grammar(self, http: httpx.Client) -> None:
+        body = {"prompt": "Is the sky blue? Answer:", "n_predict": 8, "grammar": 'root ::= " yes" | " no"'}
+        response = http.post("/completion", json=body)
+        assert response.status_code == 200
+        assert response.json()["content"] in (" yes", " no")
+
+    def test_json_schema(self, http: httpx.Client) -> None:
+        schema = {
+            "type": "object",
+            "properties": {"sky": {"type": "string", "maxLength": 12}},
+            "required": ["sky"],
+        }
+        body = {
+            "prompt": "Describe the sky as JSON:",
+            "n_predict": 48,
+            "json_schema": schema,
+            "temperature": 0,
+        }
+        answer = json.loads(http.post("/completion", json=body).json()["content"])
+        assert set(answer) == {"sky"}
+        assert len(answer["sky"]) <= 12
+
+    def test_chat_response_format_schema(self, http: httpx.Client) -> None:
+        schema = {"type": "object", "properties": {"blue": {"type": "boolean"}}, "required": ["blue"]}
+        body = {
+            "model": "bubo",
+            "messages": [{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+            "max_tokens": 32,
+            "response_format": {"type": "json_object", "schema": schema},
+        }
+        content = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        assert isinstance(json.loads(content)["blue"], bool)
+
+    def test_a_grammar_llama_cpp_cannot_parse(self, http: httpx.Client) -> None:
+        response = http.post("/completion", json={"prompt": "x", "n_predict": 2, "grammar": "root ::= ("})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "grammar"

@@ -16,6 +16,7 @@ __all__ = [
     "GenerationOptions",
     "OutputFormat",
     "PromptPiece",
+    "RawGrammar",
     "ReasoningControl",
     "ToolChoice",
 ]
@@ -86,6 +87,14 @@ class OutputFormat:
 
 
 @attrs.frozen(kw_only=True)
+class RawGrammar:
+    """A GBNF grammar the request gives itself (llama-server's ``grammar``); ``param`` names the field."""
+
+    rules: str
+    param: str = "grammar"
+
+
+@attrs.frozen(kw_only=True)
 class ChatRequest:
     """A conversation to continue."""
 
@@ -95,6 +104,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     reasoning: ReasoningControl = attrs.field(factory=ReasoningControl)
     output_format: OutputFormat | None = None
+    grammar: RawGrammar | None = None  # at most one of output_format and grammar
 
 
 @attrs.frozen(kw_only=True)
@@ -103,3 +113,5 @@ class CompletionRequest:
 
     prompt: tuple[PromptPiece, ...]
     options: GenerationOptions = attrs.field(factory=GenerationOptions)
+    output_format: OutputFormat | None = None
+    grammar: RawGrammar | None = None  # at most one of output_format and grammar

@@ -16,13 +16,12 @@ import trio
 from bubo.domain.generation import CacheTags, GrammarSpec, ThinkingBudget
 from bubo.domain.messages import ChatPrompt, ToolSpec
 from bubo.domain.requests import ChatRequest
-from bubo.engine import GrammarRejected
 from bubo.errors import InvalidRequest
 from bubo.grammar import check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
 from bubo.parsers.registry import tool_format
 
-from .generation import PreparedGeneration, generation_request
+from .generation import PreparedGeneration, compile_grammar, generation_request
 from .output import OutputPlan
 from .prompt import RenderedPrompt, render_chat, stable_prompt
 from .runtime import Runtime
@@ -118,11 +117,7 @@ async def _compiled_grammar(
     )
     if planned is None:
         return runtime.default_grammar
-    spec, param = planned
-    try:
-        return await trio.to_thread.run_sync(runtime.engine.compile_grammar, spec)
-    except GrammarRejected as error:
-        raise InvalidRequest(error.message, code=error.code, param=param) from None
+    return await compile_grammar(runtime, *planned)
 
 
 def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...] | None:
@@ -146,8 +141,16 @@ def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...] | None:
 
 
 def _check_schemas(request: ChatRequest) -> None:
-    """Refuse a schema the grammar will not enforce, or that asks too much of it (one cheap pass each)."""
+    """Refuse a schema the grammar will not enforce, or that asks too much of it (one cheap pass each).
+
+    A request's own grammar cannot be combined with a forced tool call: each would constrain the answer.
+    """
     forced = _forced_tools(request)
+    if forced is not None and request.grammar is not None:
+        raise InvalidRequest(
+            "a grammar cannot be combined with a forced tool call (tool_choice); send one of them",
+            param=request.grammar.param,
+        )
     if forced is not None:
         for tool in forced:
             check_schema(tool.parameters, tool.param)
@@ -158,7 +161,12 @@ def _check_schemas(request: ChatRequest) -> None:
 def _grammar(
     runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
 ) -> tuple[GrammarSpec, str] | None:
-    """Forced tool calls, else a JSON answer, else none; with the request field it comes from."""
+    """Forced tool calls, else the request's grammar or JSON answer, else none; with its request field.
+
+    A request's own GBNF constrains the whole answer, thinking included, as in llama-server.
+    """
+    if request.grammar is not None:
+        return GrammarSpec(rules=request.grammar.rules), request.grammar.param
     prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
     forced = _forced_tools(request)
     if forced is not None:

@@ -18,6 +18,7 @@ import trio
 
 from bubo.domain.generation import (
     GenerationRequest,
+    GrammarSpec,
     PromptProgress,
     TokenLogprob,
 )
@@ -33,8 +34,9 @@ from bubo.domain.output import (
 )
 from bubo.domain.requests import CompletionRequest, GenerationOptions
 from bubo.domain.sampling import SamplingParams
-from bubo.engine import EngineFailure
+from bubo.engine import EngineFailure, GrammarRejected
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
+from bubo.grammar import check_schema, output_grammar
 
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
@@ -56,12 +58,31 @@ class PreparedGeneration:
 
 
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
-    """Tokenize and check a raw-prompt request."""
+    """Tokenize and check a raw-prompt request, and compile its grammar."""
+    planned: tuple[GrammarSpec, str] | None = None
+    if request.grammar is not None:
+        planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
+    elif request.output_format is not None:
+        output = request.output_format
+        check_schema(output.schema, output.param)
+        planned = output_grammar(output.schema, starts_inside=False, may_think=False), output.param
     rendered = await trio.to_thread.run_sync(tokenize_raw, runtime, request.prompt)
-    return PreparedGeneration(
-        prompt=rendered,
-        request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
-    )
+    generation = generation_request(runtime, rendered, request.options, prompt_param="prompt")
+    grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
+    return PreparedGeneration(prompt=rendered, request=attrs.evolve(generation, grammar=grammar))
+
+
+async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> str:
+    """*spec* as checked GBNF, compiled off the event loop before the request queues.
+
+    Raises:
+        InvalidRequest: llama.cpp cannot take it; *param* names the request field it came from.
+
+    """
+    try:
+        return await trio.to_thread.run_sync(runtime.engine.compile_grammar, spec)
+    except GrammarRejected as error:
+        raise InvalidRequest(error.message, code=error.code, param=param) from None
 
 
 def generation_request(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bubo.api._constraints import output_constraint
 from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
@@ -50,6 +51,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
     if body.t_max_predict_ms is not None and body.t_max_predict_ms < 0:
         raise InvalidRequest("t_max_predict_ms must not be negative", param="t_max_predict_ms")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    output_format, grammar = output_constraint(grammar=body.grammar, json_schema=body.json_schema)
     return CompletionRequest(
         prompt=prompt,
         options=GenerationOptions(
@@ -73,6 +75,8 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             ignore_eos=bool(body.ignore_eos),
             time_limit_ms=body.t_max_predict_ms or 0,
         ),
+        output_format=output_format,
+        grammar=grammar,
     )
 
 

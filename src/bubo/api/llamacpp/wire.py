@@ -45,6 +45,8 @@ class CompletionRequest:
     return_progress: bool | None = None
     return_tokens: bool | None = None
     id_slot: int | None = None
+    grammar: str | None = None  # GBNF for the whole answer
+    json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
 
 
 @attrs.frozen(kw_only=True)

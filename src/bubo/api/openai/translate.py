@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from bubo.api._constraints import output_constraint
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
 from bubo.api._usage import timings, usage
@@ -56,6 +57,11 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
         n_probs = _top_logprobs(body.top_logprobs, "top_logprobs")
     elif body.top_logprobs is not None:
         raise InvalidRequest("top_logprobs requires logprobs: true", param="top_logprobs")
+    output_format, grammar = output_constraint(
+        grammar=body.grammar,
+        json_schema=body.json_schema,
+        response_format=_output_format(body.response_format),
+    )
     limit, limit_param = (
         (body.max_completion_tokens, "max_completion_tokens")
         if body.max_completion_tokens is not None
@@ -78,7 +84,8 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
         reasoning=reasoning_control(body),
-        output_format=_output_format(body.response_format),
+        output_format=output_format,
+        grammar=grammar,
     )
 
 
@@ -93,6 +100,8 @@ def _tool_choice(choice: str | wire.NamedToolChoice | None) -> ToolChoice:
 def _output_format(response_format: wire.ResponseFormat | None) -> OutputFormat | None:
     if response_format is None or response_format.type == "text":
         return None
+    if response_format.schema is not None:  # llama-server's form, for either type
+        return OutputFormat(schema=response_format.schema, param="response_format.schema")
     if response_format.type == "json_object":
         return OutputFormat(schema={"type": "object"}, param="response_format")
     spec = response_format.json_schema
@@ -165,6 +174,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
     n_probs = None
     if body.logprobs is not None:
         n_probs = _top_logprobs(body.logprobs, "logprobs")
+    output_format, grammar = output_constraint(grammar=body.grammar, json_schema=body.json_schema)
     return CompletionRequest(
         prompt=_prompt(body.prompt),
         options=GenerationOptions(
@@ -173,6 +183,8 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             stop=_stop(body.stop),
             n_probs=n_probs,
         ),
+        output_format=output_format,
+        grammar=grammar,
     )
 
 

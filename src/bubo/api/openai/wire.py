@@ -145,6 +145,7 @@ class ResponseFormat:
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema: dict[str, Any] | None = None  # llama-server: the schema beside the type
 
 
 @attrs.frozen(kw_only=True)
@@ -201,6 +202,8 @@ class ChatCompletionRequest:
     # transformers' / vLLM's render switches (None: a final assistant message is continued)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    grammar: str | None = None  # llama-server: GBNF for the whole answer
+    json_schema: dict[str, Any] | None = None  # llama-server: a schema for the whole answer
 
 
 @attrs.frozen(kw_only=True)
@@ -229,6 +232,8 @@ class CompletionRequest:
     min_p: float | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 # ---- responses -----------------------------------------------------------------------------
