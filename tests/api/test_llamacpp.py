@@ -235,6 +235,17 @@ class TestIntrospection:
             assert f"\n{name} " in text or text.startswith(f"{name} ") or f"# TYPE {name} " in text
         assert "llamacpp:tokens_predicted_total 1.0" in text
 
+    async def test_n_tokens_max_keeps_llama_server_name(self, app, script: FakeScript) -> None:
+        """A sample named llamacpp:n_tokens_max, as llama-server and the docs have it (no _total)."""
+        script.reply = "one two"
+        client = app.test_client()
+        await client.post("/completion", json={"prompt": "x"})
+        text = (await (await client.get("/metrics")).get_data()).decode()
+        samples = [
+            line.split(" ")[0] for line in text.splitlines() if line.startswith("llamacpp:n_tokens_max")
+        ]
+        assert samples == ["llamacpp:n_tokens_max"]
+
 
 class TestOps:
     @pytest.mark.parametrize("path", ["/health", "/v1/health", "/healthz"])

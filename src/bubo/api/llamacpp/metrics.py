@@ -41,7 +41,6 @@ class _EngineCollector:
             ("tokens_predicted_seconds_total", "Total time spent generating tokens",
              s.tokens_predicted_seconds_total),
             ("n_decode_total", "Total number of llama_decode() calls", s.n_decode_total),
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
             ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
              s.draft_tokens_total),
             ("spec_decode_num_accepted_tokens_total",
@@ -68,6 +67,8 @@ class _EngineCollector:
             ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
              s.kv_cache_tokens / self._n_ctx if self._n_ctx else 0.0),
             ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
+            # llama-server's name; a counter family would print it as n_tokens_max_total
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
             ("prompt_cache_hit_ratio", "Share of prompt tokens served from the prompt cache",
              s.prompt_tokens_cached_total / lookups if lookups else 0.0),
         )  # fmt: skip
