@@ -254,4 +254,5 @@ async def metrics() -> Response:
     """Prometheus text."""
     runtime = require_runtime()
     engine = runtime.engine
-    return Response(render_metrics(engine.statistics, engine.info.n_ctx), content_type=CONTENT_TYPE)
+    text = render_metrics(engine.statistics, engine.info.n_ctx, api_context().responses.statistics)
+    return Response(text, content_type=CONTENT_TYPE)
