@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 import attrs
-import trio
 
 from bubo.domain.generation import (
     GenerationRequest,
@@ -39,8 +38,16 @@ from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
 from .runtime import Runtime
+from .work import PREPARE_BYTES_PER_CHAR
 
-__all__ = ["PreparedGeneration", "collect", "generation_request", "open_output", "prepare_completion"]
+__all__ = [
+    "PreparedGeneration",
+    "bias_chars",
+    "collect",
+    "generation_request",
+    "open_output",
+    "prepare_completion",
+]
 
 # What a client told that the queue is full should wait before trying again, in seconds.
 QUEUE_RETRY_AFTER_S = 5
@@ -56,12 +63,22 @@ class PreparedGeneration:
 
 
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
-    """Tokenize and check a raw-prompt request."""
-    rendered = await trio.to_thread.run_sync(tokenize_raw, runtime, request.prompt)
-    return PreparedGeneration(
-        prompt=rendered,
-        request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
-    )
+    """Tokenize and check a raw-prompt request (a job for the workers: off the event loop)."""
+
+    def prepare() -> PreparedGeneration:
+        rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
+        return PreparedGeneration(
+            prompt=rendered,
+            request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
+        )
+
+    chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
+    return await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
+
+
+def bias_chars(options: GenerationOptions) -> int:
+    """The size of a request's logit bias, for the work estimate (its texts are tokenized)."""
+    return sum(len(target) if isinstance(target, str) else 1 for target, _ in options.sampling.logit_bias)
 
 
 def generation_request(
@@ -99,6 +116,12 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
     if not options.sampling.logit_bias:
         return sampling
     tokenizer = runtime.tokenizer
+    if len(options.sampling.logit_bias) > tokenizer.n_vocab:
+        raise InvalidRequest(
+            f"logit_bias has {len(options.sampling.logit_bias)} entries, more than the model's "
+            f"{tokenizer.n_vocab} tokens",
+            param="logit_bias",
+        )
     biases: dict[int, float] = dict(sampling.logit_bias)
     for index, (target, bias) in enumerate(options.sampling.logit_bias):
         if isinstance(target, str):

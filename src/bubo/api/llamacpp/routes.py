@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from quart import Blueprint, Response, request
 
-from bubo.api._context import api_context, json_body, require_runtime
-from bubo.api._converter import make_converter, structure
+from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._sse import sse_frame, sse_response
@@ -15,6 +15,9 @@ from bubo.domain.generation import PromptProgress, TokenLogprob
 from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
+from bubo.service.prompt import min_tokens
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
+from bubo.service.runtime import Runtime
 
 from . import translate, wire
 from .metrics import CONTENT_TYPE, render_metrics
@@ -23,6 +26,10 @@ __all__ = ["blueprint"]
 
 blueprint = Blueprint("llamacpp", __name__)
 _converter = make_converter()
+
+MAX_TOKENS = 1 << 20
+"""The most token ids one ``/tokenize`` answer or ``/detokenize`` request holds (1,048,576: more than
+any model's context; a 10 MB text is about 2.2 million)."""
 
 
 class _CompletionStream:
@@ -102,7 +109,7 @@ class _CompletionStream:
 async def completion() -> Response:
     """Raw-prompt completion; needs no model."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.CompletionRequest)
+    body = await structured_body(runtime, _converter, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     if body.id_slot not in (None, -1, 0):
@@ -139,44 +146,75 @@ async def completion() -> Response:
 async def tokenize() -> Response:
     """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.TokenizeRequest)
-    tokenizer = runtime.tokenizer
+    body = await structured_body(runtime, _converter, wire.TokenizeRequest)
     content = body.content if body.content is not None else ""
     pieces = (content,) if isinstance(content, str) else tuple(content)
+    chars = sum(len(p) if isinstance(p, str) else 1 for p in pieces)
+    text = await runtime.workers.run(
+        lambda: _tokenized(runtime, body, pieces), need_bytes=chars * PREPARE_BYTES_PER_CHAR
+    )
+    return Response(text, content_type="application/json")
+
+
+def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int | str, ...]) -> str:
+    """The ``/tokenize`` answer as JSON text (a job for the workers)."""
+    tokenizer = runtime.tokenizer
     parse_special = body.parse_special is not False
     ids: list[int] = []
     for index, piece in enumerate(pieces):
         if isinstance(piece, str):
-            ids.extend(tokenizer.encode(piece, parse_special=parse_special))
+            room = MAX_TOKENS - len(ids)
+            if (
+                min_tokens(tokenizer, piece) > room
+                or len(ids) + len(found := tokenizer.encode(piece, parse_special=parse_special, limit=room))
+                > MAX_TOKENS
+            ):
+                raise _too_many_tokens("content", "gives")
+            ids.extend(found)
         elif 0 <= piece < tokenizer.n_vocab:
             ids.append(piece)
         else:
             raise InvalidRequest(f"token id {piece} is outside the vocabulary", param=f"content[{index}]")
+        if len(ids) > MAX_TOKENS:
+            raise _too_many_tokens("content", "gives")
     if body.add_special and tokenizer.add_bos:
         bos = tokenizer.encode("", add_special=True)[:1]
         ids[:0] = bos
     if body.with_pieces:
-        return json_response(
-            wire.Tokens(
-                tokens=[
-                    wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids
-                ]
-            )
+        result = wire.Tokens(
+            tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids]
         )
-    return json_response(wire.Tokens(tokens=ids))
+    else:
+        result = wire.Tokens(tokens=ids)
+    return dumps(unstructure(result))
+
+
+def _too_many_tokens(param: str, verb: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"{param} {verb} more than {MAX_TOKENS} tokens, the most one request may; send it in parts",
+        param=param,
+    )
 
 
 @blueprint.post("/detokenize")
 async def detokenize() -> Response:
     """Token ids to text."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.DetokenizeRequest)
+    body = await structured_body(runtime, _converter, wire.DetokenizeRequest)
     tokens = body.tokens or []
-    n_vocab = runtime.tokenizer.n_vocab
-    for index, token in enumerate(tokens):
-        if not 0 <= token < n_vocab:
-            raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
-    return json_response(wire.Detokenized(content=runtime.tokenizer.decode(tokens)))
+    if len(tokens) > MAX_TOKENS:
+        raise _too_many_tokens("tokens", "has")
+    tokenizer = runtime.tokenizer
+
+    def detokenized() -> str:
+        n_vocab = tokenizer.n_vocab
+        for index, token in enumerate(tokens):
+            if not 0 <= token < n_vocab:
+                raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
+        return dumps(unstructure(wire.Detokenized(content=tokenizer.decode(tokens))))
+
+    text = await runtime.workers.run(detokenized, need_bytes=len(tokens) * PREPARE_BYTES_PER_CHAR)
+    return Response(text, content_type="application/json")
 
 
 @blueprint.get("/props")
