@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -57,18 +58,30 @@ async def json_body() -> dict[str, Any]:
     return parse_json_object(await _raw_body())
 
 
-async def structured_body(runtime: Runtime, converter: cattrs.Converter, cls: type[T]) -> T:
+async def structured_body(
+    runtime: Runtime,
+    converter: cattrs.Converter,
+    cls: type[T],
+    precheck: Callable[[dict[str, Any]], None] | None = None,
+) -> T:
     """The request body parsed and structured as *cls* (400 naming the field otherwise).
 
     A large body is parsed in one of the runtime's workers, admitted against
-    memory first, so that it does not freeze the event loop.
+    memory first, so that it does not freeze the event loop.  *precheck* sees
+    the parsed JSON before it is structured (a size limit that should not wait
+    for millions of values to be checked one by one).
     """
     raw = await _raw_body()
+
+    def parse() -> T:
+        data = parse_json_object(raw)
+        if precheck is not None:
+            precheck(data)
+        return structure(converter, data, cls)
+
     if len(raw) <= INLINE_BODY_BYTES:
-        return structure(converter, parse_json_object(raw), cls)
-    return await runtime.workers.run(
-        lambda: structure(converter, parse_json_object(raw), cls), need_bytes=len(raw) * PARSE_BYTES_PER_BYTE
-    )
+        return parse()
+    return await runtime.workers.run(parse, need_bytes=len(raw) * PARSE_BYTES_PER_BYTE)
 
 
 async def _raw_body() -> bytes:

@@ -305,9 +305,9 @@ class SlotEngine(abc.ABC):
                 await self._slot.acquire()
             finally:
                 self._interruptible.discard(waiting)
-        if waiting.cancelled_caught:
-            self._check_usable()
-            raise AssertionError("only an interruption cancels the slot wait this way")
+        if waiting.cancelled_caught:  # only interrupt() cancels this scope
+            assert self._interruption is not None
+            raise copy.copy(self._interruption)
 
     def interrupt(self, error: BuboError) -> None:
         """End every generation with *error*: the running one as its last event, waiting ones as they wait.

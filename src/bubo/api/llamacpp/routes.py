@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from quart import Blueprint, Response, request
 
@@ -16,8 +17,8 @@ from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
 from bubo.service.prompt import min_tokens
-from bubo.service.work import PREPARE_BYTES_PER_CHAR
 from bubo.service.runtime import Runtime
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .metrics import CONTENT_TYPE, render_metrics
@@ -146,7 +147,7 @@ async def completion() -> Response:
 async def tokenize() -> Response:
     """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.TokenizeRequest)
+    body = await structured_body(runtime, _converter, wire.TokenizeRequest, _at_most_max_tokens("content"))
     content = body.content if body.content is not None else ""
     pieces = (content,) if isinstance(content, str) else tuple(content)
     chars = sum(len(p) if isinstance(p, str) else 1 for p in pieces)
@@ -189,6 +190,17 @@ def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int |
     return dumps(unstructure(result))
 
 
+def _at_most_max_tokens(field: str) -> Callable[[dict[str, Any]], None]:
+    """A body check: the array *field* holds at most ``MAX_TOKENS`` items (before each is checked)."""
+
+    def check(data: dict[str, Any]) -> None:
+        value = data.get(field)
+        if isinstance(value, list) and len(value) > MAX_TOKENS:
+            raise _too_many_tokens(field, "has")
+
+    return check
+
+
 def _too_many_tokens(param: str, verb: str) -> InvalidRequest:
     return InvalidRequest(
         f"{param} {verb} more than {MAX_TOKENS} tokens, the most one request may; send it in parts",
@@ -200,10 +212,8 @@ def _too_many_tokens(param: str, verb: str) -> InvalidRequest:
 async def detokenize() -> Response:
     """Token ids to text."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.DetokenizeRequest)
+    body = await structured_body(runtime, _converter, wire.DetokenizeRequest, _at_most_max_tokens("tokens"))
     tokens = body.tokens or []
-    if len(tokens) > MAX_TOKENS:
-        raise _too_many_tokens("tokens", "has")
     tokenizer = runtime.tokenizer
 
     def detokenized() -> str:
