@@ -251,3 +251,31 @@ class TestSizeLimits:
         response = await app.test_client().post("/v1/messages/count_tokens", json=body)
         assert response.status_code == 200
         assert (await response.get_json())["input_tokens"] > len(tokenizer.encode(text))
+
+
+class TestWorkingMemory:
+    @pytest.fixture(name="short_app")
+    async def _short_app(self, settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
+        """The app on a machine with 8 MiB available (the guard's probe says so)."""
+        guard = MemoryGuard(
+            probe=_Probe(available=8 * MIB, limit=1024 * MIB),
+            kv_bytes_per_token=1,
+            step_bytes=0,
+            low_water_bytes=0,
+        )
+        runtime = attrs.evolve(make_runtime(), memory_guard=guard, workers=Workers(guard=guard))
+        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            yield test_app  # type: ignore[misc]
+
+    async def test_parsing_and_tokenizing_are_admitted_against_memory(self, short_app) -> None:
+        """A 3 MiB body needs more than 8 MiB to parse and tokenize: 503 insufficient_memory, not a try."""
+        client = short_app.test_client()
+        big = await client.post("/tokenize", json={"content": "word " * 600_000})
+        assert big.status_code == 503
+        error = (await big.get_json())["error"]
+        assert error["code"] == "insufficient_memory"
+        assert big.headers["Retry-After"] == "5"
+        small = await client.post("/tokenize", json={"content": "word " * 100})
+        assert small.status_code == 200
