@@ -129,9 +129,10 @@ def tokenize_raw(
     tokenizer = runtime.tokenizer
     tokens: list[int] = []
     bos = tokenizer.encode("", add_special=True)[:1] if tokenizer.add_bos else []
+    adds_bos = bool(bos) and prompt[:1] != (bos[0],)  # a prompt may start with the BOS id itself
     for index, piece in enumerate(prompt):
         if isinstance(piece, str):
-            before = len(tokens) + len(bos)
+            before = len(tokens) + adds_bos
             tokens.extend(_fitting_tokens(tokenizer, piece, n_ctx=n_ctx, param=param, before=before))
         elif 0 <= piece < tokenizer.n_vocab:
             tokens.append(piece)

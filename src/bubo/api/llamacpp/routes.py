@@ -165,13 +165,9 @@ def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int |
     for index, piece in enumerate(pieces):
         if isinstance(piece, str):
             room = MAX_TOKENS - len(ids)
-            if (
-                min_tokens(tokenizer, piece) > room
-                or len(ids) + len(found := tokenizer.encode(piece, parse_special=parse_special, limit=room))
-                > MAX_TOKENS
-            ):
+            if min_tokens(tokenizer, piece) > room:
                 raise _too_many_tokens("content", "gives")
-            ids.extend(found)
+            ids.extend(tokenizer.encode(piece, parse_special=parse_special, limit=room))
         elif 0 <= piece < tokenizer.n_vocab:
             ids.append(piece)
         else:
