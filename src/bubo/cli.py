@@ -131,8 +131,7 @@ async def _serve(settings: Settings) -> int:
                             settings.server.shutdown_timeout,
                         )
                         break
-                with trio.move_on_after(settings.server.shutdown_timeout):
-                    await drain(app)
+                await drain(app, settings.server.shutdown_timeout)
                 nursery.cancel_scope.cancel()
 
             async def on_load_failure() -> None:

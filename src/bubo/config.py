@@ -83,6 +83,7 @@ class ServerSettings:
     responses_store_mib: int = attrs.field(default=64, validator=_non_negative)
     max_body_mib: int = attrs.field(default=32, validator=_positive)
     max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for the slot
+    cpu_jobs: int = attrs.field(default=2, validator=_positive)  # parse/render/tokenize jobs at once
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
@@ -268,6 +269,9 @@ OPTIONS: tuple[Option, ...] = (
            "largest request body accepted, in MiB (32); larger bodies get 413", "MIB"),
     Option(("--max-queue",), ("server", "max_queue"), _int,
            "requests that may wait for the slot (64); more get 503 queue_full with Retry-After", "N"),
+    Option(("--cpu-jobs",), ("server", "cpu_jobs"), _int,
+           "heavy request jobs (parsing large bodies, rendering, tokenizing) run at once in worker "
+           "threads (2); the others wait their turn", "N"),
     Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
            "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled (30)", "S"),
     Option(("--max-connections",), ("server", "max_connections"), _int,

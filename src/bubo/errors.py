@@ -82,10 +82,13 @@ class ContextOverflow(InvalidRequest):
 
     default_code = "context_length_exceeded"
 
-    def __init__(self, *, n_prompt_tokens: int, n_ctx: int, param: str | None = None) -> None:
+    def __init__(
+        self, *, n_prompt_tokens: int, n_ctx: int, param: str | None = None, at_least: bool = False
+    ) -> None:
+        """*at_least*: the prompt was not counted to its end, it has *n_prompt_tokens* or more."""
         super().__init__(
-            f"the prompt has {n_prompt_tokens} tokens but the context holds {n_ctx}: "
-            "shorten the prompt or start the server with a larger --ctx-size",
+            f"the prompt has {'at least ' if at_least else ''}{n_prompt_tokens} tokens but the context "
+            f"holds {n_ctx}: shorten the prompt or start the server with a larger --ctx-size",
             param=param,
         )
         self.n_prompt_tokens = n_prompt_tokens

@@ -22,6 +22,7 @@ from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, rea
 from bubo.parsers.registry import format_for_template
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import GenerationDefaults, Runtime
+from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
 
@@ -93,6 +94,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
         )
     info = engine.info
+    memory_guard = _memory_guard(settings, metadata, info.n_vocab)
     logger.info(
         "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls, "
         "weight repacking %s: %s)",
@@ -117,8 +119,9 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         ),
         tool_parser=tool_parser,
         default_grammar=default_grammar,
-        memory_guard=_memory_guard(settings, metadata, info.n_vocab),
+        memory_guard=memory_guard,
         max_queue=settings.server.max_queue,
+        workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
     )
 
 

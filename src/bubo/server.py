@@ -38,6 +38,7 @@ from bubo.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
 )
 from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
@@ -52,6 +53,8 @@ Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 
 RECOVERY_MAX_DELAY_S = 60.0
 DRAIN_POLL_S = 0.05
+# After the shutdown deadline: how long the interrupted decode may take to stop (one token or prefill chunk).
+INTERRUPT_WAIT_S = 10.0
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -140,16 +143,36 @@ def create_app(
     return app
 
 
-async def drain(app: QuartTrio) -> None:
-    """Admit no new request, then wait until no generation runs or waits (the caller bounds the wait).
+async def drain(app: QuartTrio, grace_s: float) -> None:
+    """Admit no new request, let running and queued ones finish within *grace_s* seconds, then end the rest.
 
     Called on SIGINT/SIGTERM before Hypercorn stops serving: Hypercorn's own
     grace period also waits for idle keep-alive connections (every agent keeps
     one), so Bubo waits for its work here and gives Hypercorn only a short
-    grace to flush what finished.
+    grace to flush what finished.  What is still running or waiting at the
+    deadline ends with a 503 ``not_ready``: an error response for a request
+    that has sent no headers yet, the dialect's error event in a stream.
     """
     state = app.extensions[EXTENSION_KEY].state
     state.stopping = True
+    with trio.move_on_after(grace_s):
+        await _until_idle(state)
+    runtime = state.runtime
+    if runtime is None or not state.busy:
+        return
+    logger.warning("requests still running after %.0f s: they end with 503 not_ready", grace_s)
+    runtime.engine.interrupt(
+        ServiceUnavailable(
+            f"the server is shutting down and this request did not finish within {grace_s:g} s "
+            "(--shutdown-timeout)",
+            code="not_ready",
+        )
+    )
+    with trio.move_on_after(INTERRUPT_WAIT_S):
+        await _until_idle(state)
+
+
+async def _until_idle(state: ServerState) -> None:
     while state.busy:  # noqa: ASYNC110 - the engine keeps counters, not events; this runs once, at shutdown
         await trio.sleep(DRAIN_POLL_S)
 

@@ -7,6 +7,7 @@ import json
 import trio
 
 from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.server import drain
 
 from .._asgi import exchange
 
@@ -109,4 +110,77 @@ class TestQueue:
             await wait_for(lambda: fake_engine.statistics().requests_deferred == 0)
         assert results == ["word " * 40]
         assert len(fake_engine.requests) == 1
+        assert fake_engine.cancelled == 0
+
+
+def last_frame(raw: bytes) -> tuple[str | None, dict]:
+    """The stream's last SSE frame: its event name (None without one) and its data."""
+    frame = [f for f in raw.decode().split("\n\n") if f.strip()][-1]
+    lines = dict(line.split(": ", 1) for line in frame.splitlines())
+    return lines.get("event"), json.loads(lines["data"])
+
+
+class TestShutdownDeadline:
+    """At the --shutdown-timeout deadline every request still running or waiting ends with a word."""
+
+    async def test_running_and_queued_requests_end_with_each_dialects_error(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ):
+        """The running stream and queued streams end with their error event; a queued plain request gets 503."""
+        script.reply = "word " * 2000
+        script.piece_delay = 0.01
+        chat = json.dumps({"model": "bubo", "messages": [{"role": "user", "content": "Go"}], "stream": True})
+        message = json.dumps(
+            {
+                "model": "bubo",
+                "max_tokens": 50,
+                "messages": [{"role": "user", "content": "Go"}],
+                "stream": True,
+            }
+        )
+        response = json.dumps({"model": "bubo", "input": "Go", "stream": True})
+        raws: dict[str, bytes] = {}
+        async with (
+            exchange(app.app, CHAT, chat.encode()) as running,
+            trio.open_nursery() as nursery,
+        ):
+            await running.receive_chunk()
+            for path, payload in (
+                ("/v1/messages", message),
+                ("/v1/responses", response),
+                ("/completion", json.dumps({"prompt": "Go"})),
+            ):
+
+                async def read(path: str = path, payload: str = payload) -> None:
+                    async with exchange(app.app, path, payload.encode()) as queued:
+                        raws[path] = await queued.read_all()
+                        raws[path + " status"] = str(queued.status).encode()
+
+                nursery.start_soon(read)
+            await wait_for(lambda: fake_engine.statistics().requests_deferred == 3)
+            await drain(app.app, grace_s=0.05)
+            raws[CHAT] = await running.read_all()
+        assert fake_engine.statistics().requests_processing == 0
+        assert fake_engine.cancelled == 1
+        event, data = last_frame(raws[CHAT])
+        assert (event, data["error"]["code"], data["error"]["type"]) == (None, "not_ready", "server_error")
+        assert "shutting down" in data["error"]["message"]
+        event, data = last_frame(raws["/v1/messages"])
+        assert (event, data["type"], data["error"]["type"]) == ("error", "error", "overloaded_error")
+        event, data = last_frame(raws["/v1/responses"])
+        assert (event, data["type"], data["code"]) == ("error", "error", "not_ready")
+        assert raws["/completion status"] == b"503"
+        assert json.loads(raws["/completion"])["error"]["code"] == "not_ready"
+
+    async def test_what_finishes_before_the_deadline_is_untouched(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ):
+        """Drain waits for the work to finish; with none left at the deadline nothing is interrupted."""
+        script.reply = "word " * 20
+        script.piece_delay = 0.01
+        async with exchange(app.app, CHAT, body(stream=True)) as running:
+            await running.receive_chunk()
+            await drain(app.app, grace_s=10)
+            raw = await running.read_all()
+        assert raw.endswith(b"data: [DONE]\n\n")
         assert fake_engine.cancelled == 0

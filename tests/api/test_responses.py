@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 from dirty_equals import IsInt, IsStr
@@ -10,6 +11,7 @@ from dirty_equals import IsInt, IsStr
 from bubo.api.responses import wire
 from bubo.api.responses.stream import ResponseStream
 from bubo.domain.generation import GenerationStats, StopCause
+from bubo.domain.messages import Message, ToolCall
 from bubo.domain.output import Done, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.service.response_store import ResponseStore, StoredResponse
@@ -271,11 +273,73 @@ class TestResponseStore:
 
     def test_lru_by_bytes(self) -> None:
         """Past max_bytes entries go until the budget holds; a too-large entry is not kept."""
-        store = ResponseStore(max_entries=100, max_bytes=150)
+        budget = self.entry(100).size * 3 // 2
+        store = ResponseStore(max_entries=100, max_bytes=budget)
         store.put("a", self.entry(100))
         store.put("b", self.entry(100))
         assert len(store) == 1
         assert store.get("b") is not None
-        store.put("huge", self.entry(1000))
+        store.put("huge", self.entry(budget))
         assert store.get("huge") is None
-        assert store.total_bytes <= 150
+        assert store.total_bytes <= budget
+
+    def test_the_budget_holds_the_memory_the_entries_really_take(self) -> None:
+        """Non-ASCII reasoning and tool calls: what the store counts is at least what it holds, within budget.
+
+        Counting characters undercounted: a CJK character takes two bytes in memory
+        (three in the UTF-8 body), so the store grew past its budget.
+        """
+        budget = 2 * 1024 * 1024
+        store = ResponseStore(max_entries=10_000, max_bytes=budget)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for n in range(200):
+                thought = f"{n}思考" * 4000
+                answer = Message(
+                    role="assistant",
+                    content="答" * 2000,
+                    reasoning=thought,
+                    tool_calls=(
+                        ToolCall(id=f"call_{n}", name="lookup", arguments='{"q":"' + "検" * 1000 + '"}'),
+                    ),
+                )
+                body = json.dumps({"output": [{"type": "reasoning", "text": thought}]}, ensure_ascii=False)
+                store.put(f"resp_{n}", StoredResponse(body=body.encode(), conversation=(answer,)))
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert store.evictions > 0  # the budget was reached
+        assert held <= store.total_bytes <= budget
+
+    def test_a_conversation_chain_counts_each_turn_once(self) -> None:
+        """Each continuation holds the earlier turns too, but shares their objects: they count once."""
+        store = ResponseStore(max_entries=1000, max_bytes=2 * 1024 * 1024)
+        conversation: tuple[Message, ...] = ()
+        for n in range(50):
+            turn = (
+                Message(role="user", content=f"question {n}"),
+                Message(role="assistant", content="x" * 10_000),
+            )
+            conversation = (*conversation, *turn)
+            store.put(f"resp_{n}", StoredResponse(body=b"{}", conversation=conversation))
+        assert (len(store), store.evictions) == (50, 0)
+        assert store.total_bytes < 50 * 12_000
+        for n in range(50):
+            store.delete(f"resp_{n}")
+        assert store.total_bytes == 0
+
+    async def test_metrics_show_the_store_size(self, app) -> None:
+        """/metrics has the store's bytes, entries and budget."""
+        client = app.test_client()
+        await client.post(PATH, json={"model": "bubo", "input": "x"})
+        text = (await (await client.get("/metrics")).get_data()).decode()
+        values = {
+            line.split()[0]: float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("bubo:responses_store")
+        }
+        assert values["bubo:responses_store_entries"] == 1
+        assert values["bubo:responses_store_bytes"] > 0
+        assert values["bubo:responses_store_budget_bytes"] == 64 * 1024 * 1024
+        assert values["bubo:responses_store_evictions_total"] == 0

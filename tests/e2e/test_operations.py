@@ -354,7 +354,7 @@ class TestShutdown:
             )
             ready = httpx.get(server.base_url + "/ready", timeout=10)
             rest = [line for line in lines if line.startswith("data: ")]
-        assert json.loads(rest[-1][6:])["stop"] is True
+        assert json.loads(rest[-1][6:])["stop"] is True, rest[-1]
         assert json.loads(rest[-1][6:])["tokens_predicted"] == 200
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "not_ready"
@@ -375,17 +375,56 @@ class TestShutdown:
         assert time.monotonic() - started < 10
         assert "stopped; the model is freed" in server.output()
 
-    def test_the_deadline_cancels_what_is_still_running(self, tmp_path: Path) -> None:
+    def test_the_deadline_ends_every_request_with_its_dialects_error(self, tmp_path: Path) -> None:
+        """At --shutdown-timeout the running stream and the queued requests each end with a word.
+
+        The running llama-server stream and the queued OpenAI and Anthropic
+        streams (their 200 headers already sent) end with their dialect's error
+        event; a queued request without a stream gets a 503.  All say not_ready.
+        """
         server = self.start(tmp_path, "--shutdown-timeout", "1")
-        body = {"prompt": "Count:", "n_predict": 5000, "ignore_eos": True, "stream": True}
+        base = server.base_url
+        chat = {"model": "bubo", "max_tokens": 5000, "messages": [{"role": "user", "content": "Count."}]}
+        queued = {
+            "openai stream": ("/v1/chat/completions", {**chat, "stream": True}),
+            "anthropic stream": ("/v1/messages", {**chat, "stream": True}),
+            "plain": ("/v1/chat/completions", chat),
+        }
+        answers: dict[str, tuple[int, str]] = {}
+
+        def ask(name: str, path: str, body: dict[str, object]) -> None:
+            response = httpx.post(base + path, json=body, timeout=60)
+            answers[name] = (response.status_code, response.text)
+
+        running = {"prompt": "Count:", "n_predict": 5000, "ignore_eos": True, "stream": True}
         started = time.monotonic()
-        with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=60) as response:
+        with httpx.stream("POST", base + "/completion", json=running, timeout=60) as response:
             lines = response.iter_lines()
             next(lines)
+            threads = [threading.Thread(target=ask, args=(n, *a)) for n, a in queued.items()]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while "llamacpp:requests_deferred 3.0" not in httpx.get(base + "/metrics", timeout=10).text:
+                assert time.monotonic() < deadline, "the three requests never queued"
+                time.sleep(0.05)
             server.process.terminate()
-            with pytest.raises(httpx.HTTPError):
-                for _ in lines:  # the stream is cut at the deadline, not finished
-                    pass
+            rest = [line for line in lines if line.startswith("data: ")]
+            for thread in threads:
+                thread.join(timeout=30)
+        assert json.loads(rest[-1][6:])["error"]["code"] == "not_ready"
+        assert "shutting down" in json.loads(rest[-1][6:])["error"]["message"]
+        status, text = answers["openai stream"]
+        assert status == 200
+        assert json.loads(text.strip().splitlines()[-1][6:])["error"]["code"] == "not_ready"
+        status, text = answers["anthropic stream"]
+        assert status == 200
+        event, data = text.strip().split("\n\n")[-1].splitlines()
+        assert event == "event: error"
+        assert json.loads(data[6:])["error"]["type"] == "overloaded_error"
+        status, text = answers["plain"]
+        assert status == 503
+        assert json.loads(text)["error"]["code"] == "not_ready"
         assert server.process.wait(timeout=30) == 0
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 30
         assert "stopped; the model is freed" in server.output()

@@ -63,9 +63,13 @@ def test_every_piece(pair) -> None:
     assert [t for t in range(ours.n_vocab) if ours.token_bytes(t) != reference.token_bytes(t)] == []
 
 
-@pytest.mark.parametrize("joiner", [" ", "\n", ""])
+@pytest.mark.parametrize("joiner", [" ", "\n", "", "。", "\n\n", "x\n", "!"])
 def test_long_texts_cut_for_parallel_tokenizing_keep_their_ids(pair, joiner: str) -> None:
-    """A long text tokenized in pieces (for speed) still gives llama.cpp's ids for the whole text."""
+    """A long text tokenized in pieces (for speed and bounded memory) still gives llama.cpp's ids for it.
+
+    The joiners make each kind of cut: before a space, after a new line, between
+    a letter and a punctuation mark (ASCII and CJK).
+    """
     ours, reference = pair
     texts = corpus()
     for start in range(0, 2800, 700):
@@ -73,3 +77,29 @@ def test_long_texts_cut_for_parallel_tokenizing_keep_their_ids(pair, joiner: str
         assert len(text) > 20_000
         assert ours.encode(text) == reference.encode(text)
         assert ours.encode(text, parse_special=False) == reference.encode(text, parse_special=False)
+
+
+def test_huge_texts_are_cut_into_bounded_pieces(pair) -> None:
+    """A text far longer than one piece, of each kind of cut, keeps llama.cpp's ids and count."""
+    ours, reference = pair
+    for text in (
+        "The quick brown fox jumps over the lazy dog. " * 8000,
+        "日本語の文章です。これは試験です、" * 12000,
+        "line of text\nanother line\n" * 12000,
+    ):
+        expected = reference.encode(text)
+        assert ours.encode(text) == expected
+        assert ours.count(text) == len(expected)
+        assert ours.count(text, add_special=True) == len(reference.encode(text, add_special=True))
+        prefix = ours.encode(text, limit=1000)
+        assert len(prefix) > 1000
+        assert prefix == expected[: len(prefix)]
+
+
+def test_a_token_never_stands_for_more_than_max_token_bytes(pair) -> None:
+    """The size bound that refuses a prompt before tokenizing it holds on the corpus."""
+    ours, _ = pair
+    bound = ours.max_token_bytes
+    assert bound is not None
+    for text in corpus():
+        assert len(ours.encode(text)) >= -(-len(text.encode()) // bound)

@@ -9,15 +9,17 @@ the request reached a loopback address; in every other case they are 404
 
 from __future__ import annotations
 
-import trio
+from typing import Any
+
 from quart import Blueprint, Response, request
 
 from bubo.domain.addresses import is_loopback
 from bubo.errors import NotFound
-from bubo.service.chat import render_chat_request
+from bubo.service.chat import prompt_chars, render_chat_request
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
-from ._context import api_context, json_body, require_runtime
-from ._converter import make_converter, structure
+from ._context import api_context, require_runtime, structured_body
+from ._converter import make_converter
 from ._json import json_response
 from .openai import translate, wire
 
@@ -39,18 +41,22 @@ async def _only_when_enabled_on_loopback() -> None:
 async def prompt() -> Response:
     """A chat-completions body rendered and tokenized exactly as generation would, with each token's text."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
-    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.chat_request(body))
+    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
+    chat = translate.chat_request(body)
     tokenizer = runtime.tokenizer
-    return json_response(
-        {
+
+    def render() -> dict[str, Any]:
+        rendered = render_chat_request(runtime, chat)
+        return {
             "prompt": rendered.text,
             "n_tokens": len(rendered.tokens),
             "tokens": list(rendered.tokens),
             "pieces": [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in rendered.tokens],
             "template_origin": runtime.template.origin,
         }
-    )
+
+    need_bytes = prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR
+    return json_response(await runtime.workers.run(render, need_bytes=need_bytes))
 
 
 @blueprint.get("/debug/cache")

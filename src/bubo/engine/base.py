@@ -8,12 +8,16 @@ Once the slot is held, the producer (a worker thread for llama.cpp, a task for
 the fake engine) runs in a nursery and sends events through a small memory
 channel.  Leaving the ``async with`` block, for any reason, cancels the
 producer; the llama.cpp thread sees it at its next token or prefill chunk.
+:meth:`SlotEngine.interrupt` (shutdown's deadline) cancels the waits and the
+producer the same way, then hands each its error: waiting requests raise it,
+the running one gets it as its last event, so every dialect can report it.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
@@ -181,6 +185,10 @@ class Engine(Protocol):
         """Return once the engine is lost."""
         ...
 
+    def interrupt(self, error: BuboError) -> None:
+        """End the running generation and every waiting one with *error*; refuse later ones with it."""
+        ...
+
     async def aclose(self) -> None:
         """Wait for the slot, then free the model; the engine is unusable afterwards."""
         ...
@@ -244,6 +252,8 @@ class SlotEngine(abc.ABC):
         self._next_task_id = 0
         self._closed = False
         self._lost = trio.Event()
+        self._interruption: BuboError | None = None  # set by interrupt(): every generation ends with it
+        self._interruptible: set[trio.CancelScope] = set()  # slot waits and the running producer
         # idle jobs are few (at most one per generation) and skip themselves when stale
         self._idle_jobs, self._idle_queue = trio.open_memory_channel[Callable[[], None]](math.inf)
 
@@ -264,6 +274,8 @@ class SlotEngine(abc.ABC):
     def _check_usable(self) -> None:
         if self._lost.is_set():
             raise DeviceLost("the engine failed and cannot serve requests")
+        if self._interruption is not None:
+            raise copy.copy(self._interruption)  # one instance per request: each gets its own traceback
 
     @asynccontextmanager
     async def open_generation(
@@ -273,10 +285,12 @@ class SlotEngine(abc.ABC):
 
         Raises:
             DeviceLost: the engine was lost (before or while this request waited).
+            BuboError: the engine was interrupted (before or while this request waited).
 
         """
         self._check_usable()
-        async with self._slot:
+        await self._acquire_slot()
+        try:
             self._check_usable()
             task_id = self._next_task_id
             self._next_task_id += 1
@@ -290,6 +304,30 @@ class SlotEngine(abc.ABC):
                         # Whether the consumer read everything or left early, the
                         # producer must stop now; a finished producer ignores this.
                         nursery.cancel_scope.cancel()
+        finally:
+            self._slot.release()
+
+    async def _acquire_slot(self) -> None:
+        """Wait for the slot; an interruption meanwhile raises its error instead."""
+        with trio.CancelScope() as waiting:
+            self._interruptible.add(waiting)
+            try:
+                await self._slot.acquire()
+            finally:
+                self._interruptible.discard(waiting)
+        if waiting.cancelled_caught:  # only interrupt() cancels this scope
+            assert self._interruption is not None
+            raise copy.copy(self._interruption)
+
+    def interrupt(self, error: BuboError) -> None:
+        """End every generation with *error*: the running one as its last event, waiting ones as they wait.
+
+        Later generations are refused with it too (shutdown: the deadline for
+        running requests has passed).  Call on the trio thread.
+        """
+        self._interruption = error
+        for scope in self._interruptible:
+            scope.cancel()
 
     async def _run_producer(
         self,
@@ -304,10 +342,16 @@ class SlotEngine(abc.ABC):
         counters.task_limit = -1 if request.max_new_tokens is None else request.max_new_tokens
         try:
             async with send:
-                try:
-                    await self._produce(request, send)
-                except Exception as error:  # noqa: BLE001 - delivered to the consumer, not lost
-                    await send.send(GenerationFailed(error=self._failure(error)))
+                with trio.CancelScope() as running:
+                    self._interruptible.add(running)
+                    try:
+                        await self._produce(request, send)
+                    except Exception as error:  # noqa: BLE001 - delivered to the consumer, not lost
+                        await send.send(GenerationFailed(error=self._failure(error)))
+                    finally:
+                        self._interruptible.discard(running)
+                if running.cancelled_caught and self._interruption is not None:
+                    await send.send(GenerationFailed(error=copy.copy(self._interruption)))
         finally:
             counters.is_processing = False
 

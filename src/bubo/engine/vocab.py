@@ -61,8 +61,20 @@ class LlamaVocabTokenizer:
         """Whether ``encode(add_special=True)`` starts with BOS."""
         return self._add_bos
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """``llama_tokenize`` of *text*."""
+    @property
+    def max_token_bytes(self) -> int | None:
+        """None: llama.cpp may emit an unknown token for any run of text, so no bound is claimed."""
+        return None
+
+    def count(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> int:
+        """The number of ids of *text*."""
+        return len(self.encode(text, add_special=add_special, parse_special=parse_special))
+
+    def encode(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True, limit: int | None = None
+    ) -> list[int]:
+        """``llama_tokenize`` of *text* (whole: *limit* does not shorten the work here)."""
+        del limit
         data = text.encode()
         capacity = len(data) + 8
         out = (llama_cpp.llama_token * capacity)()

@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 
 import attrs
-import trio
 
-from bubo.domain.generation import CacheTags, GrammarSpec, ThinkingBudget
+from bubo.domain.generation import CacheTags, GenerationRequest, GrammarSpec, ThinkingBudget
 from bubo.domain.messages import ChatPrompt, ToolSpec
 from bubo.domain.requests import ChatRequest
 from bubo.errors import InvalidRequest
@@ -21,12 +20,19 @@ from bubo.grammar import check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
 from bubo.parsers.registry import tool_format
 
-from .generation import PreparedGeneration, compile_grammar, generation_request
+from .generation import PreparedGeneration, bias_chars, compile_grammar, generation_request
 from .output import OutputPlan
-from .prompt import RenderedPrompt, render_chat, stable_prompt
+from .prompt import RenderedPrompt, count_chat, render_chat, stable_prompt
 from .runtime import Runtime
+from .work import PREPARE_BYTES_PER_CHAR
 
-__all__ = ["prepare_chat", "render_chat_request", "starts_inside_thinking"]
+__all__ = [
+    "count_chat_request",
+    "prepare_chat",
+    "prompt_chars",
+    "render_chat_request",
+    "starts_inside_thinking",
+]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -52,15 +58,31 @@ def _with_thinking_variables(request: ChatRequest) -> ChatPrompt:
 
 
 def render_chat_request(runtime: Runtime, request: ChatRequest) -> RenderedPrompt:
-    """The prompt exactly as generation renders it (also for ``count_tokens``)."""
+    """The prompt exactly as generation renders it (``/apply-template``, ``/debug/prompt``)."""
     return render_chat(runtime, _with_thinking_variables(request))
+
+
+def count_chat_request(runtime: Runtime, request: ChatRequest) -> int:
+    """The prompt's token count as generation would see it, whatever its length (``count_tokens``)."""
+    return count_chat(runtime, _with_thinking_variables(request))
 
 
 async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
     """Render, tokenize, check, and plan grammar and parsers for a chat request."""
     _check_schemas(request)  # first: a schema over the limits must not cost a render of itself
     prompt = _with_thinking_variables(request)  # offers no tools when tool_choice is "none"
-    rendered = await trio.to_thread.run_sync(render_chat, runtime, prompt)
+
+    def render_and_check() -> tuple[RenderedPrompt, GenerationRequest]:
+        rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
+        checked = generation_request(runtime, rendered, request.options, prompt_param="messages")
+        return rendered, attrs.evolve(
+            checked,
+            cache_tags=cache_tags(runtime, prompt),
+            continuation=tuple(runtime.tokenizer.encode(runtime.template.end_of_turn)),
+        )
+
+    need_bytes = (prompt_chars(prompt) + bias_chars(request.options)) * PREPARE_BYTES_PER_CHAR
+    rendered, checked = await runtime.workers.run(render_and_check, need_bytes=need_bytes)
     inside = starts_inside_thinking(rendered.text)
     may_think = runtime.template.supports_thinking
     thinking = inside or may_think
@@ -70,10 +92,8 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     )
     budget = request.reasoning.budget_tokens
     generation = attrs.evolve(
-        generation_request(runtime, rendered, request.options, prompt_param="messages"),
+        checked,
         grammar=grammar,
-        cache_tags=cache_tags(runtime, prompt),
-        continuation=tuple(runtime.tokenizer.encode(runtime.template.end_of_turn)),
         thinking_budget=(
             ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
             if budget is not None and thinking
@@ -87,6 +107,14 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
         tool_config=ParserConfig(tools=prompt.tools, max_calls=max_calls),
     )
     return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
+
+
+def prompt_chars(prompt: ChatPrompt) -> int:
+    """The size of the text a prompt holds (for the work estimate; the template adds little)."""
+    return sum(
+        len(m.content or "") + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
+        for m in prompt.messages
+    )
 
 
 def cache_tags(runtime: Runtime, prompt: ChatPrompt) -> CacheTags:

@@ -9,12 +9,12 @@ logit-bias resolution, grammars), so those errors become ordinary HTTP errors.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 import attrs
-import trio
 
 from bubo.domain.generation import (
     GenerationRequest,
@@ -41,8 +41,16 @@ from bubo.grammar import check_schema, output_grammar
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
 from .runtime import Runtime
+from .work import PREPARE_BYTES_PER_CHAR
 
-__all__ = ["PreparedGeneration", "collect", "generation_request", "open_output", "prepare_completion"]
+__all__ = [
+    "PreparedGeneration",
+    "bias_chars",
+    "collect",
+    "generation_request",
+    "open_output",
+    "prepare_completion",
+]
 
 # What a client told that the queue is full should wait before trying again, in seconds.
 QUEUE_RETRY_AFTER_S = 5
@@ -58,7 +66,7 @@ class PreparedGeneration:
 
 
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
-    """Tokenize and check a raw-prompt request, and compile its grammar."""
+    """Tokenize and check a raw-prompt request (off the event loop, by the workers); compile its grammar."""
     planned: tuple[GrammarSpec, str] | None = None
     if request.grammar is not None:
         planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
@@ -66,23 +74,36 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
         output = request.output_format
         check_schema(output.schema, output.param)
         planned = output_grammar(output.schema, starts_inside=False, may_think=False), output.param
-    rendered = await trio.to_thread.run_sync(tokenize_raw, runtime, request.prompt)
-    generation = generation_request(runtime, rendered, request.options, prompt_param="prompt")
+
+    def prepare() -> PreparedGeneration:
+        rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
+        return PreparedGeneration(
+            prompt=rendered,
+            request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
+        )
+
+    chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
+    prepared = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
-    return PreparedGeneration(prompt=rendered, request=attrs.evolve(generation, grammar=grammar))
+    return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar))
 
 
 async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> str:
-    """*spec* as checked GBNF, compiled off the event loop before the request queues.
+    """*spec* as checked GBNF, compiled by the workers (off the event loop) before the request queues.
 
     Raises:
         InvalidRequest: llama.cpp cannot take it; *param* names the request field it came from.
 
     """
     try:
-        return await trio.to_thread.run_sync(runtime.engine.compile_grammar, spec)
+        return await runtime.workers.run(functools.partial(runtime.engine.compile_grammar, spec))
     except GrammarRejected as error:
         raise InvalidRequest(error.message, code=error.code, param=param) from None
+
+
+def bias_chars(options: GenerationOptions) -> int:
+    """The size of a request's logit bias, for the work estimate (its texts are tokenized)."""
+    return sum(len(target) if isinstance(target, str) else 1 for target, _ in options.sampling.logit_bias)
 
 
 def generation_request(
@@ -120,6 +141,12 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
     if not options.sampling.logit_bias:
         return sampling
     tokenizer = runtime.tokenizer
+    if len(options.sampling.logit_bias) > tokenizer.n_vocab:
+        raise InvalidRequest(
+            f"logit_bias has {len(options.sampling.logit_bias)} entries, more than the model's "
+            f"{tokenizer.n_vocab} tokens",
+            param="logit_bias",
+        )
     biases: dict[int, float] = dict(sampling.logit_bias)
     for index, (target, bias) in enumerate(options.sampling.logit_bias):
         if isinstance(target, str):

@@ -1,5 +1,9 @@
 """The memory guard: refuse a generation the machine has no memory for, before it starts.
 
+It also admits a request's working memory before heavy work on it starts
+(parsing a large body, rendering and tokenizing its prompt: see
+:mod:`bubo.service.work`), counting what the jobs already running hold.
+
 A request's need is estimated from the model: the KV state of its tokens
 (prompt and new tokens, at the model's bytes per token: what the host-RAM
 snapshot of the conversation holds once it leaves the slot; the slot's own KV
@@ -141,21 +145,47 @@ class MemoryGuard:
             InsufficientMemory: it needs more than is available now.
 
         """
+        self._check(
+            self.need_bytes(n_tokens),
+            what=f"({n_tokens} tokens of state)",
+            advice="shorten the prompt or max_tokens",
+        )
+
+    def admit_bytes(self, need_bytes: int, *, reserved_bytes: int = 0) -> None:
+        """Check a request's working memory (parsing, rendering, tokenizing) before the work starts.
+
+        *reserved_bytes* is what work already running was admitted with and
+        may not have allocated yet; it is not available to this request.
+
+        Raises:
+            InsufficientMemoryPermanent: it needs more than the machine could ever give.
+            MemoryPressure: available memory is below the low-water mark.
+            InsufficientMemory: it needs more than is available now.
+
+        """
+        self._check(
+            need_bytes,
+            reserved_bytes=reserved_bytes,
+            what="to parse and tokenize",
+            advice="send a smaller request",
+        )
+
+    def _check(self, need: int, *, what: str, advice: str, reserved_bytes: int = 0) -> None:
         reading = self.probe.read()
-        need = self.need_bytes(n_tokens)
+        available = max(0, reading.available_bytes - reserved_bytes)
         if reading.limit_bytes and need > reading.limit_bytes:
             raise InsufficientMemoryPermanent(
-                f"the request needs about {_mib(need)} MiB ({n_tokens} tokens of state) but this machine "
-                f"can give at most {_mib(reading.limit_bytes)} MiB: shorten the prompt or max_tokens"
+                f"the request needs about {_mib(need)} MiB {what} but this machine "
+                f"can give at most {_mib(reading.limit_bytes)} MiB: {advice}"
             )
         if reading.available_bytes < self.low_water_bytes:
             raise MemoryPressure(
                 f"only {_mib(reading.available_bytes)} MiB of memory is available, below the "
                 f"{_mib(self.low_water_bytes)} MiB low-water mark: free memory, then retry"
             )
-        if need > reading.available_bytes:
+        if need > available:
             raise InsufficientMemory(
-                f"the request needs about {_mib(need)} MiB but {_mib(reading.available_bytes)} MiB "
+                f"the request needs about {_mib(need)} MiB but {_mib(available)} MiB "
                 "is available now: free memory, then retry"
             )
 

@@ -12,11 +12,12 @@ import attrs
 
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import PromptPiece
-from bubo.errors import InvalidRequest
+from bubo.errors import ContextOverflow, InvalidRequest
+from bubo.tokenizer import Tokenizer
 
 from .runtime import Runtime
 
-__all__ = ["RenderedPrompt", "render_chat", "stable_prompt", "tokenize_raw"]
+__all__ = ["RenderedPrompt", "count_chat", "min_tokens", "render_chat", "stable_prompt", "tokenize_raw"]
 
 
 @attrs.frozen(kw_only=True)
@@ -48,35 +49,91 @@ def stable_prompt(prompt: ChatPrompt) -> ChatPrompt:
     return attrs.evolve(prompt, messages=messages)
 
 
-def render_chat(runtime: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
+def render_chat(runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = None) -> RenderedPrompt:
     """Render *prompt* with the chat template and tokenize it.
 
+    With *n_ctx*, a prompt that cannot fit is refused as soon as that is
+    known: from its size before tokenizing, else once tokenizing passes it.
+
+    Raises:
+        ContextOverflow: with *n_ctx*, the prompt has *n_ctx* tokens or more (``param`` ``messages``).
+
+    """
+    text = _chat_text(runtime, prompt)
+    tokens = _fitting_tokens(runtime.tokenizer, text, n_ctx=n_ctx, param="messages", add_special=True)
+    return RenderedPrompt(text=text, tokens=tuple(tokens))
+
+
+def count_chat(runtime: Runtime, prompt: ChatPrompt) -> int:
+    """How many tokens ``render_chat`` gives, without keeping them (``count_tokens``)."""
+    return runtime.tokenizer.count(_chat_text(runtime, prompt), add_special=True)
+
+
+def _chat_text(runtime: Runtime, prompt: ChatPrompt) -> str:
+    """The rendered prompt text.
+
     A template that prints the BOS token itself (Gemma, Llama 3) would double it
-    when the tokenizer adds BOS too; the printed one is dropped, as llama.cpp does.
+    when the tokenizer adds BOS too: the printed one is dropped, as llama.cpp does.
     """
     text = runtime.template.render(stable_prompt(prompt))
     tokenizer = runtime.tokenizer
     if tokenizer.add_bos and tokenizer.bos_token and text.startswith(tokenizer.bos_token):
         text = text[len(tokenizer.bos_token) :]
-    return RenderedPrompt(text=text, tokens=tuple(tokenizer.encode(text, add_special=True)))
+    return text
+
+
+def min_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """A lower bound on the tokens of *text*, from its size alone (0 when the tokenizer gives none)."""
+    per_token = tokenizer.max_token_bytes
+    if not per_token or not text:
+        return 0
+    n_bytes = len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+    return -(-n_bytes // per_token)
+
+
+def _fitting_tokens(
+    tokenizer: Tokenizer,
+    text: str,
+    *,
+    n_ctx: int | None,
+    param: str,
+    add_special: bool = False,
+    before: int = 0,
+) -> list[int]:
+    """The ids of *text*, or the overflow error as soon as *before* + its tokens cannot be under *n_ctx*."""
+    if n_ctx is None:
+        return tokenizer.encode(text, add_special=add_special)
+    room = n_ctx - 1 - before  # a prompt of n_ctx tokens or more does not fit
+    at_least = min_tokens(tokenizer, text)
+    if at_least > room:
+        raise ContextOverflow(n_prompt_tokens=before + at_least, n_ctx=n_ctx, param=param, at_least=True)
+    tokens = tokenizer.encode(text, add_special=add_special, limit=room)
+    if len(tokens) > room:
+        raise ContextOverflow(n_prompt_tokens=before + len(tokens), n_ctx=n_ctx, param=param, at_least=True)
+    return tokens
 
 
 def tokenize_raw(
-    runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt"
+    runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt", n_ctx: int | None = None
 ) -> RenderedPrompt:
     """Tokenize a raw prompt of text and/or token ids (llama-server's ``prompt``).
 
-    The model's BOS is added in front, as llama-server does.
+    The model's BOS is added in front, as llama-server does.  With *n_ctx*, a
+    prompt that cannot fit is refused as soon as that is known.
 
     Raises:
         InvalidRequest: a token id is outside the vocabulary.
+        ContextOverflow: with *n_ctx*, the prompt has *n_ctx* tokens or more.
 
     """
     tokenizer = runtime.tokenizer
     tokens: list[int] = []
+    bos = tokenizer.encode("", add_special=True)[:1] if tokenizer.add_bos else []
+    adds_bos = bool(bos) and prompt[:1] != (bos[0],)  # a prompt may start with the BOS id itself
     for index, piece in enumerate(prompt):
         if isinstance(piece, str):
-            tokens.extend(tokenizer.encode(piece))
+            before = len(tokens) + adds_bos
+            tokens.extend(_fitting_tokens(tokenizer, piece, n_ctx=n_ctx, param=param, before=before))
         elif 0 <= piece < tokenizer.n_vocab:
             tokens.append(piece)
         else:
@@ -84,9 +141,7 @@ def tokenize_raw(
                 f"token id {piece} is outside the vocabulary (0..{tokenizer.n_vocab - 1})",
                 param=f"{param}[{index}]" if len(prompt) > 1 else param,
             )
-    if tokenizer.add_bos:
-        bos = tokenizer.encode("", add_special=True)[:1]
-        if tokens[:1] != bos:
-            tokens[:0] = bos
+    if bos and tokens[:1] != bos:
+        tokens[:0] = bos
     text = "".join(p if isinstance(p, str) else tokenizer.decode([p]) for p in prompt)
     return RenderedPrompt(text=text, tokens=tuple(tokens))

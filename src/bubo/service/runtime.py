@@ -14,6 +14,7 @@ from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
 from .memory import MemoryGuard
+from .work import Workers
 
 __all__ = ["GenerationDefaults", "Runtime", "ServerState", "Status"]
 
@@ -40,6 +41,7 @@ class Runtime:
     default_grammar: str | None = None  # GBNF that constrains every request that sets none itself
     memory_guard: MemoryGuard | None = None  # None: requests are not checked against memory
     max_queue: int | None = None  # requests that may wait for the slot; None: no bound
+    workers: Workers = attrs.field(factory=Workers)  # heavy request work, off the event loop
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -41,8 +41,27 @@ class Tokenizer(Protocol):
         """Whether ``encode(add_special=True)`` starts with BOS."""
         ...
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of *text*; special-token markup is parsed unless told not to."""
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for (None: no bound, a token may stand for any text).
+
+        ``bytes(text) / max_token_bytes`` is then a lower bound on the token
+        count, known without tokenizing.
+        """
+        ...
+
+    def encode(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True, limit: int | None = None
+    ) -> list[int]:
+        """Token ids of *text*; special-token markup is parsed unless told not to.
+
+        With *limit*, tokenizing may stop once more than *limit* ids are found
+        (the result is then a prefix of the ids, longer than *limit*).
+        """
+        ...
+
+    def count(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> int:
+        """How many ids ``encode`` gives, with as little memory as the implementation can."""
         ...
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -14,19 +14,26 @@ Special tokens: CONTROL and UNKNOWN tokens are split out of the text only when
 special-token parsing is on; USER_DEFINED tokens always are (llama.cpp's
 ``tokenizer_st_partition``).
 
-Long texts are cut into a few pieces tokenized in parallel (``encode_batch_fast``,
+Long texts are cut into pieces tokenized in parallel (``encode_batch_fast``,
 on tokenizers' own thread pool).  A cut is made only where every supported BPE
-pre-tokenizer ends a pre-token anyway (a space between a letter, digit or
-punctuation mark and a letter), and BPE never merges across pre-tokens, so the
-ids are those of the whole text.  50,000 characters: 11.4 ms in one piece,
-4.7 ms in four on the 2-core reference machine.
+pre-tokenizer ends a pre-token anyway (before a space between a letter, digit
+or punctuation mark and a letter; after a new line before a letter; between a
+letter and a common punctuation mark), and BPE never merges across pre-tokens,
+so the ids are those of the whole text.  50,000 characters: 11.4 ms in one
+piece, 4.7 ms in four on the 2-core reference machine.
+
+Pieces are also what bounds the memory of a huge text: the library keeps
+about 250 bytes per token of each encoding it returns (token strings, offsets,
+masks), so a 10 MB text tokenized at once took 580 MB.  Pieces are tokenized
+a batch at a time and only their ids kept; :meth:`HFTokenizer.count` keeps
+not even those, and ``limit`` stops once a text is known to have more tokens.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
@@ -39,11 +46,21 @@ __all__ = ["HFTokenizer", "build_hf_tokenizer"]
 
 _SPACE = "\u2581"  # ▁, SentencePiece's escaped space
 _SPLIT_OUT_SPECIAL = frozenset({TokenType.CONTROL, TokenType.UNKNOWN})
-# Where the BPE pre-tokenizers Bubo supports always start a new pre-token.
-_PRE_TOKEN_BOUNDARY = re.compile(r"(?<=[A-Za-z0-9.,;:!?]) (?=[A-Za-z])")
-# Texts shorter than this are tokenized in one piece; longer ones in pieces about this long.
+# Where the BPE pre-tokenizers Bubo supports always start a new pre-token (GPT-2, Llama 3 and
+# Qwen2 regexes alike): before " word" after a letter, digit or punctuation mark; after a new
+# line that follows no other white space, before a letter (white space at the end of a piece
+# would group differently); between a letter and a punctuation mark (never an apostrophe).
+_PRE_TOKEN_BOUNDARY = re.compile(
+    r"(?<=[A-Za-z0-9.,;:!?])(?= [A-Za-z])"
+    r"|(?<=\S\n)(?=[^\W\d_])"
+    r"|(?<=[^\W\d_])(?=[.,;:!?\u3001\u3002\uff0c\uff01\uff1f\uff1b\uff1a])"
+)
+# Texts shorter than this are tokenized in one piece; longer ones in pieces at least this long.
 _PARALLEL_PIECE_CHARS = 8192
-_MAX_PIECES = 8
+# Pieces are at most about this long (unless the text has no boundary), tokenized a batch at a time.
+_MAX_PIECE_CHARS = 65536
+_BATCH_PIECES = 8
+_N_BYTES = 256
 
 
 def build_hf_tokenizer(metadata: Mapping[str, Any]) -> HFTokenizer:
@@ -160,7 +177,7 @@ class HFTokenizer:
         # cutting at pre-token boundaries is exact for byte-level BPE, unless a token the
         # text is searched for first could span a cut
         self._cuttable = vocab.model == "gpt2" and not any(
-            " " in token.content for token in core.get_added_tokens_decoder().values()
+            _spans_a_boundary(token.content) for token in core.get_added_tokens_decoder().values()
         )
 
     @property
@@ -190,39 +207,71 @@ class HFTokenizer:
         twin.encode_special_tokens = True
         return twin
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of *text*, exactly as ``llama_tokenize`` gives them."""
-        core = self._core if parse_special else self._core_without_special
-        ids: list[int] = (
-            [
-                i
-                for piece in core.encode_batch_fast(self._pieces_of(text), add_special_tokens=False)
-                for i in piece.ids
-            ]
-            if text
-            else []
-        )
-        if add_special:
-            if self.add_bos:
-                ids.insert(0, self._bos_id)  # type: ignore[arg-type]
-            if self._vocab.add_eos and self._eos_id is not None:
-                ids.append(self._eos_id)
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token can stand for; None when a token can stand for any text.
+
+        Byte-level BPE and SentencePiece with byte fallback never produce an
+        unknown token, so every token covers exactly its own piece's bytes.
+        """
+        if self._vocab.model != "gpt2" and sum(t is TokenType.BYTE for t in self._vocab.types) < _N_BYTES:
+            return None
+        return max(len(piece) for piece in self._pieces)
+
+    def encode(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True, limit: int | None = None
+    ) -> list[int]:
+        """Token ids of *text*, exactly as ``llama_tokenize`` gives them.
+
+        With *limit*, tokenizing may stop once more than *limit* ids are found:
+        the result is then a prefix of the ids, longer than *limit*.
+        """
+        ids: list[int] = []
+        if add_special and self.add_bos:
+            ids.append(self._bos_id)  # type: ignore[arg-type]
+        for batch in self._encoded_batches(text, parse_special=parse_special):
+            ids.extend(batch)
+            if limit is not None and len(ids) > limit:
+                return ids
+        if add_special and self._vocab.add_eos and self._eos_id is not None:
+            ids.append(self._eos_id)
         return ids
 
-    def _pieces_of(self, text: str) -> list[str]:
+    def count(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> int:
+        """``len(encode(...))`` without keeping the ids."""
+        n = sum(len(batch) for batch in self._encoded_batches(text, parse_special=parse_special))
+        if add_special:
+            n += int(self.add_bos) + int(self._vocab.add_eos and self._eos_id is not None)
+        return n
+
+    def _encoded_batches(self, text: str, *, parse_special: bool) -> Iterator[list[int]]:
+        """The ids of *text*, a batch of pieces at a time (each batch's encodings freed before the next)."""
+        if not text:
+            return
+        core = self._core if parse_special else self._core_without_special
+        batch: list[str] = []
+        for piece in self._pieces_of(text):
+            batch.append(piece)
+            if len(batch) == _BATCH_PIECES:
+                yield _ids(core, batch)
+                batch = []
+        if batch:
+            yield _ids(core, batch)
+
+    def _pieces_of(self, text: str) -> Iterator[str]:
         """*text* cut at pre-token boundaries into pieces that can be tokenized in parallel."""
-        n_pieces = min(len(text) // _PARALLEL_PIECE_CHARS, _MAX_PIECES)
-        if n_pieces < 2 or not self._cuttable:
-            return [text]
-        pieces, start = [], 0
-        for k in range(1, n_pieces):
-            boundary = _PRE_TOKEN_BOUNDARY.search(text, max(start + 1, k * len(text) // n_pieces))
+        size = min(max(len(text) // _BATCH_PIECES, _PARALLEL_PIECE_CHARS), _MAX_PIECE_CHARS)
+        if len(text) < 2 * _PARALLEL_PIECE_CHARS or not self._cuttable:
+            yield text
+            return
+        start = 0
+        while len(text) - start > size:
+            boundary = _PRE_TOKEN_BOUNDARY.search(text, start + size)
             if boundary is None:
                 break
-            pieces.append(text[start : boundary.start()])
+            yield text[start : boundary.start()]
             start = boundary.start()
-        pieces.append(text[start:])
-        return pieces
+        yield text[start:]
 
     @functools.cached_property
     def _pieces(self) -> tuple[bytes, ...]:
@@ -236,6 +285,18 @@ class HFTokenizer:
         """The text of *token_ids*, special tokens included."""
         pieces = self._pieces
         return b"".join(pieces[t] for t in token_ids).decode("utf-8", errors="replace")
+
+
+def _ids(core: HFTokenizerCore, pieces: list[str]) -> list[int]:
+    return [i for encoding in core.encode_batch_fast(pieces, add_special_tokens=False) for i in encoding.ids]
+
+
+def _spans_a_boundary(text: str) -> bool:
+    """Whether a cut could fall inside *text* (an added token, matched before pre-tokenizing).
+
+    A letter is appended: a cut before a space looks at the letter after it.
+    """
+    return any(0 < m.start() < len(text) for m in _PRE_TOKEN_BOUNDARY.finditer(text + "a"))
 
 
 @functools.cache

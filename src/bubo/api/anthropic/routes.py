@@ -6,17 +6,17 @@ are accepted and need nothing: Bubo serves one version of the API.
 
 from __future__ import annotations
 
-import trio
 from quart import Blueprint, Response
 
-from bubo.api._context import json_body, request_id, require_runtime
-from bubo.api._converter import make_converter, structure
+from bubo.api._context import request_id, require_runtime, structured_body
+from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.errors import InvalidRequest
-from bubo.service.chat import prepare_chat, render_chat_request
+from bubo.service.chat import count_chat_request, prepare_chat, prompt_chars
 from bubo.service.generation import collect, open_output
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .stream import MessageStream
@@ -34,7 +34,7 @@ _converter = make_converter()
 async def messages() -> Response:
     """Messages, streaming or not."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.MessagesRequest)
+    body = await structured_body(runtime, _converter, wire.MessagesRequest)
     runtime.check_model(body.model)
     prepared = await prepare_chat(runtime, translate.messages_request(body))
     message_id = new_id("msg_")
@@ -56,9 +56,13 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     """The prompt's token count as generation would see it; no generation, no context limit."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.CountTokensRequest)
+    body = await structured_body(runtime, _converter, wire.CountTokensRequest)
     runtime.check_model(body.model)
     if body.stream:
         raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
-    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.count_request(body))
-    return json_response(wire.TokenCount(input_tokens=len(rendered.tokens)))
+    chat = translate.count_request(body)
+    n_tokens = await runtime.workers.run(
+        lambda: count_chat_request(runtime, chat),
+        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
+    )
+    return json_response(wire.TokenCount(input_tokens=n_tokens))

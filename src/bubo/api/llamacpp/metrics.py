@@ -4,7 +4,8 @@ A custom collector reads the engine's statistics at scrape time, so nothing is
 counted twice and no metric object outlives the app (no global registry).
 ``prompt_tokens_seconds`` and ``predicted_tokens_seconds`` are averages over
 the server's life (llama-server resets them per scrape, which makes a second
-scraper see zeros).
+scraper see zeros).  The Responses store's size is Bubo's own
+(``bubo:responses_store_*``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from bubo.engine import EngineStatistics
+from bubo.service.response_store import StoreStatistics
 
 __all__ = ["CONTENT_TYPE", "render_metrics"]
 
@@ -76,8 +78,37 @@ class _EngineCollector:
             yield GaugeMetricFamily(f"llamacpp:{name}", help_text, value=value)
 
 
-def render_metrics(read: Callable[[], EngineStatistics], n_ctx: int) -> bytes:
-    """The Prometheus text exposition of the engine's current statistics."""
+class _StoreCollector:
+    """The Responses store's size against its budget."""
+
+    def __init__(self, read: Callable[[], StoreStatistics]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._read()
+        yield GaugeMetricFamily(
+            "bubo:responses_store_bytes", "Bytes held by stored Responses-API responses", value=s.bytes
+        )
+        yield GaugeMetricFamily(
+            "bubo:responses_store_entries", "Stored Responses-API responses", value=s.entries
+        )
+        yield GaugeMetricFamily(
+            "bubo:responses_store_budget_bytes",
+            "Byte budget of the Responses store (--responses-store-mib)",
+            value=s.budget_bytes,
+        )
+        yield CounterMetricFamily(
+            "bubo:responses_store_evictions_total",
+            "Responses evicted (or not kept) to hold the store's budgets",
+            value=s.evictions,
+        )
+
+
+def render_metrics(
+    read: Callable[[], EngineStatistics], n_ctx: int, store: Callable[[], StoreStatistics]
+) -> bytes:
+    """The Prometheus text exposition of the engine's and the Responses store's current statistics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_EngineCollector(read, n_ctx))
+    registry.register(_StoreCollector(store))
     return generate_latest(registry)

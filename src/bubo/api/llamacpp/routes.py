@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from quart import Blueprint, Response, request
 
-from bubo.api._context import api_context, json_body, require_runtime
-from bubo.api._converter import make_converter, structure
+from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._sse import sse_frame, sse_response
@@ -15,6 +16,9 @@ from bubo.domain.generation import PromptProgress, TokenLogprob
 from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
+from bubo.service.prompt import min_tokens
+from bubo.service.runtime import Runtime
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .metrics import CONTENT_TYPE, render_metrics
@@ -23,6 +27,10 @@ __all__ = ["blueprint"]
 
 blueprint = Blueprint("llamacpp", __name__)
 _converter = make_converter()
+
+MAX_TOKENS = 1 << 20
+"""The most token ids one ``/tokenize`` answer or ``/detokenize`` request holds (1,048,576: more than
+any model's context; a 10 MB text is about 2.2 million)."""
 
 
 class _CompletionStream:
@@ -102,7 +110,7 @@ class _CompletionStream:
 async def completion() -> Response:
     """Raw-prompt completion; needs no model."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.CompletionRequest)
+    body = await structured_body(runtime, _converter, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     if body.id_slot not in (None, -1, 0):
@@ -139,44 +147,80 @@ async def completion() -> Response:
 async def tokenize() -> Response:
     """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.TokenizeRequest)
-    tokenizer = runtime.tokenizer
+    body = await structured_body(runtime, _converter, wire.TokenizeRequest, _at_most_max_tokens("content"))
     content = body.content if body.content is not None else ""
     pieces = (content,) if isinstance(content, str) else tuple(content)
+    chars = sum(len(p) if isinstance(p, str) else 1 for p in pieces)
+    text = await runtime.workers.run(
+        lambda: _tokenized(runtime, body, pieces), need_bytes=chars * PREPARE_BYTES_PER_CHAR
+    )
+    return Response(text, content_type="application/json")
+
+
+def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int | str, ...]) -> str:
+    """The ``/tokenize`` answer as JSON text (a job for the workers)."""
+    tokenizer = runtime.tokenizer
     parse_special = body.parse_special is not False
     ids: list[int] = []
     for index, piece in enumerate(pieces):
         if isinstance(piece, str):
-            ids.extend(tokenizer.encode(piece, parse_special=parse_special))
+            room = MAX_TOKENS - len(ids)
+            if min_tokens(tokenizer, piece) > room:
+                raise _too_many_tokens("content", "gives")
+            ids.extend(tokenizer.encode(piece, parse_special=parse_special, limit=room))
         elif 0 <= piece < tokenizer.n_vocab:
             ids.append(piece)
         else:
             raise InvalidRequest(f"token id {piece} is outside the vocabulary", param=f"content[{index}]")
+        if len(ids) > MAX_TOKENS:
+            raise _too_many_tokens("content", "gives")
     if body.add_special and tokenizer.add_bos:
         bos = tokenizer.encode("", add_special=True)[:1]
         ids[:0] = bos
     if body.with_pieces:
-        return json_response(
-            wire.Tokens(
-                tokens=[
-                    wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids
-                ]
-            )
+        result = wire.Tokens(
+            tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids]
         )
-    return json_response(wire.Tokens(tokens=ids))
+    else:
+        result = wire.Tokens(tokens=ids)
+    return dumps(unstructure(result))
+
+
+def _at_most_max_tokens(field: str) -> Callable[[dict[str, Any]], None]:
+    """A body check: the array *field* holds at most ``MAX_TOKENS`` items (before each is checked)."""
+
+    def check(data: dict[str, Any]) -> None:
+        value = data.get(field)
+        if isinstance(value, list) and len(value) > MAX_TOKENS:
+            raise _too_many_tokens(field, "has")
+
+    return check
+
+
+def _too_many_tokens(param: str, verb: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"{param} {verb} more than {MAX_TOKENS} tokens, the most one request may; send it in parts",
+        param=param,
+    )
 
 
 @blueprint.post("/detokenize")
 async def detokenize() -> Response:
     """Token ids to text."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.DetokenizeRequest)
+    body = await structured_body(runtime, _converter, wire.DetokenizeRequest, _at_most_max_tokens("tokens"))
     tokens = body.tokens or []
-    n_vocab = runtime.tokenizer.n_vocab
-    for index, token in enumerate(tokens):
-        if not 0 <= token < n_vocab:
-            raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
-    return json_response(wire.Detokenized(content=runtime.tokenizer.decode(tokens)))
+    tokenizer = runtime.tokenizer
+
+    def detokenized() -> str:
+        n_vocab = tokenizer.n_vocab
+        for index, token in enumerate(tokens):
+            if not 0 <= token < n_vocab:
+                raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
+        return dumps(unstructure(wire.Detokenized(content=tokenizer.decode(tokens))))
+
+    text = await runtime.workers.run(detokenized, need_bytes=len(tokens) * PREPARE_BYTES_PER_CHAR)
+    return Response(text, content_type="application/json")
 
 
 @blueprint.get("/props")
@@ -256,4 +300,5 @@ async def metrics() -> Response:
     """Prometheus text."""
     runtime = require_runtime()
     engine = runtime.engine
-    return Response(render_metrics(engine.statistics, engine.info.n_ctx), content_type=CONTENT_TYPE)
+    text = render_metrics(engine.statistics, engine.info.n_ctx, api_context().responses.statistics)
+    return Response(text, content_type=CONTENT_TYPE)

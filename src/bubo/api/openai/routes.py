@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import time
 
-import trio
 from quart import Blueprint, Response
 
-from bubo.api._context import api_context, json_body, require_runtime
-from bubo.api._converter import make_converter, structure
+from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
-from bubo.service.chat import prepare_chat, render_chat_request
+from bubo.service.chat import prepare_chat, prompt_chars, render_chat_request
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .stream import ChatStream, CompletionStream, StreamIdentity
@@ -37,7 +37,7 @@ def _identity(model: str) -> StreamIdentity:
 async def chat_completions() -> Response:
     """Chat, streaming or not."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
+    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
     runtime.check_model(body.model)
     prepared = await prepare_chat(runtime, translate.chat_request(body))
     identity = _identity(body.model or runtime.model_id)
@@ -66,7 +66,7 @@ async def chat_completions() -> Response:
 async def completions() -> Response:
     """Legacy text completion, streaming or not."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.CompletionRequest)
+    body = await structured_body(runtime, _converter, wire.CompletionRequest)
     runtime.check_model(body.model)
     prepared = await prepare_completion(runtime, translate.completion_request(body))
     identity = _identity(body.model or runtime.model_id)
@@ -119,10 +119,14 @@ def model_list(runtime: Runtime) -> wire.ModelList:
 async def apply_template() -> Response:
     """llama-server's ``/apply-template``: the chat body rendered as prompt text; no model needed."""
     runtime = require_runtime()
-    body = structure(_converter, await json_body(), wire.ChatCompletionRequest)
+    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
-    rendered = await trio.to_thread.run_sync(render_chat_request, runtime, translate.chat_request(body))
+    chat = translate.chat_request(body)
+    rendered = await runtime.workers.run(
+        lambda: render_chat_request(runtime, chat),
+        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
+    )
     return json_response({"prompt": rendered.text})
 
 

@@ -6,8 +6,8 @@ import time
 
 from quart import Blueprint, Response
 
-from bubo.api._context import api_context, json_body, require_runtime
-from bubo.api._converter import make_converter, structure
+from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._converter import make_converter
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
@@ -41,7 +41,7 @@ async def create() -> Response:
     """A response, streaming or not; stored for continuation unless ``store`` is false."""
     runtime = require_runtime()
     store = api_context().responses
-    body = structure(_converter, await json_body(), wire.ResponsesRequest)
+    body = await structured_body(runtime, _converter, wire.ResponsesRequest)
     runtime.check_model(body.model)
     previous: tuple[Message, ...] = ()
     if body.previous_response_id is not None:

@@ -1,0 +1,281 @@
+"""Heavy requests: off the event loop, bounded in number and size, refused early when they cannot fit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from quart_trio import QuartTrio
+
+from bubo.api.llamacpp.routes import MAX_TOKENS
+from bubo.config import Settings
+from bubo.errors import InsufficientMemory
+from bubo.server import create_app
+from bubo.service.memory import MemoryGuard, MemoryReading
+from bubo.service.work import Workers
+from bubo.tokenizer import HFTokenizer
+
+from ..conftest import RuntimeFactory, wait_until_ready
+
+MIB = 1024 * 1024
+
+
+HEAVY = "Heavy"  # the text whose tokenizing is held
+
+
+class HeldTokenizer:
+    """The real tokenizer, except that one chosen method waits until the test lets it go.
+
+    It tells whether a request's heavy step runs on the event loop: if it did,
+    nothing else (``/health`` included) could be answered while it waits.
+    ``encode`` and ``count`` wait only for a text that contains ``HEAVY``.
+    """
+
+    def __init__(self, inner: HFTokenizer, held: str) -> None:
+        self._inner = inner
+        self.held = held
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+        self.texts: list[str] = []  # every text given to encode or count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _hold(self, method: str, text: str = HEAVY) -> None:
+        if method == self.held and HEAVY in text and not self.started.is_set():
+            self.started.set()
+            self.release.wait(timeout=10)  # on the event loop this freezes the test for 10 s, then fails it
+            self.finished.set()
+
+    def encode(self, text: str, **options: Any) -> list[int]:
+        self.texts.append(text)
+        self._hold("encode", text)
+        return self._inner.encode(text, **options)
+
+    def count(self, text: str, **options: Any) -> int:
+        self.texts.append(text)
+        self._hold("count", text)
+        return self._inner.count(text, **options)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        self._hold("decode")
+        return self._inner.decode(token_ids)
+
+
+@pytest.fixture(name="held")
+def _held(request: pytest.FixtureRequest, tokenizer: HFTokenizer) -> HeldTokenizer:
+    return HeldTokenizer(tokenizer, getattr(request, "param", "encode"))
+
+
+@pytest.fixture(name="held_app")
+async def _held_app(
+    settings: Settings, make_runtime: RuntimeFactory, held: HeldTokenizer
+) -> AsyncIterator[QuartTrio]:
+    runtime = attrs.evolve(make_runtime(), tokenizer=held)
+    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app  # type: ignore[misc]
+
+
+CHAT = {"model": "bubo", "messages": [{"role": "user", "content": f"{HEAVY} lifting"}], "max_tokens": 2}
+HEAVY_STEPS = [
+    pytest.param("encode", "/tokenize", {"content": f"{HEAVY} lifting"}, id="tokenize"),
+    pytest.param("decode", "/detokenize", {"tokens": [1, 2, 3]}, id="detokenize"),
+    pytest.param(
+        "encode",
+        "/completion",
+        {"prompt": "Hi", "n_predict": 1, "logit_bias": [[HEAVY, 1.0]]},
+        id="completion-logit-bias",
+    ),
+    pytest.param("encode", "/completion", {"prompt": f"{HEAVY} lifting", "n_predict": 1}, id="completion"),
+    pytest.param("encode", "/v1/chat/completions", CHAT, id="chat"),
+    pytest.param("encode", "/apply-template", CHAT, id="apply-template"),
+    pytest.param("count", "/v1/messages/count_tokens", CHAT, id="count_tokens"),
+]
+
+
+class TestOffTheEventLoop:
+    @pytest.mark.parametrize(("held", "path", "body"), HEAVY_STEPS, indirect=["held"])
+    async def test_health_answers_while_a_heavy_step_runs(
+        self, held_app, held: HeldTokenizer, path: str, body: dict[str, Any]
+    ) -> None:
+        """While a request tokenizes (or counts, or decodes), /health answers before that step ends."""
+        client = held_app.test_client()
+        statuses: list[int] = []
+
+        async def heavy() -> None:
+            statuses.append((await client.post(path, json=body)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(heavy)
+            with trio.fail_after(30):
+                while not held.started.is_set():
+                    await trio.sleep(0.001)
+            health = await client.get("/health")
+            answered_while_held = not held.finished.is_set()
+            held.release.set()
+        assert health.status_code == 200
+        assert answered_while_held
+        assert statuses == [200]
+
+
+class TestWorkers:
+    async def test_at_most_max_jobs_run_at_once(self) -> None:
+        """Jobs beyond max_jobs wait for a free worker."""
+        workers = Workers(max_jobs=2)
+        running = 0
+        most = 0
+        lock = threading.Lock()
+        release = threading.Event()
+
+        def job() -> None:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            release.wait(timeout=10)
+            with lock:
+                running -= 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(workers.run, job)
+            with trio.fail_after(10):
+                while most < 2:
+                    await trio.sleep(0.001)
+            release.set()
+        assert most == 2
+
+    async def test_memory_is_admitted_against_what_running_jobs_hold(self) -> None:
+        """A job's memory need counts the jobs already running: 60 + 60 MiB do not fit in 100 MiB."""
+        probe = _Probe(available=100 * MIB, limit=1024 * MIB)
+        guard = MemoryGuard(probe=probe, kv_bytes_per_token=1, step_bytes=0, low_water_bytes=0)
+        workers = Workers(max_jobs=2, guard=guard)
+        release = threading.Event()
+        outcomes: list[str] = []
+
+        async def first() -> None:
+            await workers.run(lambda: release.wait(timeout=10), need_bytes=60 * MIB)
+            outcomes.append("first ran")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            with trio.fail_after(10):
+                while workers.reserved_bytes == 0:
+                    await trio.sleep(0.001)
+            with pytest.raises(InsufficientMemory) as refused:
+                await workers.run(lambda: None, need_bytes=60 * MIB)
+            release.set()
+        assert refused.value.code == "insufficient_memory"
+        assert outcomes == ["first ran"]
+        assert workers.reserved_bytes == 0
+        await workers.run(lambda: None, need_bytes=60 * MIB)  # fits once the first is done
+
+
+@attrs.frozen
+class _Probe:
+    available: int
+    limit: int
+
+    def read(self) -> MemoryReading:
+        return MemoryReading(available_bytes=self.available, limit_bytes=self.limit)
+
+
+class TestSizeLimits:
+    async def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(
+        self, held_app, held: HeldTokenizer
+    ) -> None:
+        """10 MB of chat in a 2,048-token context: 400 context_length_exceeded from its size alone."""
+        held.release.set()
+        huge = "word " * 2_000_000
+        body = {"model": "bubo", "messages": [{"role": "user", "content": huge}]}
+        response = await held_app.test_client().post("/v1/chat/completions", json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+        assert "at least" in error["message"]
+        assert all(len(text) < 1000 for text in held.texts)  # the huge text was never tokenized
+
+    async def test_a_raw_prompt_that_cannot_fit_is_refused_without_tokenizing(
+        self, held_app, held: HeldTokenizer
+    ) -> None:
+        held.release.set()
+        response = await held_app.test_client().post("/completion", json={"prompt": "word " * 500_000})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+        assert all(len(text) < 1000 for text in held.texts)
+
+    async def test_a_prompt_over_the_context_stops_tokenizing_past_it(self, app) -> None:
+        """A prompt just over the context is counted only until it is known not to fit."""
+        text = "Hello there, how are you? " * 2000  # about 16,000 tokens
+        response = await app.test_client().post("/completion", json={"prompt": text})
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["n_ctx"]) == ("context_length_exceeded", 2048)
+        assert 2048 <= error["n_prompt_tokens"] < 16_000
+
+    async def test_tokenize_answers_at_most_max_tokens(self, app) -> None:
+        response = await app.test_client().post("/tokenize", json={"content": [1] * (MAX_TOKENS + 1)})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "content"
+
+    async def test_tokenize_refuses_a_text_of_more_than_max_tokens(self, app) -> None:
+        response = await app.test_client().post("/tokenize", json={"content": "a." * (MAX_TOKENS // 2 + 1)})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert error["param"] == "content"
+        assert str(MAX_TOKENS) in error["message"]
+
+    async def test_detokenize_takes_at_most_max_tokens(self, app) -> None:
+        response = await app.test_client().post("/detokenize", json={"tokens": [1] * (MAX_TOKENS + 1)})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "tokens"
+
+    async def test_a_logit_bias_larger_than_the_vocabulary(self, app) -> None:
+        """100,000 text biases (3.2 s on the event loop before) are refused: the vocabulary has 49,152 tokens."""
+        bias = [[f"w{n}", 1.0] for n in range(100_000)]
+        response = await app.test_client().post("/completion", json={"prompt": "Hi", "logit_bias": bias})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "logit_bias"
+
+    async def test_count_tokens_counts_a_prompt_of_any_length(self, app, tokenizer: HFTokenizer) -> None:
+        """count_tokens has no context limit: a prompt of 100,000+ tokens is counted whole."""
+        text = "Hello there, how are you? " * 20_000
+        body = {"model": "bubo", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+        response = await app.test_client().post("/v1/messages/count_tokens", json=body)
+        assert response.status_code == 200
+        assert (await response.get_json())["input_tokens"] > len(tokenizer.encode(text))
+
+
+class TestWorkingMemory:
+    @pytest.fixture(name="short_app")
+    async def _short_app(self, settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
+        """The app on a machine with 8 MiB available (the guard's probe says so)."""
+        guard = MemoryGuard(
+            probe=_Probe(available=8 * MIB, limit=1024 * MIB),
+            kv_bytes_per_token=1,
+            step_bytes=0,
+            low_water_bytes=0,
+        )
+        runtime = attrs.evolve(make_runtime(), memory_guard=guard, workers=Workers(guard=guard))
+        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            yield test_app  # type: ignore[misc]
+
+    async def test_parsing_and_tokenizing_are_admitted_against_memory(self, short_app) -> None:
+        """A 3 MiB body needs more than 8 MiB to parse and tokenize: 503 insufficient_memory, not a try."""
+        client = short_app.test_client()
+        big = await client.post("/tokenize", json={"content": "word " * 600_000})
+        assert big.status_code == 503
+        error = (await big.get_json())["error"]
+        assert error["code"] == "insufficient_memory"
+        assert big.headers["Retry-After"] == "5"
+        small = await client.post("/tokenize", json={"content": "word " * 100})
+        assert small.status_code == 200
