@@ -159,6 +159,21 @@ class TestGeneration:
         _, tokens, _ = await run(engine, biased)
         assert banned not in [t.token_id for t in tokens]
 
+    async def test_repeat_last_n_minus_one_penalizes_the_whole_context(self, engine, tokenizer) -> None:
+        """-1 means the context, as in llama-server (llama.cpp alone reads it as 0: penalties off)."""
+        text = "<|im_start|>user\nSay 'go' ten times.<|im_end|>\n<|im_start|>assistant\ngo go go go"
+
+        async def answer(last_n: int) -> str:
+            sampling = SamplingParams(temperature=0.0, repeat_penalty=1.8, repeat_last_n=last_n)
+            request = GenerationRequest(
+                prompt_tokens=prompt(tokenizer, text), max_new_tokens=8, sampling=sampling
+            )
+            return (await run(engine, request))[0]
+
+        off, whole = await answer(0), await answer(-1)
+        assert whole != off
+        assert whole == await answer(engine.info.n_ctx)
+
     async def test_logprobs(self, engine, tokenizer) -> None:
         """Greedy tokens are the top candidate; probabilities are normalised."""
         _, tokens, _ = await run(

@@ -74,7 +74,11 @@ class Generation:
         self._text = GeneratedText(request.stop)
         self._emit = emit
         self._sampler = Sampler(
-            request.sampling, n_vocab=context.n_vocab, vocab=context.vocab, grammar=request.grammar
+            request.sampling,
+            n_vocab=context.n_vocab,
+            n_ctx=context.n_ctx,
+            vocab=context.vocab,
+            grammar=request.grammar,
         )
         self._sampler.remember(request.prompt_tokens)
         self._limit = request.max_new_tokens

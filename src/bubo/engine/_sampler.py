@@ -29,7 +29,13 @@ class Sampler:
     """Owns one llama.cpp sampler chain; call :meth:`close` when done."""
 
     def __init__(
-        self, params: SamplingParams, *, n_vocab: int, vocab: object = None, grammar: str | None = None
+        self,
+        params: SamplingParams,
+        *,
+        n_vocab: int,
+        n_ctx: int = 0,
+        vocab: object = None,
+        grammar: str | None = None,
     ) -> None:
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._penalties = None
@@ -37,7 +43,8 @@ class Sampler:
         wants_penalties = (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         ) and params.repeat_last_n != 0
-        self.repeat_last_n = params.repeat_last_n
+        # -1 means the whole context, as in llama-server; llama.cpp itself reads any negative as 0 (off)
+        self.repeat_last_n = n_ctx if params.repeat_last_n < 0 else params.repeat_last_n
         add = self._add
         if grammar is not None:
             constraint = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
@@ -55,7 +62,7 @@ class Sampler:
         if wants_penalties:
             self._penalties = llama_cpp.llama_sampler_init_penalties(
                 n_vocab,
-                params.repeat_last_n,
+                self.repeat_last_n,
                 params.repeat_penalty,
                 params.frequency_penalty,
                 params.presence_penalty,
@@ -78,7 +85,7 @@ class Sampler:
         """Show the penalties stage (only) the tokens that came before generation began."""
         if self._penalties is None or not tokens:
             return
-        window = tokens if self.repeat_last_n < 0 else tokens[-self.repeat_last_n :]
+        window = tokens[-self.repeat_last_n :]
         for token in window:
             llama_cpp.llama_sampler_accept(self._penalties, token)
 
