@@ -15,7 +15,15 @@ import pytest
 from bubo.engine import EngineFailure, RepackDecision
 from bubo.engine import probe as probe_module
 from bubo.engine.llama import LlamaOptions
-from bubo.engine.probe import FAULT_VARIABLE, ProbeResult, VerdictCache, decide_repack, run_probe, verdict_key
+from bubo.engine.probe import (
+    FAULT_VARIABLE,
+    Ending,
+    ProbeResult,
+    VerdictCache,
+    decide_repack,
+    run_probe,
+    verdict_key,
+)
 
 pytestmark = pytest.mark.llama
 
@@ -78,12 +86,25 @@ class TestFaultsTurnRepackingOff:
         assert decision == RepackDecision(
             enabled=False, reason="the probe child with repacking timed out after 8 s"
         )
+        assert not list(cache.directory.glob("*.json"))  # a cold disk is not a bad CPU: probe again
+
+    def test_a_child_stopped_by_a_shutdown_signal_is_no_verdict(self, options, cache, monkeypatch) -> None:
+        """SIGTERM from a shutdown (or SIGKILL from the OOM killer) says nothing about the CPU."""
+        endings = iter(
+            [
+                ProbeResult(ending=Ending.STOPPED, detail="was killed by SIGTERM"),
+                ProbeResult(ending=Ending.PASSED, detail="passed in 1.0 s"),
+            ]
+        )
+        monkeypatch.setattr(probe_module, "run_probe", lambda *_a, **_k: next(endings))
+        assert not decide_repack("auto", options, timeout_s=TIMEOUT_S, cache=cache).enabled
+        assert not list(cache.directory.glob("*.json"))
 
     def test_a_model_that_crashes_even_without_repacking_is_refused(
         self, options, cache, monkeypatch
     ) -> None:
         """A clear error at start beats a server that dies on its first request."""
-        crashed = ProbeResult(passed=False, crashed=True, detail="was killed by SIGBUS")
+        crashed = ProbeResult(ending=Ending.CRASHED, detail="was killed by SIGBUS")
         monkeypatch.setattr(probe_module, "run_probe", lambda *_a, **_k: crashed)
         with pytest.raises(EngineFailure, match="crashes on this model and CPU even with repacking off"):
             decide_repack("auto", options, timeout_s=TIMEOUT_S, cache=cache)
@@ -91,7 +112,7 @@ class TestFaultsTurnRepackingOff:
 
     def test_an_uncertain_verdict_is_not_kept(self, options, cache, monkeypatch) -> None:
         """Both children timing out may mean a slow disk, not a bad CPU: probe again next time."""
-        slow = ProbeResult(passed=False, crashed=False, detail="timed out after 1 s")
+        slow = ProbeResult(ending=Ending.TIMED_OUT, detail="timed out after 1 s")
         monkeypatch.setattr(probe_module, "run_probe", lambda *_a, **_k: slow)
         assert not decide_repack("auto", options, timeout_s=1, cache=cache).enabled
         assert not list(cache.directory.glob("*.json"))

@@ -19,8 +19,10 @@ __all__ = ["MAX_ARGUMENT_DEPTH", "check_arguments_depth", "check_value_depth"]
 MAX_ARGUMENT_DEPTH = 64
 """Arrays and objects inside one another in one call's arguments (real calls nest a few levels)."""
 
-# a string literal (skipped whole, so brackets inside strings do not count) or one bracket
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+# A string literal (skipped whole, so brackets inside strings do not count) or one bracket.  An
+# unclosed string runs to the end of the text: the match never fails, so each character is read
+# once (a string that had to close would be rescanned from every later quote: quadratic).
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 
 
 def _too_deep(param: str) -> InvalidRequest:

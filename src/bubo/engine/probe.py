@@ -5,17 +5,20 @@ CPU_REPACK layouts) that speed up prefill.  On some CPUs and builds the first
 decode with repacked weights dies with SIGSEGV, and a native crash takes the
 whole server down without a word.  So, in ``auto`` mode, a child process loads
 the model with repacking on and decodes a prompt and one token with the
-server's own context settings.  A child killed by a signal, timing out or
+server's own threads, batch sizes, flash attention and GPU layers (in a small
+context: the probe needs 65 tokens).  A child killed by a signal, timing out or
 failing means repacking goes off; a second probe with it off then tells a model
 that crashes llama.cpp anyway (refused with a clear error) from one that only
-crashes when repacked.  The verdict is kept in the user's cache directory,
-keyed by CPU, llama.cpp build, model file and context settings, so later starts
-do not pay for the probe.
+crashes when repacked.  A verdict that blames repacking (its child crashed or
+failed, the other passed) is kept in the user's cache directory, keyed by CPU,
+llama.cpp build, model file and context settings, so later starts do not pay
+for the probe; after a time-out or a stray signal the next start probes again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import json
 import logging
@@ -36,6 +39,7 @@ from .llama import LlamaOptions
 
 __all__ = [
     "FAULT_VARIABLE",
+    "Ending",
     "ProbeResult",
     "VerdictCache",
     "decide_repack",
@@ -52,13 +56,31 @@ PROBE_CONTEXT = 256  # tokens: the probe decodes at most 65, and a small KV keep
 VERDICT_VERSION = 1  # bump when the probe changes what it checks
 
 
-@attrs.frozen(kw_only=True)
-class ProbeResult:
+class Ending(enum.Enum):
     """How a probe child ended."""
 
-    passed: bool
-    crashed: bool  # killed by a signal: a native crash
-    detail: str  # e.g. "passed in 1.2 s", "was killed by SIGSEGV", "timed out after 120 s"
+    PASSED = "passed"
+    CRASHED = "crashed"  # a native crash: SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT
+    FAILED = "failed"  # exited with an error (llama.cpp refused the load, logits not finite, …)
+    STOPPED = "stopped"  # another signal (a shutdown, the OOM killer): says nothing of the CPU
+    TIMED_OUT = "timed out"  # a slow disk or a hang: says nothing certain either
+
+
+# signals a native crash ends with (SIGABRT: llama.cpp's GGML_ASSERT)
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT})
+
+
+@attrs.frozen(kw_only=True)
+class ProbeResult:
+    """How a probe child ended, and a phrase for the log (e.g. "was killed by SIGSEGV")."""
+
+    ending: Ending
+    detail: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether the child loaded and decoded."""
+        return self.ending is Ending.PASSED
 
 
 def probe_payload(options: LlamaOptions, *, repack: bool) -> dict[str, Any]:
@@ -87,17 +109,19 @@ def run_probe(options: LlamaOptions, *, repack: bool, timeout_s: float) -> Probe
             text=True,
             timeout=timeout_s,
             check=False,
+            start_new_session=True,  # a Ctrl-C at the terminal is the server's to handle, not the probe's
         )
     except subprocess.TimeoutExpired:  # subprocess.run killed the child
-        return ProbeResult(passed=False, crashed=False, detail=f"timed out after {timeout_s:g} s")
+        return ProbeResult(ending=Ending.TIMED_OUT, detail=f"timed out after {timeout_s:g} s")
     elapsed = time.perf_counter() - started
     status = completed.returncode
     if status == 0:
-        return ProbeResult(passed=True, crashed=False, detail=f"passed in {elapsed:.1f} s")
+        return ProbeResult(ending=Ending.PASSED, detail=f"passed in {elapsed:.1f} s")
     if status < 0:
-        return ProbeResult(passed=False, crashed=True, detail=f"was killed by {_signal_name(-status)}")
+        ending = Ending.CRASHED if -status in _CRASH_SIGNALS else Ending.STOPPED
+        return ProbeResult(ending=ending, detail=f"was killed by {_signal_name(-status)}")
     last_line = next((line for line in reversed(completed.stderr.splitlines()) if line.strip()), "")
-    return ProbeResult(passed=False, crashed=False, detail=f"exited with status {status}: {last_line}")
+    return ProbeResult(ending=Ending.FAILED, detail=f"exited with status {status}: {last_line}")
 
 
 def _signal_name(number: int) -> str:
@@ -207,14 +231,14 @@ def _probe(options: LlamaOptions, timeout_s: float) -> tuple[RepackDecision, boo
         return RepackDecision(enabled=True, reason="the probe decode with repacking passed"), True
     plain = run_probe(options, repack=False, timeout_s=timeout_s)
     logger.info("repack probe: the child with repacking off %s", plain.detail)
-    if plain.crashed:
+    if plain.ending is Ending.CRASHED:
         raise EngineFailure(
             f"llama.cpp crashes on this model and CPU even with repacking off: the probe child "
             f"{plain.detail} (with repacking on it {repacked.detail})"
         )
-    return RepackDecision(
-        enabled=False, reason=f"the probe child with repacking {repacked.detail}"
-    ), plain.passed
+    # kept only when repacking itself is to blame: a time-out or a shutdown's signal says nothing certain
+    definite = plain.passed and repacked.ending in (Ending.CRASHED, Ending.FAILED)
+    return RepackDecision(enabled=False, reason=f"the probe child with repacking {repacked.detail}"), definite
 
 
 def _report(decision: RepackDecision) -> None:

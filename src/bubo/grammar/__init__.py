@@ -5,7 +5,9 @@ engine); this package only decides what to constrain and refuses schemas that
 conversion would not enforce.
 """
 
+from .gbnf import MAX_REQUEST_RULES as MAX_REQUEST_RULES
 from .gbnf import THINK_BODY as THINK_BODY
+from .gbnf import check_request_grammar as check_request_grammar
 from .gbnf import literal as literal
 from .gbnf import thinking_prefix as thinking_prefix
 from .schema import check_schema as check_schema

@@ -16,7 +16,7 @@ from bubo.domain.generation import CacheTags, GenerationRequest, GrammarSpec, Th
 from bubo.domain.messages import ChatPrompt, ToolSpec
 from bubo.domain.requests import ChatRequest
 from bubo.errors import InvalidRequest
-from bubo.grammar import check_schema, output_grammar, thinking_prefix
+from bubo.grammar import check_request_grammar, check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
 from bubo.parsers.registry import tool_format
 
@@ -179,6 +179,8 @@ def _check_schemas(request: ChatRequest) -> None:
             "a grammar cannot be combined with a forced tool call (tool_choice); send one of them",
             param=request.grammar.param,
         )
+    if request.grammar is not None:
+        check_request_grammar(request.grammar.rules, request.grammar.param)
     if forced is not None:
         for tool in forced:
             check_schema(tool.parameters, tool.param)

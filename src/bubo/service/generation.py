@@ -36,7 +36,7 @@ from bubo.domain.requests import CompletionRequest, GenerationOptions
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import EngineFailure, GrammarRejected
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
-from bubo.grammar import check_schema, output_grammar
+from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
@@ -69,6 +69,7 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     """Tokenize and check a raw-prompt request (off the event loop, by the workers); compile its grammar."""
     planned: tuple[GrammarSpec, str] | None = None
     if request.grammar is not None:
+        check_request_grammar(request.grammar.rules, request.grammar.param)
         planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
     elif request.output_format is not None:
         output = request.output_format
