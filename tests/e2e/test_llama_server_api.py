@@ -149,7 +149,7 @@ class TestOutputConstraints:
         }
         body = {
             "prompt": "Describe the sky as JSON:",
-            "n_predict": 48,
+            "n_predict": 96,
             "json_schema": schema,
             "temperature": 0,
         }
@@ -162,7 +162,8 @@ class TestOutputConstraints:
         body = {
             "model": "bubo",
             "messages": [{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
-            "max_tokens": 32,
+            "max_tokens": 96,
+            "temperature": 0,
             "response_format": {"type": "json_object", "schema": schema},
         }
         content = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]

@@ -17,7 +17,8 @@ there.  Two things go wrong with quart-trio on top:
 :class:`TransportGuard` therefore holds back the message that ends each
 response and sends it itself once the framework's task has returned, where
 nothing cancels it; on HTTP/2 it first waits until the client has ended its
-request (or left), so no frame can arrive on a forgotten stream.  It keeps
+request (or left, or :data:`REQUEST_END_WAIT_S` passed), so no frame can arrive
+on a forgotten stream from a client that behaves.  It keeps
 reading the request meanwhile, so the server never blocks on a full queue.
 
 There is no WebSocket endpoint: an upgrade gets a plain 400 in the error
@@ -36,7 +37,12 @@ from bubo.errors import BuboError, InvalidRequest
 from ._errors import error_envelope
 from ._json import dumps, unstructure
 
-__all__ = ["ASGIApp", "TransportGuard", "error_body"]
+__all__ = ["REQUEST_END_WAIT_S", "ASGIApp", "TransportGuard", "error_body"]
+
+REQUEST_END_WAIT_S = 10.0
+"""How long an HTTP/2 answer waits for the client to end its request.  Past it the answer ends anyway:
+a connection whose request never ends is not kept busy (and un-evictable at the connection cap) for
+good; DATA that still comes late then fails only that connection under ``bubo serve``."""
 
 # ASGI's own types are the server's (hypercorn.typing, re-exported by Quart as TypedDict unions);
 # the guard reads a few keys of any message and passes the rest through untouched.
@@ -100,8 +106,9 @@ class _Exchange:
         """End the response: on HTTP/2 once the request is over, then send the held final message."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_rest)
-            if self._http2:
-                await self._request_over.wait()
+            if self._http2:  # bounded: a client that never ends its request cannot hold the stream
+                with trio.move_on_after(REQUEST_END_WAIT_S):
+                    await self._request_over.wait()
             if self._final is not None and not self._gone:
                 await self._send(self._final)
             nursery.cancel_scope.cancel()

@@ -311,6 +311,8 @@ class SlotEngine(abc.ABC):
         """Wait for the slot; an interruption meanwhile raises its error instead."""
         with trio.CancelScope() as waiting:
             self._interruptible.add(waiting)
+            if self._interruption is not None:
+                waiting.cancel()
             try:
                 await self._slot.acquire()
             finally:
@@ -344,6 +346,8 @@ class SlotEngine(abc.ABC):
             async with send:
                 with trio.CancelScope() as running:
                     self._interruptible.add(running)
+                    if self._interruption is not None:  # interrupted between admission and this start
+                        running.cancel()
                     try:
                         await self._produce(request, send)
                     except Exception as error:  # noqa: BLE001 - delivered to the consumer, not lost

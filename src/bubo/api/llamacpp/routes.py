@@ -219,7 +219,9 @@ async def detokenize() -> Response:
                 raise InvalidRequest(f"token id {token} is outside the vocabulary", param=f"tokens[{index}]")
         return dumps(unstructure(wire.Detokenized(content=tokenizer.decode(tokens))))
 
-    text = await runtime.workers.run(detokenized, need_bytes=len(tokens) * PREPARE_BYTES_PER_CHAR)
+    # the answer holds up to the longest token's text per id (16 bytes where the vocabulary gives no bound)
+    per_token = tokenizer.max_token_bytes or 16
+    text = await runtime.workers.run(detokenized, need_bytes=len(tokens) * per_token * PREPARE_BYTES_PER_CHAR)
     return Response(text, content_type="application/json")
 
 
