@@ -126,7 +126,11 @@ class TestGeneration:
                     ignore_eos=True,
                 ),
             )
-            assert (text, len(tokens), finished.cause) == (owl * (tokens_out // 3), tokens_out, StopCause.LIMIT)
+            assert (text, len(tokens), finished.cause) == (
+                owl * (tokens_out // 3),
+                tokens_out,
+                StopCause.LIMIT,
+            )
             assert finished.stats.completion_tokens == tokens_out
 
     async def test_zero_new_tokens_only_evaluates_the_prompt(self, engine, tokenizer) -> None:
