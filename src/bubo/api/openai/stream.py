@@ -156,9 +156,11 @@ class CompletionStream:
         timings_of: Done | None = None,
     ) -> bytes:
         identity = self._identity
-        choices = [] if text is None else [
-            wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)
-        ]  # fmt: skip
+        choices = (  # no text: the usage chunk, without choices
+            []
+            if text is None
+            else [wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)]
+        )
         return _frame(
             wire.TextCompletion(
                 id=identity.id,
