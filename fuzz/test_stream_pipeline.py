@@ -5,8 +5,11 @@ and tool-call parsers) -> ``EventStreamBody`` with each dialect's encoder.
 Invariants: nothing raises; every frame is one SSE event whose data the
 official SDK's own models accept; each dialect's event grammar holds (roles
 first, blocks opened before their deltas and closed once, sequence numbers
-counting up, exactly one terminal event); and the text, reasoning and tool-call
-arguments the client reassembles are exactly what the parsers produced.
+counting up, exactly one terminal event); the text, reasoning and tool-call
+arguments the client reassembles are exactly what the parsers produced; the
+finish reason says a limit cut the output even after a call; and the streamed
+message or response holds the same blocks or items, in the same order, as the
+non-streaming one built from the same output.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -29,9 +32,12 @@ from openai.types.completion import Completion as OpenAICompletion
 from openai.types.responses import ResponseStreamEvent
 
 from bubo.api._converter import make_converter, structure
+from bubo.api._json import unstructure
 from bubo.api._sse import EventStreamBody, StreamEncoder
+from bubo.api.anthropic import translate as anthropic_translate
 from bubo.api.anthropic.stream import MessageStream
 from bubo.api.openai.stream import ChatStream, CompletionStream, StreamIdentity
+from bubo.api.responses import translate as responses_translate
 from bubo.api.responses import wire as responses_wire
 from bubo.api.responses.stream import ResponseStream
 from bubo.domain.generation import (
@@ -43,9 +49,17 @@ from bubo.domain.generation import (
     TokenGenerated,
 )
 from bubo.domain.messages import ToolSpec
-from bubo.domain.output import OutputEvent, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
+from bubo.domain.output import (
+    Completion,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
 from bubo.engine import EngineFailure
 from bubo.parsers import ParserConfig, available_tool_parsers
+from bubo.service.generation import collect
 from bubo.service.output import OutputPlan, output_events
 
 from ._budget import run_fuzz
@@ -149,9 +163,16 @@ class Expected:
     reasoning: str
     calls: dict[int, tuple[str, str]]  # index -> (name, arguments)
     failed: bool
+    truncated: bool  # a limit ended the generation
+    whole: Completion | None  # the same output gathered for a non-streaming response
+
+    @property
+    def finish_reason(self) -> str:
+        """Truncation wins over calls (llama-server's rule)."""
+        return "length" if self.truncated else "tool_calls" if self.calls else "stop"
 
     @classmethod
-    def of(cls, seen: list[OutputEvent], events: list[EngineEvent]) -> Expected:
+    def of(cls, seen: list[OutputEvent], events: list[EngineEvent], whole: Completion | None) -> Expected:
         calls: dict[int, list[str]] = {}
         names: dict[int, str] = {}
         for event in seen:
@@ -165,6 +186,8 @@ class Expected:
             reasoning="".join(e.text for e in seen if isinstance(e, ReasoningDelta)),
             calls={i: (names[i], "".join(parts)) for i, parts in calls.items()},
             failed=isinstance(events[-1], GenerationFailed),
+            truncated=isinstance(events[-1], GenerationFinished) and events[-1].cause.truncated,
+            whole=whole,
         )
 
 
@@ -214,13 +237,19 @@ def check_chat(body: bytes, expected: Expected) -> None:
     assert "".join(reasoning) == expected.reasoning
     assert {i: (n, "".join(a)) for i, (n, a) in calls.items()} == expected.calls
     if not expected.failed:
-        assert finish[-1] is not None
-        assert (finish[-1] == "tool_calls") == bool(expected.calls)
+        assert finish[-1] == expected.finish_reason
         assert all(f is None for f in finish[:-1])
 
 
 def check_completion(body: bytes, expected: Expected) -> None:
     payloads = openai_payloads(body, expected)
+    if not expected.failed:  # include_usage: the usage chunk comes last, without choices
+        usage = payloads.pop()
+        assert usage["choices"] == []
+        pydantic.TypeAdapter(OpenAICompletion).validate_python(usage)
+        assert usage["usage"]["completion_tokens"] >= 0
+        assert payloads[-1]["choices"][0]["finish_reason"] == expected.finish_reason
+        assert "usage" not in payloads[-1]
     for payload in payloads[:-1]:  # the SDK's type lacks the null finish_reason of chunks before the last
         assert payload["choices"][0]["finish_reason"] is None
         pydantic.TypeAdapter(OpenAICompletion).validate_python(
@@ -282,7 +311,19 @@ def check_anthropic(body: bytes, expected: Expected) -> None:
     calls = [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"]
     assert calls == [(n, json.loads(a or "{}")) for _, (n, a) in sorted(expected.calls.items())]
     if not expected.failed:
-        assert (message.stop_reason == "tool_use") == bool(expected.calls)
+        reason = {"length": "max_tokens", "tool_calls": "tool_use"}.get(expected.finish_reason)
+        if reason is not None:
+            assert message.stop_reason == reason
+        else:
+            assert message.stop_reason in ("end_turn", "stop_sequence")
+        assert expected.whole is not None
+        whole = anthropic_translate.message(expected.whole, message_id="msg_fuzz", model="m")
+        assert [_without_id(b) for b in blocks] == [_without_id(unstructure(b)) for b in whole.content]
+        assert message.stop_reason == whole.stop_reason
+
+
+def _without_id(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if k != "id"}
 
 
 def check_responses(body: bytes, expected: Expected) -> None:
@@ -320,6 +361,22 @@ def check_responses(body: bytes, expected: Expected) -> None:
     assert [(n, json.loads(a or "{}")) for n, a in calls] == [
         (n, json.loads(a or "{}")) for _, (n, a) in sorted(expected.calls.items())
     ]
+    assert expected.whole is not None
+    whole = responses_translate.output_items(expected.whole)
+    assert [_without_id(item) for item in final["output"]] == [_without_id(unstructure(i)) for i in whole]
+    if final["status"] == "incomplete" and final["output"][-1]["type"] == "message":
+        assert final["output"][-1]["status"] == "incomplete"
+
+
+async def gathered(seen: list[OutputEvent]) -> Completion:
+    """The output events gathered as for a non-streaming response."""
+
+    async def replay() -> AsyncIterator[OutputEvent]:
+        for event in seen:
+            yield event
+
+    async with aclosing(replay()) as events:
+        return await collect(events)
 
 
 def responses_encoder() -> ResponseStream:
@@ -329,7 +386,7 @@ def responses_encoder() -> ResponseStream:
 
 DIALECTS: dict[str, tuple[Callable[[], StreamEncoder], Callable[[bytes, Expected], None]]] = {
     "chat": (lambda: ChatStream(IDENTITY, include_usage=True, logprobs=False), check_chat),
-    "completion": (lambda: CompletionStream(IDENTITY, logprobs=False), check_completion),
+    "completion": (lambda: CompletionStream(IDENTITY, include_usage=True, logprobs=False), check_completion),
     "anthropic": (
         lambda: MessageStream(message_id="msg_fuzz", model="m", prompt_tokens=5, request_id="req_fuzz"),
         check_anthropic,
@@ -352,6 +409,7 @@ async def test_every_dialect_streams_what_the_parsers_saw() -> None:
             plan = OutputPlan()  # raw completions parse nothing
         events = engine_events(text, cuts, ending)
         seen, body = trio.from_thread.run(stream, make_encoder(), events, plan)
-        check(body, Expected.of(seen, events))
+        whole = None if ending == "failure" else trio.from_thread.run(gathered, seen)
+        check(body, Expected.of(seen, events, whole))
 
     await run_fuzz(example)

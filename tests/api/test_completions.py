@@ -22,7 +22,7 @@ class TestTextCompletions:
         assert response.status_code == 200
         body = await response.get_json()
         assert body["object"] == "text_completion"
-        assert body["id"] == IsStr(regex=r"chatcmpl-[0-9a-f]{32}")
+        assert body["id"] == IsStr(regex=r"cmpl-[0-9a-f]{32}")  # OpenAI's completions prefix
         assert body["choices"] == [{"index": 0, "text": " Paris.", "logprobs": None, "finish_reason": "stop"}]
         assert body["usage"]["completion_tokens"] == 1
         assert body["timings"]["predicted_n"] == 1

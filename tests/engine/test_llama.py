@@ -108,6 +108,31 @@ class TestGeneration:
         assert len(tokens) == 5
         assert finished.cause is StopCause.LIMIT
 
+    async def test_a_limit_inside_a_character_finishes_it(self, engine, tokenizer) -> None:
+        """A limit reached inside a multi-byte character waits for its last byte (at most 3 tokens).
+
+        The model repeats the owl, which SmolLM2 writes as three tokens (f0 9f, a6, 89): a
+        limit of one token ends after the third with the whole character, never with U+FFFD.
+        """
+        owl = "\N{OWL}"
+        assert len(tokenizer.encode(owl, parse_special=False)) == 3
+        for limit, tokens_out in ((1, 3), (2, 3), (3, 3), (4, 6)):
+            text, tokens, finished = await run(
+                engine,
+                GenerationRequest(
+                    prompt_tokens=prompt(tokenizer, owl * 12),
+                    max_new_tokens=limit,
+                    sampling=GREEDY,
+                    ignore_eos=True,
+                ),
+            )
+            assert (text, len(tokens), finished.cause) == (
+                owl * (tokens_out // 3),
+                tokens_out,
+                StopCause.LIMIT,
+            )
+            assert finished.stats.completion_tokens == tokens_out
+
     async def test_zero_new_tokens_only_evaluates_the_prompt(self, engine, tokenizer) -> None:
         """max_new_tokens 0 evaluates the prompt into the cache and samples nothing."""
         _, tokens, finished = await run(

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bubo.engine import StopMatcher
+from bubo.engine._stops import CHARACTER_OVERRUN, GeneratedText
 
 
 class TestStopMatcher:
@@ -72,3 +73,35 @@ class TestStopMatcher:
             assert released == text
         else:
             assert text.startswith(released + matched)
+
+
+OWL = "\N{OWL}".encode()  # f0 9f a6 89
+
+
+class TestGeneratedText:
+    def test_a_character_split_across_tokens_is_released_whole(self) -> None:
+        """Bytes of a character are held until its last byte arrives."""
+        text = GeneratedText(())
+        assert [text.feed(OWL[:2]), text.feed(OWL[2:3]), text.feed(OWL[3:])] == ["", "", "\N{OWL}"]
+
+    def test_the_end_inside_a_character_drops_its_bytes(self) -> None:
+        """A generation that ends inside a character ends before it, not with U+FFFD."""
+        text = GeneratedText(())
+        assert text.feed(b"owl " + OWL[:2]) == "owl "
+        assert text.inside_character
+        assert text.finish() == ""
+
+    def test_invalid_bytes_the_model_wrote_are_replaced(self) -> None:
+        """A sequence that cannot be a character is still a replacement character."""
+        text = GeneratedText(())
+        assert text.feed(OWL[:2] + b"x") == "\N{REPLACEMENT CHARACTER}x"
+
+    def test_may_end_past_a_limit_only_outside_a_character(self) -> None:
+        """Inside a character a limit waits up to three tokens; outside it ends at once."""
+        text = GeneratedText(())
+        text.feed(b"a")
+        assert text.may_end(0)
+        text.feed(OWL[:1])
+        assert [text.may_end(overrun) for overrun in range(CHARACTER_OVERRUN + 1)] == [False] * 3 + [True]
+        text.feed(OWL[1:])
+        assert text.may_end(0)

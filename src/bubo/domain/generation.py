@@ -69,10 +69,11 @@ class CacheTags:
 
 @attrs.frozen(kw_only=True)
 class GenerationRequest:
-    """One decode job: prompt token ids in, at most ``max_new_tokens`` tokens out.
+    """One decode job: prompt token ids in, about ``max_new_tokens`` tokens out.
 
     ``max_new_tokens`` ``None`` means "until an end-of-generation token or the end
-    of the context".  ``n_probs`` ``None`` computes no log-probabilities; ``0``
+    of the context"; a limit reached inside a multi-byte character is passed by
+    the (at most three) tokens that finish it.  ``n_probs`` ``None`` computes no log-probabilities; ``0``
     computes only the sampled token's, ``k`` adds the top ``k`` alternatives.
     ``time_limit_ms`` bounds the generation phase (llama-server's
     ``t_max_predict_ms``); ``0`` disables it.  ``continuation`` is what the next

@@ -18,6 +18,7 @@ __all__ = [
     "Done",
     "FinishReason",
     "OutputEvent",
+    "OutputPart",
     "PromptProgress",
     "ReasoningDelta",
     "TextDelta",
@@ -30,10 +31,14 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def finish_reason_for(cause: StopCause, *, called_tools: bool) -> FinishReason:
-    """The OpenAI-style finish reason for an engine stop cause."""
-    if called_tools:
-        return "tool_calls"
-    return "length" if cause.truncated else "stop"
+    """The OpenAI-style finish reason for an engine stop cause.
+
+    Truncation wins over calls, as in llama-server: calls parsed before the
+    limit are returned, but the turn did not end with them.
+    """
+    if cause.truncated:
+        return "length"
+    return "tool_calls" if called_tools else "stop"
 
 
 @attrs.frozen(kw_only=True)
@@ -86,12 +91,32 @@ class Done:
 OutputEvent = PromptProgress | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | Done
 
 
+OutputPart = ReasoningDelta | TextDelta | ToolCall
+
+
 @attrs.frozen(kw_only=True)
 class Completion:
-    """A whole generation, for non-streaming responses."""
+    """A whole generation, for non-streaming responses.
 
-    text: str
-    reasoning: str
-    tool_calls: tuple[ToolCall, ...]
+    ``parts`` is the output in the order it was generated, as a stream delivers
+    it: each run of reasoning or answer text (non-empty, joined) and each call.
+    """
+
+    parts: tuple[OutputPart, ...]
     logprobs: tuple[TokenLogprob, ...]
     done: Done
+
+    @property
+    def text(self) -> str:
+        """All the answer text."""
+        return "".join(part.text for part in self.parts if isinstance(part, TextDelta))
+
+    @property
+    def reasoning(self) -> str:
+        """All the reasoning text."""
+        return "".join(part.text for part in self.parts if isinstance(part, ReasoningDelta))
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The calls, in order."""
+        return tuple(part for part in self.parts if isinstance(part, ToolCall))

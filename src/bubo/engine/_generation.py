@@ -101,6 +101,7 @@ class Generation:
         self._drafted = 0
         self._accepted = 0
         self._first_token_at = 0.0
+        self._timed_out = 0  # tokens generated since the time limit passed (finishing a character)
 
     def run(self) -> Outcome:
         """Generate until a stop; the sampler is freed whatever happens."""
@@ -215,16 +216,23 @@ class Generation:
         return cause
 
     def _exhausted(self) -> StopCause | None:
-        """The limit, the context, or the time limit (after a new line, as in llama-server)."""
-        if self._limit is not None and self._n >= self._limit:
+        """The limit, the context, or the time limit (after a new line, as in llama-server).
+
+        The token and time limits wait for the tokens that finish a character
+        the last token began (at most three); the end of the context cannot.
+        """
+        if self._n == 1:
+            self._first_token_at = time.perf_counter()
+        limit = self._limit
+        if limit is not None and self._n >= limit and self._text.may_end(self._n - limit):
             return StopCause.LIMIT
         if len(self._request.prompt_tokens) + self._n >= self._context.n_ctx:  # no room to evaluate it
             return StopCause.CONTEXT
-        if self._n == 1:
-            self._first_token_at = time.perf_counter()
         elapsed_ms = (time.perf_counter() - self._first_token_at) * 1000.0
         if self._time_limit_ms and self._text.saw_new_line and elapsed_ms > self._time_limit_ms:
-            return StopCause.TIME
+            self._timed_out += 1
+            if self._text.may_end(self._timed_out - 1):
+                return StopCause.TIME
         return None
 
     def _logprob(self, token: int, at: int, n_top: int) -> TokenLogprob:

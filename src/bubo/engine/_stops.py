@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import codecs
 
-__all__ = ["GeneratedText", "StopMatcher"]
+__all__ = ["CHARACTER_OVERRUN", "GeneratedText", "StopMatcher"]
 
 _RECENT = 64
+# A UTF-8 character is at most four bytes: three more tokens finish one that a token began.
+CHARACTER_OVERRUN = 3
 
 
 class StopMatcher:
@@ -65,7 +67,9 @@ class GeneratedText:
     """Token bytes in, releasable text out: UTF-8 reassembly, then stop strings.
 
     A character split across tokens is held until complete; text that may start
-    a stop string is held until it cannot.
+    a stop string is held until it cannot.  The bytes of a character the
+    generation ended inside are dropped: the text never ends in a U+FFFD that
+    the model did not write (invalid bytes within the text are still replaced).
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
@@ -79,6 +83,20 @@ class GeneratedText:
         """The stop string found, if any."""
         return self._stops.matched
 
+    @property
+    def inside_character(self) -> bool:
+        """Whether the bytes so far end inside a multi-byte character."""
+        pending, _ = self._utf8.getstate()
+        return bool(pending)
+
+    def may_end(self, overrun: int) -> bool:
+        """Whether a generation *overrun* tokens past a limit may end here.
+
+        Not inside a character, unless the tokens that could finish it are spent
+        (llama-server too exceeds ``n_predict`` to finish a character).
+        """
+        return not self.inside_character or overrun >= CHARACTER_OVERRUN
+
     def feed(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that can be released."""
         text = self._utf8.decode(piece)
@@ -87,8 +105,9 @@ class GeneratedText:
         return self._stops.feed(text)
 
     def finish(self) -> str:
-        """Generation ended: release what is held (a stop string may still match in it)."""
-        released = self._stops.feed(self._utf8.decode(b"", final=True))
-        if self._stops.matched is None:
-            released += self._stops.flush()
-        return released
+        """Generation ended: release what is held (a stop string may still match in it).
+
+        The bytes of an unfinished character are dropped, not replaced.
+        """
+        self._utf8.reset()
+        return "" if self._stops.matched is not None else self._stops.flush()

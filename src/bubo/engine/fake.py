@@ -60,6 +60,8 @@ class FakeScript:
     """What the fake engine does on each request; tests change it between requests."""
 
     reply: str | Callable[[GenerationRequest], str] = "Hello from the fake engine."
+    # The reply as each token's bytes, instead of ``reply`` cut into words (a character may span tokens).
+    pieces: tuple[bytes, ...] | None = None
     piece_delay: float = 0.0  # seconds per generated piece
     prefill_delay: float = 0.0  # seconds for the whole prompt
     fail_after: int | None = None  # raise EngineFailure after this many pieces
@@ -115,14 +117,17 @@ class FakeEngine(SlotEngine):
         )
         prompt_ms = (time.perf_counter() - started) * 1000
         generated = time.perf_counter()
-        reply = script.reply(request) if callable(script.reply) else script.reply
-        pieces = _PIECES.findall(reply)
+        pieces = script.pieces if script.pieces is not None else self._words(request)
         limit = request.max_new_tokens
         text = GeneratedText(request.stop)
         cause = StopCause.EOS
         n = 0
+
+        def at_limit() -> bool:  # as the real engine: past the limit only to finish a character
+            return limit is not None and n >= limit and text.may_end(n - limit)
+
         for index, piece in enumerate(pieces):
-            if limit is not None and n >= limit:
+            if at_limit():
                 cause = StopCause.LIMIT
                 break
             if script.fail_after is not None and n >= script.fail_after:
@@ -130,18 +135,18 @@ class FakeEngine(SlotEngine):
             await trio.sleep(script.piece_delay)
             n += 1
             counters.task_decoded = n
-            released = text.feed(piece.encode())
-            last = index == len(pieces) - 1 or (limit is not None and n >= limit)
+            released = text.feed(piece)
+            last = index == len(pieces) - 1 or at_limit()
             if last and text.matched is None:
                 released += text.finish()
             logprob = None
             if request.n_probs is not None:
                 logprob = TokenLogprob(
                     token_id=100 + index,
-                    piece=piece.encode(),
+                    piece=piece,
                     logprob=-0.5,
                     top=tuple(
-                        TopLogprob(token_id=100 + index + k, piece=piece.encode(), logprob=-0.5 - k)
+                        TopLogprob(token_id=100 + index + k, piece=piece, logprob=-0.5 - k)
                         for k in range(request.n_probs)
                     ),
                 )
@@ -167,6 +172,10 @@ class FakeEngine(SlotEngine):
                 ),
             )
         )
+
+    def _words(self, request: GenerationRequest) -> tuple[bytes, ...]:
+        reply = self.script.reply(request) if callable(self.script.reply) else self.script.reply
+        return tuple(word.encode() for word in _PIECES.findall(reply))
 
     def close(self) -> None:
         """Record that the server freed the engine."""

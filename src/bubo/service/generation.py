@@ -27,6 +27,7 @@ from bubo.domain.output import (
     Completion,
     Done,
     OutputEvent,
+    OutputPart,
     ReasoningDelta,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -201,33 +202,34 @@ async def _output(
 
 
 async def collect(output: AsyncIterator[OutputEvent]) -> Completion:
-    """Gather a whole generation for a non-streaming response."""
-    text: list[str] = []
-    reasoning: list[str] = []
+    """Gather a whole generation for a non-streaming response, its parts in generation order."""
+    runs: list[tuple[type[TextDelta | ReasoningDelta] | ToolCallStart, list[str]]] = []
     logprobs: list[TokenLogprob] = []
-    calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
+    arguments: dict[int, list[str]] = {}
     async for event in output:
         match event:
-            case TextDelta():
-                text.append(event.text)
-                logprobs.extend(event.logprobs)
-            case ReasoningDelta():
-                reasoning.append(event.text)
+            case TextDelta() | ReasoningDelta():
+                if isinstance(event, TextDelta):
+                    logprobs.extend(event.logprobs)
+                if event.text:
+                    if not runs or runs[-1][0] is not type(event):
+                        runs.append((type(event), []))
+                    runs[-1][1].append(event.text)
             case ToolCallStart():
-                calls[event.index] = (event, [])
+                arguments[event.index] = []
+                runs.append((event, arguments[event.index]))
             case ToolCallArgumentsDelta():
-                calls[event.index][1].append(event.fragment)
+                arguments[event.index].append(event.fragment)
             case PromptProgress():
                 pass
             case Done():
                 return Completion(
-                    text="".join(text),
-                    reasoning="".join(reasoning),
-                    tool_calls=tuple(
-                        ToolCall(id=start.id, name=start.name, arguments="".join(fragments))
-                        for start, fragments in (calls[i] for i in sorted(calls))
-                    ),
-                    logprobs=tuple(logprobs),
-                    done=event,
+                    parts=tuple(_part(*run) for run in runs), logprobs=tuple(logprobs), done=event
                 )
     raise EngineFailure("the generation ended without a result")
+
+
+def _part(kind: type[TextDelta | ReasoningDelta] | ToolCallStart, pieces: list[str]) -> OutputPart:
+    if isinstance(kind, ToolCallStart):
+        return ToolCall(id=kind.id, name=kind.name, arguments="".join(pieces))
+    return kind(text="".join(pieces))

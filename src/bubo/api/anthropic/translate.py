@@ -12,7 +12,7 @@ from bubo.api._nesting import check_value_depth
 from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.domain.generation import GenerationStats, StopCause
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
-from bubo.domain.output import Completion, Done
+from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest, UnsupportedContent
@@ -229,16 +229,18 @@ def _arguments(text: str) -> dict[str, object]:
 
 
 def message(completion: Completion, *, message_id: str, model: str) -> wire.Message:
-    """A whole Messages response."""
+    """A whole Messages response: its blocks in generation order, as the stream opens them."""
     content: list[wire.TextOut | wire.ThinkingOut | wire.ToolUseOut] = []
-    if completion.reasoning:
-        content.append(wire.ThinkingOut(thinking=completion.reasoning, signature=""))
-    if completion.text:
-        content.append(wire.TextOut(text=completion.text))
-    content.extend(
-        wire.ToolUseOut(id=tool_use_id(call.id), name=call.name, input=_arguments(call.arguments))
-        for call in completion.tool_calls
-    )
+    for part in completion.parts:
+        match part:
+            case ReasoningDelta(text=text):
+                content.append(wire.ThinkingOut(thinking=text, signature=""))
+            case TextDelta(text=text):
+                content.append(wire.TextOut(text=text))
+            case ToolCall(id=call_id, name=name, arguments=arguments):
+                content.append(
+                    wire.ToolUseOut(id=tool_use_id(call_id), name=name, input=_arguments(arguments))
+                )
     done = completion.done
     return wire.Message(
         id=message_id,

@@ -26,9 +26,9 @@ blueprint = Blueprint("openai", __name__)
 _converter = make_converter()
 
 
-def _identity(model: str) -> StreamIdentity:
+def _identity(model: str, prefix: str) -> StreamIdentity:
     return StreamIdentity(
-        id=new_id("chatcmpl-"), created=int(time.time()), model=model, fingerprint=api_context().fingerprint
+        id=new_id(prefix), created=int(time.time()), model=model, fingerprint=api_context().fingerprint
     )
 
 
@@ -40,7 +40,7 @@ async def chat_completions() -> Response:
     body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
     runtime.check_model(body.model)
     prepared = await prepare_chat(runtime, translate.chat_request(body))
-    identity = _identity(body.model or runtime.model_id)
+    identity = _identity(body.model or runtime.model_id, "chatcmpl-")
     logprobs = bool(body.logprobs)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -69,10 +69,14 @@ async def completions() -> Response:
     body = await structured_body(runtime, _converter, wire.CompletionRequest)
     runtime.check_model(body.model)
     prepared = await prepare_completion(runtime, translate.completion_request(body))
-    identity = _identity(body.model or runtime.model_id)
+    identity = _identity(body.model or runtime.model_id, "cmpl-")
     logprobs = body.logprobs is not None
     if body.stream:
-        return sse_response(open_output(runtime, prepared), CompletionStream(identity, logprobs=logprobs))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(
+            open_output(runtime, prepared),
+            CompletionStream(identity, include_usage=include_usage, logprobs=logprobs),
+        )
     async with open_output(runtime, prepared) as output:
         completion = await collect(output)
     return json_response(

@@ -132,33 +132,44 @@ class ChatStream:
 
 
 class CompletionStream:
-    """Encodes output events as ``text_completion`` frames (usage always on the last)."""
+    """Encodes output events as ``text_completion`` frames.
 
-    def __init__(self, identity: StreamIdentity, *, logprobs: bool) -> None:
+    The finish chunk carries the ``finish_reason`` and ``timings``.  With
+    ``stream_options.include_usage`` the usage follows in one more chunk with
+    ``choices: []`` (OpenAI's rule, as for chat); without it the finish chunk
+    carries the usage too (llama-server's completions do).
+    """
+
+    def __init__(self, identity: StreamIdentity, *, include_usage: bool, logprobs: bool) -> None:
         self._identity = identity
+        self._include_usage = include_usage
         self._logprobs = logprobs
         self._offset = 0
 
     def _chunk(
         self,
-        text: str,
+        text: str | None,
         *,
         finish_reason: str | None = None,
         logprobs: wire.CompletionLogprobs | None = None,
-        done: Done | None = None,
+        usage_of: Done | None = None,
+        timings_of: Done | None = None,
     ) -> bytes:
         identity = self._identity
+        choices = (  # no text: the usage chunk, without choices
+            []
+            if text is None
+            else [wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)]
+        )
         return _frame(
             wire.TextCompletion(
                 id=identity.id,
                 created=identity.created,
                 model=identity.model,
                 system_fingerprint=identity.fingerprint,
-                choices=[
-                    wire.CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)
-                ],
-                usage=usage(done.stats) if done else None,
-                timings=timings(done.stats) if done else None,
+                choices=choices,
+                usage=usage(usage_of.stats) if usage_of else None,
+                timings=timings(timings_of.stats) if timings_of else None,
             )
         )
 
@@ -176,8 +187,17 @@ class CompletionStream:
                     return ()
                 return [self._chunk(text, logprobs=logprobs)]
             case Done():
-                return [self._chunk("", finish_reason=event.finish_reason, done=event), _DONE]
+                return self._closing(event)
         return ()
+
+    def _closing(self, done: Done) -> list[bytes]:
+        if not self._include_usage:
+            return [self._chunk("", finish_reason=done.finish_reason, usage_of=done, timings_of=done), _DONE]
+        return [
+            self._chunk("", finish_reason=done.finish_reason, timings_of=done),
+            self._chunk(None, usage_of=done),
+            _DONE,
+        ]
 
     def error(self, error: BuboError) -> Iterable[bytes]:
         """An ``{"error": …}`` data frame; the stream ends there."""

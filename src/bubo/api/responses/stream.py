@@ -100,22 +100,24 @@ class ResponseStream:
         assert self._open is not None
         return {"item_id": self._open.id, "output_index": self._open.output_index, "content_index": 0}
 
-    def _close(self) -> Iterator[bytes]:
+    def _close(self, done: Done | None = None) -> Iterator[bytes]:
+        """End the open item; *done* when the generation ended with it (a cut item is incomplete)."""
         current = self._open
         if current is None:
             return
         self._open = None
         where = {"item_id": current.id, "output_index": current.output_index, "content_index": 0}
         text = "".join(current.text)
+        status = "completed" if done is None else translate.closing_status(done, current.kind)
         item: wire.OutputItem
         if current.kind == "reasoning":
-            item = translate.reasoning_item(current.id, text)
+            item = translate.reasoning_item(current.id, text, status)
             yield self._event("response.reasoning_text.done", {**where, "text": text})
             yield self._event(
                 "response.content_part.done", {**where, "part": {"type": "reasoning_text", "text": text}}
             )
         elif current.kind == "message":
-            item = translate.message_item(current.id, text)
+            item = translate.message_item(current.id, text, status)
             yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             yield self._event("response.content_part.done", {**where, "part": part})
@@ -180,8 +182,8 @@ class ResponseStream:
                 yield from self._finish(event)
 
     def _finish(self, done: Done) -> Iterator[bytes]:
-        yield from self._close()
-        self._items = translate.answered(self._items)
+        yield from self._close(done)
+        self._items = translate.answered(self._items, done)
         response = self._response(done)
         name = "response.completed" if response.status == "completed" else "response.incomplete"
         yield self._event(name, {"response": unstructure(response)})

@@ -14,7 +14,7 @@ from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
-from bubo.domain.output import Completion, Done
+from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest, UnsupportedContent
@@ -24,9 +24,12 @@ from . import wire
 __all__ = [
     "ITEM_TYPES",
     "Conversation",
+    "answered",
     "assistant_message",
+    "closing_status",
     "function_call_item",
     "message_item",
+    "output_items",
     "reasoning_item",
     "response",
     "responses_request",
@@ -253,8 +256,8 @@ def reasoning_item(item_id: str, text: str, status: str = "completed") -> wire.R
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> wire.MessageOut:
-    """A message output item."""
-    content = [wire.OutputText(text=text, annotations=[], logprobs=[])] if status == "completed" else []
+    """A message output item (its text is empty while in progress)."""
+    content = [wire.OutputText(text=text, annotations=[], logprobs=[])] if status != "in_progress" else []
     return wire.MessageOut(id=item_id, status=status, content=content)
 
 
@@ -265,22 +268,37 @@ def function_call_item(item_id: str, call: ToolCall, status: str = "completed") 
     )
 
 
+def closing_status(done: Done, kind: str) -> str:
+    """The status of the last item of a finished response: ``incomplete`` for text a limit cut.
+
+    A call the parser read whole stays ``completed``.
+    """
+    return "incomplete" if done.cause.truncated and kind in ("message", "reasoning") else "completed"
+
+
 def output_items(completion: Completion) -> list[wire.OutputItem]:
-    """The output of a whole completion: reasoning, then the message, then calls."""
+    """The output of a whole completion, item by item in generation order (as streamed)."""
     items: list[wire.OutputItem] = []
-    if completion.reasoning:
-        items.append(reasoning_item(new_id("rs_"), completion.reasoning))
-    if completion.text:
-        items.append(message_item(new_id("msg_"), completion.text))
-    items.extend(function_call_item(new_id("fc_"), call) for call in completion.tool_calls)
-    return answered(items)
+    parts = completion.parts
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        match part:
+            case ReasoningDelta(text=text):
+                status = closing_status(completion.done, "reasoning") if last else "completed"
+                items.append(reasoning_item(new_id("rs_"), text, status))
+            case TextDelta(text=text):
+                status = closing_status(completion.done, "message") if last else "completed"
+                items.append(message_item(new_id("msg_"), text, status))
+            case ToolCall():
+                items.append(function_call_item(new_id("fc_"), part))
+    return answered(items, completion.done)
 
 
-def answered(items: list[wire.OutputItem]) -> list[wire.OutputItem]:
+def answered(items: list[wire.OutputItem], done: Done) -> list[wire.OutputItem]:
     """*items*, with an empty message when they hold neither a message nor a call (streamed or not)."""
     if any(isinstance(item, wire.MessageOut | wire.FunctionCallOut) for item in items):
         return items
-    return [*items, message_item(new_id("msg_"), "")]
+    return [*items, message_item(new_id("msg_"), "", closing_status(done, "message"))]
 
 
 def usage(done: Done) -> wire.Usage:
