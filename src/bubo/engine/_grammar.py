@@ -119,10 +119,10 @@ class _BoundedConverter(SchemaConverter):
         bounds = {key: schema[key] for key in BOUND_KEYWORDS if key in schema}
         if not bounds or any(key in schema for key in ("$ref", "anyOf", "oneOf", "const", "enum")):
             return str(super().visit(schema, name))
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the base converter names
         if isinstance(kind, list):  # the base converter would drop the bounds with the rest of the schema
             branches = [{"type": t, **bounds} if t == "integer" else {"type": t} for t in kind]
-            return str(self._add_rule(name or "root", self._generate_union_rule(name, branches)))
+            return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
         if kind != "integer":
             return str(super().visit(schema, name))
-        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
         return str(self._add_rule(rule_name, f"({integer_range(*integer_bounds(schema))}) space"))
