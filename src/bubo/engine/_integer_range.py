@@ -33,22 +33,16 @@ def integer_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
 
     A bound may be any finite number; an exclusive one moves one integer inwards.
     """
-    low = high = None
-    if "minimum" in schema:
-        low = math.ceil(schema["minimum"])
+    lows = [math.ceil(schema["minimum"])] if "minimum" in schema else []
     if "exclusiveMinimum" in schema:
-        low = _tighter(low, math.floor(schema["exclusiveMinimum"]) + 1, max)
-    if "maximum" in schema:
-        high = math.floor(schema["maximum"])
+        lows.append(math.floor(schema["exclusiveMinimum"]) + 1)
+    highs = [math.floor(schema["maximum"])] if "maximum" in schema else []
     if "exclusiveMaximum" in schema:
-        high = _tighter(high, math.ceil(schema["exclusiveMaximum"]) - 1, min)
+        highs.append(math.ceil(schema["exclusiveMaximum"]) - 1)
+    low, high = (max(lows) if lows else None), (min(highs) if highs else None)
     digits = max([OPEN_DIGITS] + [len(str(abs(bound))) for bound in (low, high) if bound is not None])
     widest = 10**digits - 1
     return (-widest if low is None else low, widest if high is None else high)
-
-
-def _tighter(current: int | None, bound: int, pick: Any) -> int:
-    return bound if current is None else int(pick(current, bound))
 
 
 def integer_range(low: int, high: int) -> str:
@@ -85,7 +79,7 @@ def _naturals(low: int, high: int) -> str:
             alternatives.append(_same_length(str(first), str(last)))
     if whole:
         optional = "".join(" ([0-9]" for _ in whole[1:]) + ")?" * (len(whole) - 1)
-        alternatives.insert(1 if low < 10 else 0, "[1-9]" + _any_digits(whole[0] - 1) + optional)
+        alternatives.append("[1-9]" + _any_digits(whole[0] - 1) + optional)
     return " | ".join(alternatives)
 
 
@@ -112,7 +106,7 @@ def _same_length(low: str, high: str) -> str:
 
 
 def _at_least(low: str) -> str:
-    """` ` then the strings of ``len(low)`` digits ≥ *low*; empty for the empty string."""
+    """The strings of ``len(low)`` digits ≥ *low*, after a space (nothing for the empty string)."""
     if not low or low == "0" * len(low):
         return _any_digits(len(low))
     first = int(low[0])
@@ -121,7 +115,7 @@ def _at_least(low: str) -> str:
 
 
 def _at_most(high: str) -> str:
-    """` ` then the strings of ``len(high)`` digits ≤ *high*; empty for the empty string."""
+    """The strings of ``len(high)`` digits ≤ *high*, after a space (nothing for the empty string)."""
     if not high or high == "9" * len(high):
         return _any_digits(len(high))
     first = int(high[0])
