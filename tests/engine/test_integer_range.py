@@ -104,3 +104,21 @@ def test_the_conversion_writes_the_range(schema: dict[str, object]) -> None:
     gbnf = to_gbnf(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
     assert integer_range(18, 120) in gbnf
     assert "integral-part" not in gbnf
+
+
+@pytest.mark.parametrize(
+    ("schema", "constraint"),
+    [
+        (
+            {"type": ["object", "null"], "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            '"\\"a\\""',
+        ),
+        ({"type": ["string", "null"], "pattern": "^[xyz]$"}, "[xyz]"),
+        ({"type": ["string", "null"], "maxLength": 3}, "char (char (char)?)?"),
+        ({"type": ["null", "integer"], "maximum": 5}, integer_range(-(10**OPEN_DIGITS) + 1, 5)),
+    ],
+)
+def test_a_list_of_types_keeps_the_other_keywords(schema: dict[str, object], constraint: str) -> None:
+    """Each type of a list is converted with the schema's other keywords, not as a bare type."""
+    gbnf = to_gbnf(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
+    assert constraint in gbnf

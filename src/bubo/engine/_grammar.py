@@ -108,21 +108,21 @@ def check_gbnf(text: str) -> None:
 class _BoundedConverter(SchemaConverter):
     """llama-cpp-python's converter, enforcing ``minimum``/``maximum`` and the exclusive bounds on integers.
 
-    Only ``type: integer`` (alone or in a list of types) with a bound and no
-    ``$ref``/``anyOf``/``oneOf``/``const``/``enum`` beside it is written here;
-    :func:`bubo.grammar.check_schema` refuses the bounds anywhere else.
+    Only ``type: integer`` with a bound and no ``$ref``/``anyOf``/``oneOf``/``const``/``enum``
+    beside it is written here; :func:`bubo.grammar.check_schema` refuses the bounds anywhere else.
+    A list of types is a choice between the schema with each type: the base converter
+    visits ``{"type": t}`` alone, silently dropping ``properties``, ``maxLength``, bounds, ….
     """
 
     def visit(self, schema: Mapping[str, Any], name: str) -> str:
         """The rule for *schema*: a bounded integer's own, anything else the base converter's."""
         kind = schema.get("type")
-        bounds = {key: schema[key] for key in BOUND_KEYWORDS if key in schema}
-        if not bounds or any(key in schema for key in ("$ref", "anyOf", "oneOf", "const", "enum")):
+        if any(key in schema for key in ("$ref", "anyOf", "oneOf", "const", "enum")):
             return str(super().visit(schema, name))
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the base converter names
-        if isinstance(kind, list):  # the base converter would drop the bounds with the rest of the schema
-            branches = [{"type": t, **bounds} if t == "integer" else {"type": t} for t in kind]
+        if isinstance(kind, list):  # the base converter would visit each type alone, dropping the rest
+            branches = [{**schema, "type": one} for one in kind]
             return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
-        if kind != "integer":
+        if kind != "integer" or not any(key in schema for key in BOUND_KEYWORDS):
             return str(super().visit(schema, name))
         return str(self._add_rule(rule_name, f"({integer_range(*integer_bounds(schema))}) space"))
