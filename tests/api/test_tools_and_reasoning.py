@@ -150,7 +150,7 @@ class TestStructuredOutput:
     @pytest.mark.parametrize(
         ("schema", "path", "keyword"),
         [
-            ({"type": "integer", "minimum": 1}, ".minimum", "minimum"),
+            ({"type": "number", "minimum": 1}, ".minimum", "minimum"),  # bounds are enforced on integers only
             (
                 {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
                 ".properties.a.not",

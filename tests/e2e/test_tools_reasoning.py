@@ -192,6 +192,21 @@ class TestStructuredOutput:
         )  # fmt: skip
         valid(message.content[0].text, self.PERSON)  # type: ignore[union-attr]
 
+    ADULT = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 120}},
+             "required": ["age"]}  # fmt: skip
+
+    @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+    def test_integer_bounds_are_enforced(self, oai: openai.OpenAI, seed: int) -> None:
+        """Pydantic's Field(ge=18, le=120) is a 200 whose age is in range, even when the question asks for
+        one outside it and sampling is free (temperature 1)."""
+        completion = oai.chat.completions.create(
+            model="bubo", messages=[{"role": "user", "content": "A newborn baby is 0 days old. How old is it?"}],
+            max_tokens=40, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "adult", "schema": self.ADULT}},
+        )  # fmt: skip
+        assert completion.choices[0].finish_reason == "stop"
+        valid(completion.choices[0].message.content, self.ADULT)
+
 
 @pytest.fixture(name="thinking_server", scope="module")
 def _thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

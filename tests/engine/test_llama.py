@@ -22,6 +22,7 @@ from bubo.domain.generation import (
 from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import GrammarRejected
 from bubo.engine._grammar import MAX_GBNF_NESTING
+from bubo.engine._sampler import Sampler
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.grammar import check_schema
 from bubo.grammar.schema import LIMITS
@@ -335,6 +336,45 @@ class TestConstraints:
             engine, GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=30, grammar=grammar)
         )
         assert isinstance(json.loads(text)["n"], int)
+
+    @pytest.mark.parametrize(
+        ("bounds", "low", "high"),
+        [
+            ({"minimum": 18, "maximum": 120}, 18, 120),
+            ({"exclusiveMinimum": -7.5, "exclusiveMaximum": 3}, -7, 2),
+            ({"minimum": -1000, "maximum": -990}, -1000, -990),
+            ({"minimum": 95}, 95, 10**16 - 1),
+            ({"exclusiveMaximum": -95}, -(10**16) + 1, -96),
+        ],
+    )
+    def test_integer_bounds_in_llama_cpp(self, engine, bounds, low, high) -> None:
+        """llama.cpp's own grammar engine, fed one character token at a time, admits exactly the integers
+        in range (a window around the bounds and the lengths' edges) and no other spelling."""
+        schema = {"type": "integer", **bounds}
+        gbnf = engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
+        context = engine._context
+        pieces = {engine.token_piece(token): token for token in range(context.n_vocab)}
+        end = min(engine.info.eog_token_ids)
+
+        def admits(text: str) -> bool:
+            sampler = Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf)
+            try:
+                for char in text:
+                    token = pieces[char.encode()]
+                    if not sampler.allows(token):
+                        return False
+                    sampler.accept(token)
+                return sampler.allows(end)
+            finally:
+                sampler.close()
+
+        edges = {-1000, -100, -10, 0, 10, 100, 1000, low, high, 10**16, -(10**16)}
+        for n in sorted({n + step for n in edges for step in range(-12, 13)}):
+            assert admits(str(n)) == (low <= n <= high), n
+        for n in (low, high):
+            assert not admits(f"0{abs(n)}")
+            assert not admits(f"{n}.0")
+        assert not admits("-0")
 
     def test_unparsable_grammar(self, engine) -> None:
         """A grammar llama.cpp cannot parse is refused before any request runs it (a 400), not a crash."""

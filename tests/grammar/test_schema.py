@@ -42,6 +42,10 @@ class TestCheckSchema:
             {"type": "string", "format": "date-time", "title": "When", "description": "ISO time"},
             {"type": "object", "additionalProperties": {"type": "boolean"}},
             {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+            {"type": "integer", "minimum": 0, "maximum": 150},  # Pydantic's Field(ge=0, le=150)
+            {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "null"}]},  # conint(gt=0) | None
+            {"type": ["integer", "null"], "exclusiveMaximum": 10.5, "minimum": -(10**19)},
+            {"type": "integer", "minimum": 7, "maximum": 7},
         ],
     )
     def test_enforced_keywords_pass(self, schema) -> None:
@@ -52,6 +56,15 @@ class TestCheckSchema:
         ("schema", "path", "words"),
         [
             ({"type": "number", "maximum": 3}, ".maximum", "$.maximum uses 'maximum'"),
+            ({"minimum": 0}, ".minimum", "enforces it only on type 'integer'"),
+            ({"type": ["integer", "number"], "minimum": 0}, ".minimum", "only on type 'integer'"),
+            ({"type": "integer", "multipleOf": 2}, ".multipleOf", "uses 'multipleOf'"),
+            ({"type": "integer", "enum": [1, 200], "maximum": 100}, ".maximum", "beside 'enum'"),
+            ({"type": "integer", "minimum": True}, ".minimum", "must be a finite number"),
+            ({"type": "integer", "maximum": "9"}, ".maximum", "must be a finite number"),
+            ({"type": "integer", "minimum": float("nan")}, ".minimum", "must be a finite number"),
+            ({"type": "integer", "minimum": 3, "maximum": 2}, ".minimum", "admits no integer"),
+            ({"type": "integer", "exclusiveMinimum": 2, "maximum": 2.5}, ".exclusiveMinimum", "no integer"),
             (
                 {"properties": {"a": {"items": {"type": "string", "contains": {}}}}},
                 ".properties.a.items.contains",
@@ -109,6 +122,15 @@ class TestLimits:
         error = refusal({"type": "string", "pattern": "^a{0,20000}$"})
         assert (error.code, error.param) == ("unsupported_schema", f"{PARAM}.pattern")
         assert f"at most {LIMITS.repetition} repetitions" in error.message
+
+    @pytest.mark.parametrize("keyword", ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"])
+    def test_integer_bounds(self, keyword: str) -> None:
+        widest = 10**LIMITS.bound_digits - 1
+        check_schema({"type": "integer", keyword: widest}, PARAM)
+        check_schema({"type": "integer", keyword: -widest}, PARAM)
+        error = refusal({"type": "integer", keyword: 10**LIMITS.bound_digits})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.{keyword}")
+        assert f"at most {LIMITS.bound_digits} digits" in error.message
 
     def test_pattern_length(self) -> None:
         check_schema({"type": "string", "pattern": "^" + "a" * (LIMITS.pattern_chars - 2) + "$"}, PARAM)

@@ -9,16 +9,22 @@ the process with SIGSEGV before any check of its own can refuse it.  So every
 grammar, from a schema, a tool format or ``--grammar-file``, is measured here
 first, in one linear pass, and refused above :data:`MAX_GBNF_NESTING` levels
 or :data:`MAX_GBNF_CHARS` characters (docs/operations.md has the measurements).
+
+The port ignores integer bounds; :class:`_BoundedConverter` writes those as
+llama.cpp's C++ converter does (:mod:`._integer_range`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from bubo.domain.generation import GrammarSpec
 
+from ._integer_range import BOUND_KEYWORDS, integer_bounds, integer_range
 from .base import GrammarRejected
 
 __all__ = ["MAX_GBNF_CHARS", "MAX_GBNF_NESTING", "check_gbnf", "to_gbnf"]
@@ -50,7 +56,7 @@ def to_gbnf(spec: GrammarSpec) -> str:
     if not spec.schemas:
         check_gbnf(spec.rules)
         return spec.rules
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _BoundedConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     aliases = []
     for name, schema in spec.schemas:
         try:
@@ -101,3 +107,26 @@ def check_gbnf(text: str) -> None:
             f"the grammar nests groups {deepest} deep; at most {MAX_GBNF_NESTING} are supported",
             code="schema_too_complex",
         )
+
+
+class _BoundedConverter(SchemaConverter):
+    """llama-cpp-python's converter, enforcing ``minimum``/``maximum`` and the exclusive bounds on integers.
+
+    Only ``type: integer`` with a bound and no ``$ref``/``anyOf``/``oneOf``/``const``/``enum``
+    beside it is written here; :func:`bubo.grammar.check_schema` refuses the bounds anywhere else.
+    A list of types is a choice between the schema with each type: the base converter
+    visits ``{"type": t}`` alone, silently dropping ``properties``, ``maxLength``, bounds, ….
+    """
+
+    def visit(self, schema: Mapping[str, Any], name: str) -> str:
+        """The rule for *schema*: a bounded integer's own, anything else the base converter's."""
+        kind = schema.get("type")
+        if any(key in schema for key in ("$ref", "anyOf", "oneOf", "const", "enum")):
+            return str(super().visit(schema, name))
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the base converter names
+        if isinstance(kind, list):  # the base converter would visit each type alone, dropping the rest
+            branches = [{**schema, "type": one} for one in kind]
+            return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
+        if kind != "integer" or not any(key in schema for key in BOUND_KEYWORDS):
+            return str(super().visit(schema, name))
+        return str(self._add_rule(rule_name, f"({integer_range(*integer_bounds(schema))}) space"))

@@ -4,7 +4,9 @@ llama.cpp's JSON-schema-to-grammar conversion enforces types, properties,
 required, additionalProperties, items/prefixItems with minItems/maxItems,
 enum/const, anyOf/oneOf (as a choice), allOf (merging object properties),
 local ``$ref``, string pattern, minLength/maxLength and the uuid and date/time
-formats.  It silently ignores the rest (numeric bounds, ``not``,
+formats; Bubo's engine adds integer bounds (``minimum``, ``maximum`` and the
+exclusive ones on ``type: integer``).  The conversion silently ignores the rest
+(bounds on other numbers, ``multipleOf``, ``not``,
 ``if``/``then``/``else``, ``patternProperties``, ``uniqueItems``, …): a schema
 using those is refused with a 400 naming the keyword, never run unconstrained.
 
@@ -20,6 +22,7 @@ field over its limit.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -56,15 +59,19 @@ class SchemaLimits:
     """Characters of all ``enum``/``const`` values (as JSON) and property names together."""
     pattern_chars: int = 1000
     """Characters of one ``pattern``."""
+    bound_digits: int = 20
+    """Digits of an integer bound (``minimum`` …), enough for any 64-bit integer: the grammar spells the
+    range digit by digit, in O(digits²) characters and one nested group a digit."""
 
 
 LIMITS = SchemaLimits()
 
+_NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _ENFORCED = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
         "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern",
-        "minLength", "maxLength", "format",
+        "minLength", "maxLength", "format", *_NUMERIC_BOUNDS,
     }
 )  # fmt: skip
 _ANNOTATIONS = frozenset(
@@ -76,6 +83,7 @@ _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean",
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"))
+_BESIDE_BOUNDS = ("$ref", "anyOf", "oneOf", "const", "enum")  # the converter reads these before the type
 _SHOWN = 80  # characters of a client's value repeated in a message
 _PLAIN_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
 
@@ -163,6 +171,7 @@ class _Walk:
             self._check_value(keyword, value, here)
             children.extend(self._children(keyword, value, here))
         self._check_bounds(schema, path)
+        self._check_integer_bounds(schema, path)
         return children
 
     def _children(self, keyword: str, value: Any, here: Path) -> list[tuple[Any, Path]]:
@@ -225,6 +234,43 @@ class _Walk:
             minimum, maximum = schema.get(low, 0), schema.get(high)
             if maximum is not None and minimum > maximum:
                 raise self.refuse((*path, f".{low}"), f"is {minimum}, above {high} {maximum}")
+
+    def _check_integer_bounds(self, schema: Mapping[str, Any], path: Path) -> None:
+        """Numeric bounds: on integers only, with no keyword the converter reads first, an integer between."""
+        used = [keyword for keyword in schema if keyword in _NUMERIC_BOUNDS]
+        if not used:
+            return
+        here = (*path, f".{used[0]}")
+        kind = schema.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "integer" not in kinds or "number" in kinds:
+            raise self.refuse(
+                here, f"uses {used[0]!r}; constrained decoding enforces it only on type 'integer'"
+            )
+        beside = next((keyword for keyword in _BESIDE_BOUNDS if keyword in schema), None)
+        if beside is not None:
+            raise self.refuse(
+                here, f"uses {used[0]!r} beside {beside!r}; constrained decoding cannot enforce both"
+            )
+        low, high = -math.inf, math.inf
+        for keyword in used:
+            value = self._bound(schema[keyword], (*path, f".{keyword}"))
+            if keyword.endswith("inimum"):
+                low = max(low, math.ceil(value) if keyword == "minimum" else math.floor(value) + 1)
+            else:
+                high = min(high, math.floor(value) if keyword == "maximum" else math.ceil(value) - 1)
+        if low > high:
+            raise self.refuse(here, "admits no integer, with the bounds beside it")
+
+    def _bound(self, value: Any, here: Path) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.refuse(here, "must be a finite number")
+        if len(str(abs(math.trunc(value)))) > self.limits.bound_digits:
+            raise self.refuse(
+                here, f"is {_show(value)}; at most {self.limits.bound_digits} digits are supported",
+                TOO_COMPLEX,
+            )  # fmt: skip
+        return value
 
     def _check_pattern(self, pattern: Any, here: Path) -> None:
         if not isinstance(pattern, str):
