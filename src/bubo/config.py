@@ -50,11 +50,6 @@ def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) ->
         raise ConfigError(f"{attribute.name} must be at least 1, got {value}")
 
 
-def _positive_seconds(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be more than 0 seconds, got {value}")
-
-
 def _non_negative(_instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ConfigError(f"{attribute.name} must not be negative, got {value}")
@@ -121,7 +116,7 @@ class ModelSettings:
     tool_call_parser: str = "auto"  # auto: chosen from the chat template
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
-    repack_probe_timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
+    repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
 
 
 @attrs.frozen(kw_only=True)

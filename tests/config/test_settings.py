@@ -166,7 +166,7 @@ class TestExposure:
         assert load_settings(_flag_values(args), environ=environ).model.repack == mode
 
     def test_repack_probe_timeout_must_be_positive(self) -> None:
-        with pytest.raises(ConfigError, match="repack_probe_timeout must be more than 0 seconds"):
+        with pytest.raises(ConfigError, match="repack_probe_timeout must be above 0"):
             load_settings({}, environ={"BUBO_REPACK_PROBE_TIMEOUT": "0"})
 
     def test_cache_dir_follows_xdg(self, tmp_path) -> None:

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Hook = Callable[[Any, Any], Any]
 _NONE = type(None)
-# every integer field ends in a C integer of at most 64 bits (most are narrower: see _limits.py)
+# every integer field ends in a C integer of at most 64 bits (most are narrower: see _numbers.py)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # the JSON kind of a parsed value, by its exact Python type (json.loads makes no subclasses)
