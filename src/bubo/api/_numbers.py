@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import re
 
-from bubo.domain.sampling import SamplingOverrides
+import attrs
+
+from bubo.domain.sampling import LogitBias, SamplingOverrides
 from bubo.errors import InvalidRequest
 
-__all__ = ["FLOAT32_MAX", "INT32_MAX", "check_bias", "check_sampling", "check_token_limit", "token_id"]
+__all__ = [
+    "FLOAT32_MAX",
+    "INT32_MAX",
+    "check_bias",
+    "check_sampling",
+    "check_token_limit",
+    "sampling_overrides",
+    "token_id",
+]
 
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -60,6 +70,25 @@ def check_sampling(overrides: SamplingOverrides) -> SamplingOverrides:
                 param=name,
             )
     return overrides
+
+
+def sampling_overrides(body: object, logit_bias: LogitBias) -> SamplingOverrides:
+    """The sampler settings a request body sets, checked; the one mapping from wire to domain.
+
+    Every dialect that has these fields names them as the domain does
+    (``temperature``, ``top_k``, … ``seed``); only the logit bias has a form of
+    its own per dialect, so the caller reads it.
+
+    Raises:
+        InvalidRequest: ``param`` the first field out of range.
+
+    """
+    fields = {
+        field.name: getattr(body, field.name)
+        for field in attrs.fields(SamplingOverrides)
+        if field.name != "logit_bias"
+    }
+    return check_sampling(SamplingOverrides(**fields, logit_bias=logit_bias))
 
 
 def check_token_limit(value: int | None, param: str) -> int | None:

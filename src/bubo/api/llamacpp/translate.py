@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from bubo.api._constraints import output_constraint
-from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
+from bubo.api._numbers import check_bias, check_token_limit, sampling_overrides, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.output import Done
 from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPiece
-from bubo.domain.sampling import BANNED, LogitBias, SamplingOverrides
+from bubo.domain.sampling import BANNED, LogitBias
 from bubo.engine import SlotStatistics
 from bubo.errors import InvalidRequest
 
@@ -56,20 +56,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
         prompt=prompt,
         options=GenerationOptions(
             max_tokens=n_predict,
-            sampling=check_sampling(
-                SamplingOverrides(
-                    temperature=body.temperature,
-                    top_k=body.top_k,
-                    top_p=body.top_p,
-                    min_p=body.min_p,
-                    repeat_penalty=body.repeat_penalty,
-                    repeat_last_n=body.repeat_last_n,
-                    presence_penalty=body.presence_penalty,
-                    frequency_penalty=body.frequency_penalty,
-                    seed=body.seed,
-                    logit_bias=_logit_bias(body.logit_bias),
-                )
-            ),
+            sampling=sampling_overrides(body, _logit_bias(body.logit_bias)),
             stop=stop,
             n_probs=body.n_probs or None,
             ignore_eos=bool(body.ignore_eos),

@@ -8,7 +8,7 @@ import attrs
 
 from bubo.api._constraints import output_constraint
 from bubo.api._nesting import check_arguments_depth
-from bubo.api._numbers import check_bias, check_sampling, check_token_limit, token_id
+from bubo.api._numbers import check_bias, check_token_limit, sampling_overrides, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import TokenLogprob
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
@@ -221,20 +221,7 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def _sampling(body: wire.ChatCompletionRequest | wire.CompletionRequest) -> SamplingOverrides:
-    return check_sampling(
-        SamplingOverrides(
-            temperature=body.temperature,
-            top_k=body.top_k,
-            top_p=body.top_p,
-            min_p=body.min_p,
-            repeat_penalty=body.repeat_penalty,
-            repeat_last_n=body.repeat_last_n,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            seed=body.seed,
-            logit_bias=_logit_bias(body.logit_bias),
-        )
-    )
+    return sampling_overrides(body, _logit_bias(body.logit_bias))
 
 
 def _logit_bias(bias: dict[str, float] | None) -> LogitBias:
