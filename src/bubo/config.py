@@ -60,6 +60,16 @@ def _above_zero(_instance: object, attribute: attrs.Attribute[float], value: flo
         raise ConfigError(f"{attribute.name} must be above 0, got {value}")
 
 
+def _auto_or_positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value != -1 and value < 1:
+        raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 1, got {value}")
+
+
+def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
+
+
 def _default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -106,6 +116,9 @@ class ModelSettings:
     batch_size: int = attrs.field(default=2048, validator=_positive)
     ubatch_size: int = attrs.field(default=512, validator=_positive)
     prefill_chunk: int = attrs.field(default=256, validator=_positive)
+    parallel: int = attrs.field(default=-1, validator=_auto_or_positive)  # session slots; -1: auto
+    kv_unified: bool = True  # the slots share --ctx-size; off: each slot has --ctx-size of its own
+    slot_prompt_similarity: float = attrs.field(default=0.1, validator=_share)
     flash_attn: str = "auto"
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
@@ -297,7 +310,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int,
            "physical batch size (default 512)", "N"),
     Option(("--prefill-chunk",), ("model", "prefill_chunk"), _int,
-           "prompt tokens evaluated between cancellation checks (default 256)", "N"),
+           "prompt tokens evaluated per decode step, beside the running streams' tokens (default 256)", "N"),
+    Option(("-np", "--parallel"), ("model", "parallel"), _int,
+           "session slots: conversations generated at once, batched in one decode step "
+           "(default -1: 4, fewer when the context is under 1024 tokens)", "N"),
+    Option(("-kvu", "--kv-unified"), ("model", "kv_unified"), _switch,
+           "one KV cache shared by all slots, each may use the whole --ctx-size (on); off: each slot "
+           "has a KV cache of --ctx-size tokens of its own", "on|off",
+           off_flags=("-no-kvu", "--no-kv-unified")),
+    Option(("-sps", "--slot-prompt-similarity"), ("model", "slot_prompt_similarity"), _float,
+           "a request goes to the idle slot whose cached tokens match more than this share of its prompt, "
+           "else to the least recently used one (0.1; 0: always least recently used)", "SHARE"),
     Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice("auto", "on", "off"),
            "flash attention: auto, on or off (default auto)", "MODE"),
     Option(("-ngl", "--n-gpu-layers"), ("model", "n_gpu_layers"), _int,

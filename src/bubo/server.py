@@ -44,7 +44,7 @@ from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
-__all__ = ["DRAIN_POLL_S", "Loader", "create_app", "drain"]
+__all__ = ["Loader", "create_app", "drain"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ Loader = Callable[[Settings, Callable[[float], None]], Runtime]
 """Builds the runtime, blocking; ``bubo.loader.load_runtime`` unless a test injects another."""
 
 RECOVERY_MAX_DELAY_S = 60.0
-DRAIN_POLL_S = 0.05
 # After the shutdown deadline: how long the interrupted decode may take to stop (one token or prefill chunk).
 INTERRUPT_WAIT_S = 10.0
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -173,8 +172,8 @@ async def drain(app: QuartTrio, grace_s: float) -> None:
 
 
 async def _until_idle(state: ServerState) -> None:
-    while state.busy:  # noqa: ASYNC110 - the engine keeps counters, not events; this runs once, at shutdown
-        await trio.sleep(DRAIN_POLL_S)
+    if state.runtime is not None:
+        await state.runtime.engine.wait_idle()
 
 
 def _redacted(settings: Settings) -> dict[str, Any]:
@@ -305,10 +304,7 @@ async def _serve_model(
     while True:
         state.runtime = runtime
         state.status = Status.READY
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_when_lost, runtime, nursery.cancel_scope)
-            await runtime.engine.run_idle_work()  # until the engine is closed (shutdown)
-            nursery.cancel_scope.cancel()
+        await runtime.engine.wait_retired()  # closed (shutdown) or lost
         if not runtime.engine.lost:
             return
         state.status = Status.DEVICE_LOST
@@ -335,11 +331,6 @@ async def _load(settings: Settings, load: Loader, progress: Callable[[float], No
             await runtime.engine.aclose()
         raise
     return runtime
-
-
-async def _cancel_when_lost(runtime: Runtime, scope: trio.CancelScope) -> None:
-    await runtime.engine.wait_lost()
-    scope.cancel()
 
 
 async def _reload(settings: Settings, load: Loader, progress: Callable[[float], None]) -> Runtime:

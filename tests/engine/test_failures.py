@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
 import pytest
-import trio
 
 from bubo.domain.generation import GenerationFailed, GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure
+from bubo.engine._decode_loop import DecodeLoop, IdleJob
 from bubo.engine.fake import FakeEngine
 from bubo.errors import DeviceLost, InternalError
 
@@ -18,11 +21,11 @@ class Exploding(FakeEngine):
 
     error: Exception | None = None
 
-    async def _produce(self, request, send) -> None:
+    async def _produce(self, slot, request, send) -> None:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-        await super()._produce(request, send)
+        await super()._produce(slot, request, send)
 
 
 async def last_event(engine: FakeEngine) -> object:
@@ -61,25 +64,26 @@ async def test_a_fatal_engine_failure_loses_the_engine() -> None:
 
 
 @pytest.mark.parametrize("fatal", [False, True])
-async def test_idle_work_failures(fatal: bool) -> None:
-    """A failed warm-up leaves the next turn cold; a fatal one, raised in the worker thread, loses the engine."""
-    engine = FakeEngine()
-    ran_after: list[str] = []
+def test_idle_work_failures(fatal: bool) -> None:
+    """A failed warm-up leaves the next turn cold; a fatal one ends every later sequence with its error."""
+    loop = DecodeLoop(SimpleNamespace(n_batch=8, caches=()), prefill_chunk=8, drafting=None)  # type: ignore[arg-type]
+    heard: list[EngineFailure] = []
+    ran_after = threading.Event()
 
     def failing_job() -> None:
         raise EngineFailure("warm-up decode failed", fatal=fatal)
 
-    engine._schedule_idle(failing_job)
-    engine._schedule_idle(lambda: ran_after.append("next job"))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(engine.run_idle_work)
-        if fatal:
-            with trio.fail_after(5):
-                await engine.wait_lost()
-        else:
-            with trio.fail_after(5):
-                while not ran_after:
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-    assert engine.lost is fatal
-    assert ran_after == ([] if fatal else ["next job"])
+    loop.schedule_idle(IdleJob(run=failing_job, failed=heard.append))
+    loop.schedule_idle(IdleJob(run=ran_after.set, failed=heard.append))
+    try:
+        assert ran_after.wait(timeout=5)
+        assert [failure.fatal for failure in heard] == [fatal]
+        if fatal:  # a sequence that arrives later is refused with the failure, never decoded
+            ended: list[BaseException | None] = []
+            done = threading.Event()
+            sequence = SimpleNamespace(cancelled=False)
+            loop.submit(sequence, lambda error: (ended.append(error), done.set()))  # type: ignore[arg-type]
+            assert done.wait(timeout=5)
+            assert ended == [heard[0]]
+    finally:
+        loop.stop()

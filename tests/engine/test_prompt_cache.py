@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
-import trio.testing
 
 from bubo.domain.generation import CacheTags, GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
@@ -88,7 +86,7 @@ class TestSnapshots:
         """With room for one snapshot the older one goes; its return is an 'evicted' miss."""
         await run(engine, conversation(tokenizer, "whales"))
         await run(engine, conversation(tokenizer, "volcanoes"))  # whales leaves the slot: saved
-        store = engine._context.cache.store
+        store = engine._context.caches[0].store
         assert store is not None
         one = store.snapshots()[0].size_bytes
         store.budget_bytes = one + one // 2  # exactly one snapshot fits now
@@ -217,18 +215,13 @@ class TestNextTurnWarmUp:
         """Turn 1, the idle work, then turn 2: (turn-2 prompt length, tokens it reused, turn-1 prompt+output)."""
         continuation = tuple(tokenizer.encode(self.END_OF_TURN))
         first = conversation(tokenizer, "tides")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(engine.run_idle_work)
-            answer, _ = await run(engine, first, max_new=max_new, continuation=continuation)
-            await trio.testing.wait_all_tasks_blocked()  # the warm-up holds the slot, or is done
-            text = tokenizer.decode(answer).removesuffix("<|im_end|>")
-            second = tuple(
-                tokenizer.encode(
-                    tokenizer.decode(first) + text + self.END_OF_TURN + "And the moon?<|im_end|>\n"
-                )
-            )
-            _, finished = await run(engine, second)
-            nursery.cancel_scope.cancel()
+        answer, _ = await run(engine, first, max_new=max_new, continuation=continuation)
+        await engine.settle()  # the warm-up ran
+        text = tokenizer.decode(answer).removesuffix("<|im_end|>")
+        second = tuple(
+            tokenizer.encode(tokenizer.decode(first) + text + self.END_OF_TURN + "And the moon?<|im_end|>\n")
+        )
+        _, finished = await run(engine, second)
         return len(second), finished.stats.cached_tokens, len(first) + len(answer)
 
     async def test_an_answer_cut_by_its_limit(self, engine, tokenizer) -> None:
@@ -247,14 +240,11 @@ class TestNextTurnWarmUp:
         assert finished.stats.cached_tokens == len(first) + len(answer) - 1
 
     async def test_a_request_that_comes_first_makes_the_warm_up_stale(self, engine, tokenizer) -> None:
-        """Another conversation takes the slot before the idle work: its cache is left alone."""
+        """Another conversation takes the slot before or after the idle work: its cache is never touched."""
         continuation = tuple(tokenizer.encode(self.END_OF_TURN))
-        async with trio.open_nursery() as nursery:
-            await run(engine, conversation(tokenizer, "tides"), continuation=continuation)
-            other = conversation(tokenizer, "volcanoes")
-            await run(engine, other)  # queued before the idle runner even starts
-            nursery.start_soon(engine.run_idle_work)
-            await trio.testing.wait_all_tasks_blocked()
-            _, finished = await run(engine, (*other, 42))
-            nursery.cancel_scope.cancel()
+        await run(engine, conversation(tokenizer, "tides"), continuation=continuation)
+        other = conversation(tokenizer, "volcanoes")
+        await run(engine, other)  # races the warm-up: first, it makes it stale; after, it trims it
+        await engine.settle()
+        _, finished = await run(engine, (*other, 42))
         assert finished.stats.cached_tokens == len(other)

@@ -79,7 +79,7 @@ class GenerationRequest:
     ``t_max_predict_ms``); ``0`` disables it.  ``continuation`` is what the next
     prompt of the conversation will most likely hold right after this output
     (the chat template's end of turn and next header): the engine evaluates it
-    while idle, so the next turn starts warm.
+    while idle, so the next turn starts warm.  ``slot`` pins the session slot.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -93,6 +93,7 @@ class GenerationRequest:
     thinking_budget: ThinkingBudget | None = None
     cache_tags: CacheTags | None = None
     continuation: tuple[int, ...] = ()
+    slot: int | None = None  # the session slot to run in (llama-server's id_slot); None: the engine picks
 
 
 @attrs.frozen(kw_only=True)
@@ -160,6 +161,7 @@ class GenerationStats:
     draft_tokens: int = 0
     draft_accepted: int = 0
     cache: CacheReport = attrs.field(factory=CacheReport)
+    slot_id: int = 0  # the session slot the generation ran in
 
     @property
     def evaluated_tokens(self) -> int:
@@ -189,6 +191,7 @@ class PromptProgress:
     cached: int
     processed: int
     elapsed_ms: float
+    slot_id: int = 0  # the session slot evaluating it
 
 
 @attrs.frozen(kw_only=True)

@@ -39,6 +39,7 @@ class GenerationOptions:
     n_probs: int | None = None
     ignore_eos: bool = False
     time_limit_ms: int = 0
+    slot: int | None = None  # the session slot to run in (llama-server's id_slot); None: the engine picks
 
 
 @attrs.frozen(kw_only=True)

@@ -1,6 +1,7 @@
-"""One llama.cpp context: decode tokens into sequence 0, read logits, tokenize.
+"""One llama.cpp context: one KV sequence per slot, batched decoding, logits, tokenizing.
 
-Only the engine thread that holds the slot calls into it.
+Only the engine's decode thread calls into it (and the start-up probe, before
+that thread exists).
 """
 
 from __future__ import annotations
@@ -8,30 +9,46 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
+import attrs
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from ._kv import SequenceCache, SnapshotStore
-from .base import EngineCounters, EngineFailure
+from .base import EngineFailure
+from .stats import EngineCounters
 
-__all__ = ["FATAL_DECODE_STATUS", "LlamaContext"]
+__all__ = ["FATAL_DECODE_STATUS", "BatchEntry", "ContextFull", "LlamaContext"]
 
 # llama_decode: 0 ok, 1 no KV slot, 2 aborted, -1 invalid batch, -2 and below compute failures.
 FATAL_DECODE_STATUS = -2
+_NO_KV_SLOT = 1
+
+
+class ContextFull(EngineFailure):
+    """llama.cpp found no room in the KV cache for the batch (the slots' shared context is full)."""
+
+
+@attrs.frozen
+class BatchEntry:
+    """Tokens of one sequence in a batch; logits for every one (a draft to verify) or only the last."""
+
+    cache: SequenceCache
+    tokens: tuple[int, ...]
+    all_logits: bool = False
+    last_logits: bool = True  # a prompt chunk that does not end the prompt needs none
 
 
 class LlamaContext:
-    """A context with one sequence, its cache of tokens, and the counters it feeds."""
+    """A context with one sequence per slot, the caches of their tokens, and the totals it feeds."""
 
     def __init__(
         self,
         model: object,
         params: llama_cpp.llama_context_params,
         *,
-        counters: EngineCounters,
+        totals: EngineCounters,
         snapshots: SnapshotStore | None,
-        batch_capacity: int,
     ) -> None:
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
@@ -39,62 +56,69 @@ class LlamaContext:
         self.ctx = ctx
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ctx)  # what one sequence may hold
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.cache = SequenceCache(ctx, llama_cpp.llama_get_memory(ctx), snapshots)
-        self._counters = counters
-        self._batch_capacity = batch_capacity
-        self._batch = llama_cpp.llama_batch_init(batch_capacity, 0, 1)
+        self.n_batch: int = llama_cpp.llama_n_batch(ctx)
+        memory = llama_cpp.llama_get_memory(ctx)
+        self.caches = tuple(
+            SequenceCache(ctx, memory, snapshots, seq_id) for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
+        )
+        self._totals = totals
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
 
-    def decode(self, tokens: Sequence[int]) -> None:
-        """Evaluate *tokens* after the cached ones; logits for the last one only."""
-        array = (llama_cpp.llama_token * len(tokens))(*tokens)
-        self._check(llama_cpp.llama_decode(self.ctx, llama_cpp.llama_batch_get_one(array, len(tokens))))
-        self._appended(tokens)
+    def decode(self, tokens: Sequence[int], seq_id: int = 0) -> None:
+        """Evaluate *tokens* after those cached in sequence *seq_id*; logits for the last one only."""
+        for start in range(0, len(tokens), self.n_batch):
+            self.decode_batch([BatchEntry(self.caches[seq_id], tuple(tokens[start : start + self.n_batch]))])
 
-    def decode_all(self, tokens: Sequence[int]) -> None:
-        """Evaluate *tokens* with logits at every position (to verify a draft)."""
-        if len(tokens) > self._batch_capacity:
-            raise EngineFailure(f"a batch of {len(tokens)} tokens exceeds {self._batch_capacity}")
+    def decode_batch(self, entries: Sequence[BatchEntry]) -> list[int]:
+        """Evaluate every entry in one ``llama_decode``; the batch index of each entry's first token.
+
+        Raises:
+            ContextFull: no room in the KV cache (the sequences are as before the call).
+            EngineFailure: llama.cpp failed; fatal for a compute failure (the context is unusable).
+
+        """
         batch = self._batch
-        start = len(self.cache.tokens)
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = 1
-        batch.n_tokens = len(tokens)
-        self._check(llama_cpp.llama_decode(self.ctx, batch))
-        self._appended(tokens)
+        starts = []
+        i = 0
+        for entry in entries:
+            starts.append(i)
+            seq_id = entry.cache.seq_id
+            position = len(entry.cache.tokens)
+            last = len(entry.tokens) - 1
+            for offset, token in enumerate(entry.tokens):
+                batch.token[i] = token
+                batch.pos[i] = position + offset
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq_id
+                batch.logits[i] = entry.all_logits or (entry.last_logits and offset == last)
+                i += 1
+        if i > self.n_batch:
+            raise EngineFailure(f"a batch of {i} tokens exceeds {self.n_batch}")
+        batch.n_tokens = i
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            self._failed(status, entries)
+        for entry in entries:
+            entry.cache.extend(entry.tokens)
+        self._totals.decoded(len(entries))
+        return starts
 
-    def _appended(self, tokens: Sequence[int]) -> None:
-        self.cache.extend(tokens)
-        counters = self._counters
-        counters.n_decode += 1
-        counters.kv_tokens = len(self.cache.tokens)
-        counters.n_tokens_max = max(counters.n_tokens_max, counters.kv_tokens)
-
-    def _check(self, status: int) -> None:
+    def _failed(self, status: int, entries: Sequence[BatchEntry]) -> None:
         """Raise for a failed ``llama_decode``.
 
-        1 (no room in the KV cache) and -1 (a bad batch) leave the context usable;
-        lower values are compute failures (a lost device) and are fatal.
+        1 (no room in the KV cache) and -1 (a bad batch) leave the context usable
+        once what the batch may have written is dropped; lower values are
+        compute failures (a lost device) and are fatal.
         """
-        if status != 0:
-            if status <= FATAL_DECODE_STATUS:
-                raise EngineFailure(f"llama_decode failed with status {status}", fatal=True)
-            self.forget()  # the failed batch may have left part of itself in the cache
-            raise EngineFailure(f"llama_decode failed with status {status}")
-
-    def forget(self) -> None:
-        """Drop the whole cached sequence (after a failure that may have left it half-written)."""
-        self.cache.clear()
-        self._counters.kv_tokens = 0
-
-    def truncate(self, keep: int) -> None:
-        """Keep only the first *keep* cached tokens (rejected draft tokens go)."""
-        self.cache.truncate(keep)
-        self._counters.kv_tokens = len(self.cache.tokens)
+        if status <= FATAL_DECODE_STATUS:
+            raise EngineFailure(f"llama_decode failed with status {status}", fatal=True)
+        for entry in entries:  # a batch split into micro-batches may have left its first part
+            entry.cache.discard_uncommitted()
+        if status == _NO_KV_SLOT:
+            raise ContextFull("the context has no room left for this batch")
+        raise EngineFailure(f"llama_decode failed with status {status}")
 
     def logits(self, index: int) -> npt.NDArray[np.float32]:
         """The logits at batch position *index* of the last decode (-1: the last)."""

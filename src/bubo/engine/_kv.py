@@ -1,6 +1,6 @@
 """The slot's KV cache: prefix reuse, and host-RAM snapshots of conversations that left it.
 
-The live sequence keeps the previous request's tokens; a new request reuses
+Each slot's live sequence keeps its previous request's tokens; a new request reuses
 their longest common prefix.  When a request would throw away a substantial
 part of the live sequence (another conversation arrives), the live state is
 first copied to host RAM (``llama_state_seq_get_data``) as a snapshot.  A later
@@ -9,7 +9,8 @@ request restores the snapshot with the longest matching prefix
 interleaved agent conversations each keep their warm prefix.  Snapshots live
 under a byte budget, least recently used out first.
 
-Only the engine thread that owns the context calls into this module.
+Only the engine thread that owns the context calls into this module; the
+snapshot store is shared by every slot's sequence.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import llama_cpp
 from bubo.domain.generation import CacheReport, CacheTags
 
 from .base import SnapshotInfo
+from .slots import common_prefix
 
 __all__ = ["SequenceCache", "SnapshotStore"]
 
@@ -38,15 +40,6 @@ MIN_RESTORE_GAIN = 32
 # Evicted prefixes remembered (to report "evicted" as the reason of a miss).
 EVICTED_MEMORY = 64
 EVICTED_PREFIX = 256
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of *a* and *b*, at most *limit*."""
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @attrs.define
@@ -145,16 +138,21 @@ class SnapshotStore:
 
 
 class SequenceCache:
-    """Sequence 0 of one context: its tokens, prefix reuse and snapshots."""
+    """One sequence of a context (one slot's): its tokens, prefix reuse and snapshots."""
 
-    def __init__(self, ctx: object, memory: object, store: SnapshotStore | None) -> None:
+    def __init__(self, ctx: object, memory: object, store: SnapshotStore | None, seq_id: int = 0) -> None:
         self._ctx = ctx
         self._memory = memory
+        self.seq_id = seq_id
         self.store = store
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
         self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
+
+    def copy_tokens(self) -> list[int]:
+        """The tokens held, copied in one C call (safe to read from another thread)."""
+        return self.tokens.copy()
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Record *tokens* as evaluated after the cached ones."""
@@ -215,9 +213,9 @@ class SequenceCache:
         """Copy the live sequence to host RAM before it is overwritten."""
         if self.store is None or len(self.tokens) < MIN_SNAPSHOT_TOKENS:
             return
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id)
         data = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(self._ctx, data, size, 0)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, data, size, self.seq_id)
         if written != size:
             logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
             return
@@ -228,7 +226,7 @@ class SequenceCache:
         assert self.store is not None
         snapshot = self.store.take(key)
         self.clear()
-        read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, 0)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, self.seq_id)
         if read != snapshot.size:
             logger.warning("could not restore a sequence snapshot (%d of %d bytes)", read, snapshot.size)
             self.clear()
@@ -240,7 +238,7 @@ class SequenceCache:
 
     def truncate(self, keep: int) -> int:
         """Drop everything after the first *keep* tokens; return how many remain."""
-        if keep < len(self.tokens) and not llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1):
+        if keep < len(self.tokens) and not llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, keep, -1):
             self.clear()  # this memory cannot drop a suffix (recurrent state): start afresh
             return 0
         if keep < len(self.tokens):
@@ -248,8 +246,18 @@ class SequenceCache:
             self.version += 1
         return len(self.tokens)
 
+    def evict(self) -> None:
+        """Give the sequence's cells up (the shared context is full), keeping a snapshot worth one."""
+        self._save_live()
+        self.clear()
+
+    def discard_uncommitted(self) -> None:
+        """Drop whatever lies past the recorded tokens (a failed batch may have written some)."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, len(self.tokens), -1):
+            self.clear()
+
     def clear(self) -> None:
         """Forget the whole sequence."""
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, -1, -1)
         self.tokens.clear()
         self.version += 1

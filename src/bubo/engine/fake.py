@@ -1,13 +1,15 @@
 """A scripted engine for fast tests of everything above the engine.
 
-Same slot, queue and cancellation machinery as the llama.cpp engine
-(:class:`SlotEngine`); instead of decoding it replays a reply text piece by
-piece, with an optional delay per piece and an optional failure.  Never imports
-``llama_cpp``.
+Same slots, queue, accounting and cancellation machinery as the llama.cpp
+engine (:class:`SlotEngine`, :class:`Slot`); instead of decoding it replays a
+reply text piece by piece, with an optional delay per piece and an optional
+failure.  Each slot remembers the last prompt it ran, so slot choice by prefix
+works as on the real engine.  Never imports ``llama_cpp``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from bubo.domain.generation import (
 
 from ._stops import GeneratedText
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine
+from .slots import Slot, common_prefix
 
 __all__ = ["FakeEngine", "fake_model_info"]
 
@@ -70,14 +73,27 @@ class FakeScript:
 class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time."""
 
-    def __init__(self, info: ModelInfo | None = None, script: FakeScript | None = None) -> None:
-        super().__init__(info or fake_model_info())
+    def __init__(
+        self,
+        info: ModelInfo | None = None,
+        script: FakeScript | None = None,
+        *,
+        n_slots: int = 1,
+        similarity: float = 0.1,
+    ) -> None:
+        super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity)
         self.script = script or FakeScript()
         self.requests: list[GenerationRequest] = []
+        self.slots_used: list[int] = []  # the slot each request ran in, in order
         self.cancelled = 0  # generations cut short by cancellation
         self.closed = False
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
-        self._kv: tuple[int, ...] = ()
+        self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
+        for slot in self.slots:
+            slot.cached_tokens = functools.partial(self._cached, slot.id)
+
+    def _cached(self, slot_id: int) -> tuple[int, ...]:
+        return self._kv.get(slot_id, ())
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """The converted text, as the real engine makes it (the fake samples no grammar); recorded."""
@@ -87,35 +103,40 @@ class FakeEngine(SlotEngine):
         self.compiled.append((spec, text))
         return text
 
-    async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+    async def _produce(
+        self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
+    ) -> None:
         self.requests.append(request)
+        self.slots_used.append(slot.id)
         try:
-            await self._replay(request, send)
+            await self._replay(slot, request, send)
         except trio.Cancelled:
             self.cancelled += 1
             raise
 
-    async def _replay(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+    async def _replay(
+        self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
+    ) -> None:
         script = self.script
-        counters = self._counters
         prompt = request.prompt_tokens
-        cached = 0
-        while cached < min(len(self._kv), len(prompt) - 1) and self._kv[cached] == prompt[cached]:
-            cached += 1
+        cached = common_prefix(self._kv.get(slot.id, ()), prompt, len(prompt) - 1)
         started = time.perf_counter()
+        slot.reused(cached)
         await trio.sleep(script.prefill_delay)
-        counters.task_prompt_cached = cached
-        counters.task_prompt_processed = len(prompt) - cached
-        counters.kv_tokens = len(prompt)
+        slot.evaluated(len(prompt) - cached)
+        slot.holds(len(prompt))
+        self._kv[slot.id] = prompt
         await send.send(
             PromptProgress(
                 total=len(prompt),
                 cached=cached,
                 processed=len(prompt) - cached,
                 elapsed_ms=(time.perf_counter() - started) * 1000,
+                slot_id=slot.id,
             )
         )
         prompt_ms = (time.perf_counter() - started) * 1000
+        slot.prompt_took(prompt_ms / 1000)
         generated = time.perf_counter()
         pieces = script.pieces if script.pieces is not None else self._words(request)
         limit = request.max_new_tokens
@@ -134,7 +155,7 @@ class FakeEngine(SlotEngine):
                 raise EngineFailure("the fake engine failed as scripted")
             await trio.sleep(script.piece_delay)
             n += 1
-            counters.task_decoded = n
+            slot.generated()
             released = text.feed(piece)
             last = index == len(pieces) - 1 or at_limit()
             if last and text.matched is None:
@@ -154,10 +175,8 @@ class FakeEngine(SlotEngine):
             if text.matched is not None:
                 cause = StopCause.STOP_WORD
                 break
-        self._kv = prompt
-        counters.prompt_tokens += len(prompt) - cached
-        counters.prompt_tokens_cached += cached
-        counters.tokens_predicted += n
+        predicted_ms = (time.perf_counter() - generated) * 1000
+        slot.generation_took(predicted_ms / 1000)
         await send.send(
             GenerationFinished(
                 cause=cause,
@@ -167,8 +186,9 @@ class FakeEngine(SlotEngine):
                     cached_tokens=cached,
                     prompt_ms=prompt_ms,
                     completion_tokens=n,
-                    predicted_ms=(time.perf_counter() - generated) * 1000,
+                    predicted_ms=predicted_ms,
                     cache=CacheReport(hit=True, miss_reason=None) if cached else CacheReport(),
+                    slot_id=slot.id,
                 ),
             )
         )

@@ -1,18 +1,18 @@
 """The llama.cpp engine, driven through llama-cpp-python's low-level C API.
 
-One model, one context, one session slot.  A generation runs in a trio worker
-thread (``abandon_on_cancel=False``: the thread owns the context until it
-returns); tokens reach trio through the slot's memory channel.  The thread
-checks for cancellation between prefill chunks and after every token, so a
-client that leaves stops the decode within one chunk or one token.
+One model, one context, ``n_parallel`` session slots, each with its own KV
+sequence.  One decode thread (:mod:`._decode_loop`) drives every active
+sequence, one batch a step; tokens reach trio through each request's memory
+channel.  A client that leaves marks its sequence cancelled; the thread lets
+go of it at its next step, and only then is the slot given back.
 
 Events are handed to trio without waiting (``TrioToken.run_sync_soon``): a
 blocking round trip per token cost 0.28 ms of a 9.4 ms step on the reference
 machine.  The channel is therefore unbounded, but a generation's events are
 bounded by its context length, and the decode never waits for a slow client.
 
-The KV cache keeps the previous request's tokens; a new request evaluates only
-what follows the longest common prefix.
+Each slot's KV sequence keeps its previous request's tokens; a new request
+evaluates only what follows the longest common prefix.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import logging
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,33 +29,19 @@ import llama_cpp
 import numpy as np
 import trio
 
-from bubo.domain.generation import (
-    EngineEvent,
-    GenerationFinished,
-    GenerationRequest,
-    GenerationStats,
-    GrammarSpec,
-    PromptProgress,
-    StopCause,
-)
+from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec, StopCause
 from bubo.domain.sampling import SamplingParams
-from bubo.errors import BuboError
 
 from ._context import LlamaContext, token_piece
+from ._decode_loop import DecodeLoop, IdleJob
 from ._draft_policy import DraftOptions, DraftPolicy
-from ._generation import Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
 from ._sampler import Sampler
-from .base import (
-    CacheContents,
-    EngineCounters,
-    EngineFailure,
-    GrammarRejected,
-    ModelInfo,
-    RepackDecision,
-    SlotEngine,
-)
+from ._sequence import Outcome, Sequence
+from .base import CacheContents, EngineFailure, GrammarRejected, ModelInfo, RepackDecision, SlotEngine
+from .slots import Slot
+from .stats import EngineCounters
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
 
@@ -82,7 +67,10 @@ class LlamaOptions:
     n_threads_batch: int | None = None  # None: same as n_threads
     n_batch: int = 2048
     n_ubatch: int = 512
-    prefill_chunk: int = 256  # tokens per llama_decode call while prefilling (cancel granularity)
+    prefill_chunk: int = 256  # prompt tokens per decode step (what a new prompt may delay other streams by)
+    n_parallel: int = 1  # session slots, one KV sequence each; -1: auto (auto_parallel)
+    kv_unified: bool = True  # the slots share n_ctx; else each has n_ctx of its own
+    slot_prompt_similarity: float = 0.1  # a cached prefix longer than this share of a prompt picks the slot
     flash_attn: str = "auto"  # auto | on | off
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
@@ -92,6 +80,17 @@ class LlamaOptions:
     repack: RepackDecision = attrs.field(
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
     )
+
+
+AUTO_PARALLEL = 4
+"""Slots when ``--parallel`` is auto (llama-server's default)..."""
+MIN_AUTO_SLOT_CTX = 256
+"""...unless the context is too small to give each at least this many tokens."""
+
+
+def auto_parallel(n_ctx: int) -> int:
+    """The slots ``--parallel -1`` means for a context of *n_ctx* tokens."""
+    return max(1, min(AUTO_PARALLEL, n_ctx // MIN_AUTO_SLOT_CTX))
 
 
 def load_llama_engine(
@@ -142,16 +141,20 @@ def _route_llama_logs() -> None:
 
 
 class LlamaEngine(SlotEngine):
-    """A loaded model with one context and one slot."""
+    """A loaded model with one context and ``n_parallel`` slots."""
 
     channel_buffer = math.inf  # events are bounded by the context; see the module's docstring
 
     def __init__(self, model: object, options: LlamaOptions) -> None:
         context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = options.n_ctx
+        # unified: the slots share the context; else each slot has a context of its own of n_ctx tokens
+        per_slot = options.n_ctx or llama_cpp.llama_model_n_ctx_train(model)
+        n_parallel = auto_parallel(per_slot) if options.n_parallel < 1 else options.n_parallel
+        context_params.n_ctx = per_slot if options.kv_unified else per_slot * n_parallel
         context_params.n_batch = options.n_batch
         context_params.n_ubatch = options.n_ubatch
-        context_params.n_seq_max = 1
+        context_params.n_seq_max = n_parallel
+        context_params.kv_unified = options.kv_unified
         context_params.n_threads = options.n_threads
         context_params.n_threads_batch = options.n_threads_batch or options.n_threads
         context_params.flash_attn_type = _FLASH_ATTN[options.flash_attn]
@@ -159,21 +162,17 @@ class LlamaEngine(SlotEngine):
         # A sliding-window model keeps only its window of KV unless told to keep it all;
         # the prompt cache needs the whole sequence to trim it to a common prefix.
         context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
-        counters = EngineCounters()
         snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
-        self._context = LlamaContext(
-            model,
-            context_params,
-            counters=counters,
-            snapshots=snapshots,
-            batch_capacity=max(options.drafting.draft_max + 1, 1),
-        )
+        totals = EngineCounters()
+        self._context = LlamaContext(model, context_params, totals=totals, snapshots=snapshots)
         self._model = model
+        context = self._context
         # drafting statistics outlive a request: they describe the model, the machine and the workload
-        self._drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
-        vocab = self._context.vocab
-        n_vocab = self._context.n_vocab
-        self._prefill_chunk = max(1, min(options.prefill_chunk, options.n_batch))
+        drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
+        self._drafting = drafting
+        self._loop = DecodeLoop(context, prefill_chunk=options.prefill_chunk, drafting=drafting)
+        vocab = context.vocab
+        n_vocab = context.n_vocab
         self._pieces = [token_piece(vocab, token) for token in range(n_vocab)]
         description = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, description, len(description))
@@ -181,7 +180,7 @@ class LlamaEngine(SlotEngine):
             ModelInfo(
                 path=str(options.model_path),
                 architecture=_meta(model, "general.architecture"),
-                n_ctx=self._context.n_ctx,
+                n_ctx=context.n_ctx_seq,
                 n_ctx_train=llama_cpp.llama_model_n_ctx_train(model),
                 n_vocab=n_vocab,
                 n_embd=llama_cpp.llama_model_n_embd(model),
@@ -192,8 +191,12 @@ class LlamaEngine(SlotEngine):
                 eog_token_ids=frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)),
                 repack=options.repack,
             ),
-            counters=counters,
+            n_slots=len(context.caches),
+            similarity=options.slot_prompt_similarity,
+            totals=totals,
         )
+        for slot, cache in zip(self.slots, context.caches, strict=True):
+            slot.cached_tokens = cache.copy_tokens
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec*, checked by building (and freeing) a sampler with it.
@@ -214,7 +217,8 @@ class LlamaEngine(SlotEngine):
         """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).
 
         These are the two shapes of work a server does first (a prefill and a
-        decode step), so a kernel that crashes on this CPU crashes here.
+        decode step), so a kernel that crashes on this CPU crashes here.  Call
+        before any request: the decode thread does not run yet.
 
         Raises:
             EngineFailure: a decode failed or its logits are not finite.
@@ -229,38 +233,65 @@ class LlamaEngine(SlotEngine):
             if not np.isfinite(context.logits(-1)).all():
                 raise EngineFailure("the probe decode produced logits that are not finite")
         finally:
-            context.forget()
+            context.caches[0].clear()
 
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]
 
     def cache_contents(self) -> CacheContents:
-        """The live slot and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
-        store = self._context.cache.store
+        """The live slots and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
+        caches = self._context.caches
+        store = caches[0].store
         return CacheContents(
-            live_tokens=len(self._context.cache.tokens),
+            live_tokens=sum(len(cache.tokens) for cache in caches),
             budget_bytes=store.budget_bytes if store is not None else 0,
             snapshots=tuple(store.snapshots()) if store is not None else (),
         )
 
-    # ---- the generation, on the worker thread -------------------------------------------
+    # ---- a generation: a sequence on the decode thread ----------------------------------------
 
-    async def _produce(self, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]) -> None:
+    async def _produce(
+        self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
+    ) -> None:
         trio_token = trio.lowlevel.current_trio_token()
 
-        def emit(event: EngineEvent) -> None:
-            trio_token.run_sync_soon(_deliver, send, event)  # FIFO, before the thread's own result
+        def emit(event: EngineEvent) -> None:  # on the decode thread
+            _post(trio_token, _deliver, send, event)  # FIFO, before the sequence's end
 
-        outcome = await trio.to_thread.run_sync(
-            self._generate_safely, request, emit, thread_name="bubo-decode"
+        sequence = Sequence(
+            self._context,
+            slot,
+            request,
+            pieces=self._pieces,
+            eog=self._info.eog_token_ids,
+            drafting=self._drafting,
+            emit=emit,
         )
-        warm_up = self._warm_up_job(request, outcome)
-        if warm_up is not None:
-            self._schedule_idle(warm_up)
+        ended = trio.Event()
+        failures: list[BaseException] = []
 
-    def _warm_up_job(self, request: GenerationRequest, outcome: Outcome) -> Callable[[], None] | None:
-        """Evaluating the end of turn the next prompt will start with, once the slot is free.
+        def on_end(error: BaseException | None) -> None:  # on the decode thread
+            if error is not None:
+                failures.append(error)
+            _post(trio_token, ended.set)
+
+        self._loop.submit(sequence, on_end)
+        try:
+            await ended.wait()
+        finally:
+            if not ended.is_set():  # the client left, or shutdown's deadline passed
+                sequence.cancelled = True
+                self._loop.wake()
+                with trio.CancelScope(shield=True):
+                    await ended.wait()  # the thread lets go of the slot's sequence within one step
+        if failures:
+            raise failures[0]
+        assert sequence.outcome is not None
+        self._schedule_warm_up(slot, request, sequence.outcome)
+
+    def _schedule_warm_up(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
+        """Evaluate the end of turn the next prompt will start with, once no sequence is active.
 
         Only after an answer the client will send back as it is (it ended, or hit
         its token limit): then the next turn's prompt continues with the last
@@ -268,104 +299,51 @@ class LlamaEngine(SlotEngine):
         the slot first makes the job stale, and it does nothing.
         """
         if not request.continuation or outcome.cause not in (StopCause.EOS, StopCause.LIMIT):
-            return None
+            return
         last = outcome.undecoded
         tokens = (
             (last,) if last is not None and last not in self._info.eog_token_ids else ()
         ) + request.continuation
-        cache = self._context.cache
-        if len(cache.tokens) + len(tokens) >= self._context.n_ctx:
-            return None
+        cache = self._context.caches[slot.id]
+        if len(cache.tokens) + len(tokens) >= self._context.n_ctx_seq:
+            return
         version = cache.version
+        trio_token = trio.lowlevel.current_trio_token()
 
-        def warm_up() -> None:  # an EngineFailure goes to run_idle_work, on the trio thread
-            if cache.version != version:  # another request used the slot meanwhile
+        def warm_up() -> None:  # on the decode thread
+            if cache.version != version or slot.is_processing:  # another request took the slot
                 return
-            self._context.decode(tokens)
+            self._context.decode(tokens, cache.seq_id)
+            slot.holds(len(cache.tokens))
 
-        return warm_up
+        def failed(failure: EngineFailure) -> None:  # on the decode thread
+            _post(trio_token, self._idle_failed, failure)
 
-    def _generate_safely(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:
-        """Generate; after an unexpected error forget the sequence, which it may have left half-written."""
-        try:
-            return self._generate_blocking(request, emit)
-        except BuboError:
-            raise  # EngineFailure cleans up after itself; the others are raised before decoding
-        except Exception:
-            self._context.forget()
-            raise
+        self._loop.schedule_idle(IdleJob(run=warm_up, failed=failed))
 
-    def _generate_blocking(self, request: GenerationRequest, emit: Callable[[EngineEvent], None]) -> Outcome:
-        context = self._context
-        counters = self._counters
-        prompt = request.prompt_tokens
-        if not prompt or len(prompt) >= context.n_ctx:  # the service checks first; this guards the engine
-            msg = f"prompt of {len(prompt)} tokens cannot be evaluated in a {context.n_ctx}-token context"
-            raise EngineFailure(msg)
+    async def settle(self) -> None:
+        """Return once the idle work queued so far (warm-ups) has run."""
+        await trio.to_thread.run_sync(self._loop.wait_settled)
 
-        started = time.perf_counter()
-        n_cached, cache_report = context.cache.prepare(prompt, request.cache_tags)
-        counters.kv_tokens = n_cached
-        counters.task_prompt_cached = n_cached
-        for start in range(n_cached, len(prompt), self._prefill_chunk):
-            trio.from_thread.check_cancelled()
-            chunk = prompt[start : start + self._prefill_chunk]
-            context.decode(chunk)
-            counters.task_prompt_processed += len(chunk)
-            emit(
-                PromptProgress(
-                    total=len(prompt),
-                    cached=n_cached,
-                    processed=start + len(chunk) - n_cached,
-                    elapsed_ms=(time.perf_counter() - started) * 1000.0,
-                )
-            )
-        prompt_done = time.perf_counter()
-        prompt_ms = (prompt_done - started) * 1000.0
-        counters.prompt_tokens += len(prompt) - n_cached
-        counters.prompt_tokens_cached += n_cached
-        counters.prompt_seconds += prompt_ms / 1000.0
-
-        generation = Generation(
-            context,
-            request,
-            pieces=self._pieces,
-            eog=self._info.eog_token_ids,
-            counters=counters,
-            drafting=self._drafting,
-            emit=emit,
-        )
-        outcome = None
-        try:
-            outcome = generation.run()
-        finally:
-            predicted_ms = (time.perf_counter() - prompt_done) * 1000.0
-            counters.tokens_predicted += counters.task_decoded
-            counters.tokens_predicted_seconds += predicted_ms / 1000.0
-        emit(
-            GenerationFinished(
-                cause=outcome.cause,
-                stop_word=outcome.stop_word,
-                stats=GenerationStats(
-                    prompt_tokens=len(prompt),
-                    cached_tokens=n_cached,
-                    prompt_ms=prompt_ms,
-                    completion_tokens=outcome.n_generated,
-                    predicted_ms=predicted_ms,
-                    draft_tokens=outcome.drafted,
-                    draft_accepted=outcome.accepted,
-                    cache=cache_report,
-                ),
-            )
-        )
-        return outcome
+    def _idle_failed(self, failure: EngineFailure) -> None:
+        if failure.fatal:
+            self._lose(failure.message)
+        else:
+            logger.warning("idle work failed, the next turn starts cold: %s", failure.message)
 
     def close(self) -> None:
-        """Free the context and the model."""
+        """Stop the decode thread, then free the context and the model."""
+        self._loop.stop()
         self._context.close()
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+
+def _post(trio_token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+    """Run *function* on the trio thread soon; a run that has ended hears nothing."""
+    with contextlib.suppress(trio.RunFinishedError):
+        trio_token.run_sync_soon(function, *args)
 
 
 def _deliver(send: trio.MemorySendChannel[EngineEvent], event: EngineEvent) -> None:

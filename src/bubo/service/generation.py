@@ -135,6 +135,7 @@ def generation_request(
         ignore_eos=options.ignore_eos,
         n_probs=options.n_probs,
         time_limit_ms=options.time_limit_ms,
+        slot=options.slot,
     )
 
 

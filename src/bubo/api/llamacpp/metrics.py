@@ -65,7 +65,7 @@ class _EngineCollector:
             ("requests_processing", "Number of requests processing", s.requests_processing),
             ("requests_deferred", "Number of requests deferred", s.requests_deferred),
             ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-             1.0 if s.n_decode_total else 0.0),
+             s.n_busy_slots_per_decode),
             ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
              s.kv_cache_tokens / self._n_ctx if self._n_ctx else 0.0),
             ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),

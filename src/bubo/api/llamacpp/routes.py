@@ -45,6 +45,7 @@ class _CompletionStream:
         self._progress = progress
         self._predicted = 0
         self._evaluated = 0
+        self._slot = 0  # the slot evaluating the prompt (known from its first progress event)
         self._has_new_line = False
 
     def opening(self) -> Iterable[bytes]:
@@ -57,11 +58,12 @@ class _CompletionStream:
         match event:
             case PromptProgress() if self._progress:
                 self._evaluated = event.total
+                self._slot = event.slot_id
                 return self._chunk(
                     wire.CompletionChunk(
                         content="",
                         tokens=[],
-                        id_slot=0,
+                        id_slot=event.slot_id,
                         tokens_predicted=0,
                         tokens_evaluated=event.total,
                         prompt_progress=wire.PromptProgress(
@@ -74,6 +76,7 @@ class _CompletionStream:
                 )
             case PromptProgress():
                 self._evaluated = event.total
+                self._slot = event.slot_id
             case TextDelta(text=text, token_ids=token_ids, logprobs=entries):
                 self._predicted += len(token_ids)
                 self._has_new_line = self._has_new_line or "\n" in text
@@ -83,7 +86,7 @@ class _CompletionStream:
                     wire.CompletionChunk(
                         content=text,
                         tokens=list(token_ids),
-                        id_slot=0,
+                        id_slot=self._slot,
                         tokens_predicted=self._predicted,
                         tokens_evaluated=self._evaluated,
                         completion_probabilities=translate.probabilities(entries) if self._n_probs else None,
@@ -113,8 +116,12 @@ async def completion() -> Response:
     body = await structured_body(runtime, _converter, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
-    if body.id_slot not in (None, -1, 0):
-        raise InvalidRequest(f"there is one slot, 0; got id_slot {body.id_slot}", param="id_slot")
+    n_slots = len(runtime.engine.statistics().slots)
+    if body.id_slot not in (None, -1) and not 0 <= body.id_slot < n_slots:
+        raise InvalidRequest(
+            f"id_slot must be -1 (any slot) or a slot id from 0 to {n_slots - 1}; got {body.id_slot}",
+            param="id_slot",
+        )
     prepared: PreparedGeneration = await prepare_completion(runtime, translate.completion_request(body))
     stream = bool(body.stream)
     settings = translate.generation_settings(

@@ -61,6 +61,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             n_probs=body.n_probs or None,
             ignore_eos=bool(body.ignore_eos),
             time_limit_ms=body.t_max_predict_ms or 0,
+            slot=None if body.id_slot in (None, -1) else body.id_slot,
         ),
         output_format=output_format,
         grammar=grammar,
@@ -171,7 +172,7 @@ def completion_result(
     return wire.CompletionResult(
         content=content,
         tokens=[],
-        id_slot=0,
+        id_slot=stats.slot_id,
         stop=True,
         model=settings.model,
         tokens_predicted=stats.completion_tokens,

@@ -1,0 +1,285 @@
+"""The decode thread: one ``llama_decode`` a step for every active sequence (continuous batching).
+
+Each step builds one batch: the next token of every generating sequence, then
+up to ``prefill_chunk`` prompt tokens of the sequences still prefilling, oldest
+first.  A long new prompt therefore delays the running streams by at most one
+chunk a step, and a new request's prompt starts at the next step, whoever else
+is generating.  Sequences join (:meth:`DecodeLoop.submit`) and are dropped
+(``Sequence.cancelled``, then :meth:`DecodeLoop.wake`) from the trio thread at
+any time; the loop takes the changes at the start of each step, so a sequence
+whose client left is let go within one step.  With nothing to decode the loop
+runs idle jobs (warming a slot for its conversation's next turn), then sleeps
+until woken.
+
+The thread is the only one that touches the context once it runs; it is
+started with the first sequence and stopped by :meth:`DecodeLoop.stop`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import attrs
+
+from bubo.domain.generation import StopCause
+from bubo.errors import ServiceUnavailable
+
+from ._context import BatchEntry, ContextFull, LlamaContext
+from ._draft_policy import DraftPolicy
+from ._sequence import Sequence
+from .base import EngineFailure
+
+__all__ = ["DecodeLoop", "IdleJob"]
+
+logger = logging.getLogger(__name__)
+
+Ended = Callable[[BaseException | None], None]
+"""Called on the decode thread once the loop lets go of a sequence: with its error, or None."""
+
+
+@attrs.frozen
+class IdleJob:
+    """Work for when no sequence is active; ``failed`` hears of an :class:`EngineFailure` it raised."""
+
+    run: Callable[[], None]
+    failed: Callable[[EngineFailure], None]
+
+
+@attrs.define(eq=False)
+class _Member:
+    sequence: Sequence
+    ended: Ended
+
+
+class DecodeLoop:
+    """Drives every active sequence of one context, one batch a step, on its own thread."""
+
+    def __init__(self, context: LlamaContext, *, prefill_chunk: int, drafting: DraftPolicy | None) -> None:
+        self._context = context
+        self._prefill_chunk = max(1, min(prefill_chunk, context.n_batch))
+        self._drafting = drafting
+        self._wakeup = threading.Condition()
+        self._arrivals: list[_Member] = []  # guarded by _wakeup
+        self._idle_jobs: collections.deque[IdleJob] = collections.deque()  # guarded by _wakeup
+        self._stopping = False  # guarded by _wakeup
+        self._idle_running = False  # guarded by _wakeup
+        self._active: list[_Member] = []  # the loop thread's own
+        self._fatal: EngineFailure | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- the trio side -----------------------------------------------------------------------
+
+    def submit(self, sequence: Sequence, ended: Ended) -> None:
+        """Add *sequence* to the next step; *ended* is called when the loop lets go of it."""
+        with self._wakeup:
+            if self._stopping:
+                raise EngineFailure("the engine is closed")
+            self._arrivals.append(_Member(sequence, ended))
+            self._start_thread()
+            self._wakeup.notify_all()
+
+    def wake(self) -> None:
+        """Make the loop look at its sequences now (one was cancelled)."""
+        with self._wakeup:
+            self._wakeup.notify_all()
+
+    def schedule_idle(self, job: IdleJob) -> None:
+        """Run *job* once no sequence is active."""
+        with self._wakeup:
+            if self._stopping:
+                return
+            self._idle_jobs.append(job)
+            self._start_thread()
+            self._wakeup.notify_all()
+
+    def wait_settled(self) -> None:
+        """Block until no idle job is pending or running (blocking: call from a worker thread)."""
+        with self._wakeup:
+            while (self._idle_jobs or self._idle_running) and not self._stopping:
+                self._wakeup.wait()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it; sequences still active end with an error."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
+            self._thread.start()
+
+    # ---- the decode thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while not (self._arrivals or self._active or self._idle_jobs or self._stopping):
+                    self._wakeup.wait()
+                if self._stopping:
+                    break
+                arrivals, self._arrivals = self._arrivals, []
+                idle = not (arrivals or self._active)
+                job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
+                self._idle_running = job is not None
+            for member in arrivals:
+                self._admit(member)
+            if job is not None:
+                self._run_idle(job)
+                with self._wakeup:
+                    self._idle_running = False
+                    self._wakeup.notify_all()
+                continue
+            try:
+                self._step()
+            except Exception as error:  # a bug in the loop itself: end what it held, keep serving
+                logger.exception("the decode loop failed; its sequences end with an error")
+                for member in self._active:
+                    member.sequence.cache.clear()
+                self._end_all(error)
+        closed = EngineFailure("the engine was closed while generating")
+        with self._wakeup:
+            arrivals, self._arrivals = self._arrivals, []
+        self._active.extend(arrivals)
+        self._end_all(closed)
+
+    def _admit(self, member: _Member) -> None:
+        if member.sequence.cancelled:
+            self._end(member, None)
+            return
+        if self._fatal is not None:
+            self._end(member, self._fatal)
+            return
+        try:
+            member.sequence.start()
+        except Exception as error:  # noqa: BLE001 - the request's own failure (a grammar, a prompt)
+            member.sequence.close()
+            self._end(member, error)
+            return
+        self._active.append(member)
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        if not self._active:
+            return
+        batch = self._next_batch()
+        timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].sequence.prefilling
+        started = time.perf_counter()
+        try:
+            starts = self._context.decode_batch([entry for _, entry in batch])
+        except ContextFull:
+            self._make_room([member for member, _ in batch])
+            return
+        except EngineFailure as failure:
+            self._decode_failed(failure, [member for member, _ in batch])
+            return
+        if timed and self._drafting is not None:  # the drafting policy models one sequence's steps
+            self._drafting.observe_decode(len(batch[0][1].tokens), time.perf_counter() - started)
+        for (member, entry), start in zip(batch, starts, strict=True):
+            try:
+                member.sequence.evaluated(entry, start)
+            except Exception as error:  # noqa: BLE001 - a bug fails its own request only
+                self._fail(member, error)
+                continue
+            if member.sequence.done:
+                self._active.remove(member)
+                self._end(member, None)
+
+    def _drop_cancelled(self) -> None:
+        for member in [m for m in self._active if m.sequence.cancelled]:
+            member.sequence.close()
+            self._active.remove(member)
+            self._end(member, None)
+
+    def _next_batch(self) -> list[tuple[_Member, BatchEntry]]:
+        """Every generating sequence's token, then prompt chunks, oldest sequence first, up to the chunk."""
+        alone = len(self._active) == 1
+        batch = [
+            (member, member.sequence.token_entry(alone=alone))
+            for member in self._active
+            if not member.sequence.prefilling
+        ]
+        room = min(self._prefill_chunk, self._context.n_batch - sum(len(entry.tokens) for _, entry in batch))
+        for member in self._active:
+            if room <= 0:
+                break
+            if member.sequence.prefilling:
+                entry = member.sequence.prompt_entry(room)
+                batch.append((member, entry))
+                room -= len(entry.tokens)
+        return batch
+
+    def _decode_failed(self, failure: EngineFailure, in_batch: list[_Member]) -> None:
+        """A fatal failure ends every sequence, now and later; another only those in the batch."""
+        if failure.fatal:
+            self._fatal = failure
+            self._end_all(failure)
+            return
+        for member in in_batch:
+            self._fail(member, failure)
+
+    def _make_room(self, in_batch: list[_Member]) -> None:
+        """The shared context is full: free idle slots' sequences, else end one of the batch.
+
+        Idle slots' tokens go first (to a host-RAM snapshot when they are worth
+        one).  Then the newest sequence still reading its prompt fails with a 503
+        (it has sent nothing yet; the client may retry); else the generating
+        sequence holding the most tokens ends as if its context were full.
+        """
+        active = {member.sequence.cache.seq_id for member in self._active}
+        idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
+        if idle:
+            for cache in idle:
+                cache.evict()
+            return
+        prefilling = [member for member in in_batch if member.sequence.prefilling]
+        if prefilling:
+            victim = prefilling[-1]
+            victim.sequence.cache.clear()
+            self._fail(
+                victim,
+                ServiceUnavailable(
+                    "the context shared by the slots is full; retry when other requests have finished",
+                    code="context_full",
+                    headers={"Retry-After": "1"},
+                ),
+            )
+            return
+        victim = max(in_batch, key=lambda member: len(member.sequence.cache.tokens))
+        victim.sequence.finish(StopCause.CONTEXT)
+        victim.sequence.cache.evict()
+        self._active.remove(victim)
+        self._end(victim, None)
+
+    def _run_idle(self, job: IdleJob) -> None:
+        try:
+            job.run()
+        except EngineFailure as failure:
+            job.failed(failure)
+            if failure.fatal:
+                self._fatal = failure
+
+    def _fail(self, member: _Member, error: BaseException) -> None:
+        member.sequence.close()
+        if not isinstance(error, EngineFailure | ServiceUnavailable):
+            member.sequence.cache.clear()  # a bug may have left the sequence half-written
+        if member in self._active:
+            self._active.remove(member)
+        self._end(member, error)
+
+    def _end_all(self, error: BaseException) -> None:
+        members, self._active = self._active, []
+        for member in members:
+            member.sequence.close()
+            self._end(member, error)
+
+    @staticmethod
+    def _end(member: _Member, error: BaseException | None) -> None:
+        member.ended(error)

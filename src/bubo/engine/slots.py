@@ -1,0 +1,207 @@
+"""Session slots: the accounting of each one, and the FIFO queue that hands them out.
+
+A request holds one slot from admission to the end of its generation.  The
+:class:`SlotPool` gives slots out in arrival order; a free slot goes to the
+first waiting request it can serve (a request pinned to a busy slot with
+``id_slot`` lets the ones behind it pass).  Which free slot a request gets
+follows llama-server: the one whose cached tokens share the longest prefix with
+the prompt, when that prefix is more than ``similarity`` of the prompt
+(``--slot-prompt-similarity``), else the least recently used one.
+
+A :class:`Slot` owns its task's counters and adds to the engine's totals: an
+engine reports facts to it (a prompt chunk evaluated, a token generated) and
+never writes counters itself.  Facts are written by the slot's producer (the
+decode thread for llama.cpp) and read on the trio thread; each is a single
+int/float store, so a reader never sees a torn value.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from .stats import EngineCounters, SlotStatistics
+
+__all__ = ["Slot", "SlotPool", "common_prefix"]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Length of the common prefix of *a* and *b*, at most *limit*."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _no_tokens() -> Sequence[int]:
+    return ()
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One session slot and the accounting of the task that holds (or last held) it."""
+
+    id: int
+    n_ctx: int
+    totals: EngineCounters
+    cached_tokens: Callable[[], Sequence[int]] = _no_tokens
+    """A copy of the tokens the slot's KV sequence holds (the engine sets it; read for slot choice)."""
+    is_processing: bool = False
+    id_task: int = -1
+    kv_tokens: int = 0
+    prompt_processed: int = 0
+    prompt_cached: int = 0
+    decoded: int = 0
+    limit: int = -1  # tokens the task may generate; -1: unlimited
+    last_used: int = -1  # the task id that last held the slot (least recently used first)
+
+    def begin(self, task_id: int, max_new_tokens: int | None) -> None:
+        """A task takes the slot: its counters start from zero."""
+        self.is_processing = True
+        self.id_task = self.last_used = task_id
+        self.prompt_processed = self.prompt_cached = self.decoded = 0
+        self.limit = -1 if max_new_tokens is None else max_new_tokens
+
+    def end(self) -> None:
+        """The task left the slot; its counters stay for ``/slots`` until the next one."""
+        self.is_processing = False
+
+    def reused(self, n_tokens: int) -> None:
+        """*n_tokens* of the prompt came from the cache."""
+        self.prompt_cached = n_tokens
+        self.totals.prompt_tokens_cached += n_tokens
+
+    def evaluated(self, n_tokens: int) -> None:
+        """*n_tokens* more of the prompt were evaluated."""
+        self.prompt_processed += n_tokens
+        self.totals.prompt_tokens += n_tokens
+
+    def prompt_took(self, seconds: float) -> None:
+        """The prompt's evaluation ended after *seconds*."""
+        self.totals.prompt_seconds += seconds
+
+    def generated(self) -> None:
+        """One more token was generated."""
+        self.decoded += 1
+        self.totals.tokens_predicted += 1
+
+    def generation_took(self, seconds: float) -> None:
+        """The generation phase ended after *seconds*."""
+        self.totals.tokens_predicted_seconds += seconds
+
+    def drafted(self, n_tokens: int) -> None:
+        """A draft of *n_tokens* was verified in one step."""
+        self.totals.draft_tokens += n_tokens
+        self.totals.draft_steps += 1
+
+    def draft_accepted(self) -> None:
+        """One drafted token was accepted."""
+        self.totals.draft_accepted += 1
+
+    def holds(self, n_tokens: int) -> None:
+        """The slot's KV sequence now holds *n_tokens*."""
+        self.kv_tokens = n_tokens
+        self.totals.n_tokens_max = max(self.totals.n_tokens_max, n_tokens)
+
+    def statistics(self) -> SlotStatistics:
+        """The slot as ``/slots`` shows it."""
+        return SlotStatistics(
+            id=self.id,
+            n_ctx=self.n_ctx,
+            is_processing=self.is_processing,
+            id_task=self.id_task,
+            n_prompt_tokens=self.kv_tokens,
+            n_prompt_tokens_processed=self.prompt_processed,
+            n_prompt_tokens_cache=self.prompt_cached,
+            n_decoded=self.decoded,
+            n_remain=-1 if self.limit < 0 else max(0, self.limit - self.decoded),
+        )
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    prompt: Sequence[int]
+    pinned: int | None
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    slot: Slot | None = None
+
+
+class SlotPool:
+    """The slots of one engine and the FIFO queue of requests waiting for one (trio thread only)."""
+
+    def __init__(self, slots: Sequence[Slot], *, similarity: float) -> None:
+        self.slots = tuple(slots)
+        self._similarity = similarity
+        self._held: set[int] = set()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot (llama-server's ``requests_deferred``)."""
+        return len(self._waiters)
+
+    @property
+    def held(self) -> int:
+        """Slots held by a request."""
+        return len(self._held)
+
+    async def acquire(self, prompt: Sequence[int], pinned: int | None = None) -> Slot:
+        """Wait for a slot for a request with *prompt* (*pinned*: that slot only), in arrival order."""
+        waiter = _Waiter(prompt, pinned)
+        self._waiters.append(waiter)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._dispatch()
+        try:
+            await waiter.ready.wait()
+        except BaseException:
+            if waiter.slot is not None:  # given a slot in the moment it was cancelled
+                self.release(waiter.slot)
+            else:
+                self._waiters.remove(waiter)
+                self._dispatch()  # a pinned waiter ahead may have held others back
+            raise
+        assert waiter.slot is not None
+        return waiter.slot
+
+    def release(self, slot: Slot) -> None:
+        """Give *slot* back: the first waiter it can serve gets it."""
+        self._held.discard(slot.id)
+        self._dispatch()
+
+    async def wait_idle(self) -> None:
+        """Return once no slot is held and no request waits."""
+        await self._idle.wait()
+
+    def _dispatch(self) -> None:
+        for waiter in list(self._waiters):
+            if len(self._held) == len(self.slots):
+                break
+            slot = self._choose(waiter)
+            if slot is None:
+                continue
+            self._waiters.remove(waiter)
+            self._held.add(slot.id)
+            waiter.slot = slot
+            waiter.ready.set()
+        if not self._held and not self._waiters:
+            self._idle.set()
+
+    def _choose(self, waiter: _Waiter) -> Slot | None:
+        free = [slot for slot in self.slots if slot.id not in self._held]
+        if waiter.pinned is not None:
+            return next((slot for slot in free if slot.id == waiter.pinned), None)
+        if not free:
+            return None
+        prompt = waiter.prompt
+        if self._similarity > 0 and prompt and len(free) > 1:
+            matches = [(common_prefix(slot.cached_tokens(), prompt), slot) for slot in free]
+            length, best = max(matches, key=lambda match: match[0])
+            if length / len(prompt) > self._similarity:
+                return best
+        return min(free, key=lambda slot: slot.last_used)

@@ -1,0 +1,149 @@
+"""Session slots with the fake engine: arrival order, slot choice, pinning, leaving, accounting."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
+from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.engine.slots import Slot, SlotPool
+from bubo.engine.stats import EngineCounters
+
+PIECE_S = 0.01
+
+
+def request(*prompt: int, slot: int | None = None, max_new: int | None = None) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, slot=slot)
+
+
+async def generate(engine: FakeEngine, req: GenerationRequest, log: list[str], name: str) -> str:
+    text = ""
+    async with engine.open_generation(req) as events:
+        log.append(f"{name} started")
+        async for event in events:
+            if isinstance(event, TokenGenerated):
+                text += event.text
+            elif isinstance(event, GenerationFinished):
+                log.append(f"{name} finished")
+    return text
+
+
+def pool(n: int, *, similarity: float = 0.1) -> SlotPool:
+    totals = EngineCounters()
+    return SlotPool([Slot(id=i, n_ctx=100, totals=totals) for i in range(n)], similarity=similarity)
+
+
+class TestConcurrency:
+    async def test_as_many_generations_run_at_once_as_there_are_slots(self, autojump_clock) -> None:
+        engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S), n_slots=3)
+        log: list[str] = []
+        async with trio.open_nursery() as nursery:
+            for name in "ABCDE":
+                nursery.start_soon(generate, engine, request(1, 2), log, name)
+                await trio.testing.wait_all_tasks_blocked()
+            assert log == ["A started", "B started", "C started"]
+            assert engine.statistics().requests_processing == 3
+            assert engine.statistics().requests_deferred == 2
+        # the queue is served in arrival order as slots free up
+        assert [entry for entry in log if entry.endswith("started")][3:] == ["D started", "E started"]
+
+    async def test_every_slot_shows_its_own_task(self, autojump_clock) -> None:
+        engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S), n_slots=2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(generate, engine, request(1, 2, 3, max_new=4), [], "A")
+            nursery.start_soon(generate, engine, request(7, 8, max_new=4), [], "B")
+            await trio.sleep(PIECE_S * 1.5)
+            slots = engine.statistics().slots
+            assert [slot.is_processing for slot in slots] == [True, True]
+            assert sorted(slot.n_prompt_tokens for slot in slots) == [2, 3]
+            assert len({slot.id_task for slot in slots}) == 2
+            assert all(slot.n_decoded == 1 and slot.n_remain == 3 for slot in slots)
+        assert [slot.is_processing for slot in engine.statistics().slots] == [False, False]
+        assert engine.statistics().tokens_predicted_total == 8
+
+    async def test_a_client_that_leaves_frees_its_slot_and_no_other(self, autojump_clock) -> None:
+        engine = FakeEngine(script=FakeScript(reply="a b c d e f", piece_delay=PIECE_S), n_slots=3)
+        texts: dict[str, str] = {}
+
+        async def keep(name: str) -> None:
+            texts[name] = await generate(engine, request(1, 2), [], name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep, "A")
+            nursery.start_soon(keep, "C")
+            with trio.move_on_after(PIECE_S * 2.5):
+                await generate(engine, request(1, 2), [], "B")
+            assert engine.statistics().requests_processing == 2
+            assert engine.cancelled == 1
+        assert texts == {"A": "a b c d e f", "C": "a b c d e f"}
+        await engine.wait_idle()
+        assert engine.statistics().requests_processing == 0
+
+
+class TestSlotChoice:
+    async def test_a_conversation_returns_to_the_slot_holding_its_prefix(self) -> None:
+        engine = FakeEngine(n_slots=3)
+        first = tuple(range(100, 140))
+        other = tuple(range(500, 540))
+        await generate(engine, request(*first), [], "A")
+        await generate(engine, request(*other), [], "B")
+        await generate(engine, request(*first, 1, 2, 3), [], "A again")
+        assert engine.slots_used == [0, 1, 0]
+
+    async def test_without_a_similar_prefix_the_least_recently_used_slot(self) -> None:
+        engine = FakeEngine(n_slots=2)
+        for prompt in ((1, 2), (3, 4), (5, 6), (7, 8)):
+            await generate(engine, request(*prompt), [], "x")
+        assert engine.slots_used == [0, 1, 0, 1]
+
+    async def test_a_share_at_or_below_the_similarity_falls_back_to_lru(self) -> None:
+        slots = pool(2, similarity=0.5)
+        slots.slots[0].cached_tokens = lambda: (1, 2, 9, 9)
+        slots.slots[0].last_used = 5
+        slots.slots[1].last_used = 1
+        assert (await slots.acquire((1, 2, 3, 4))).id == 1  # half the prompt: not more than 0.5
+        slots.release(slots.slots[1])
+        assert (await slots.acquire((1, 2, 9, 4))).id == 0  # three quarters
+
+    async def test_a_pinned_request_waits_for_its_slot_and_lets_others_pass(self, autojump_clock) -> None:
+        engine = FakeEngine(script=FakeScript(reply="a b c", piece_delay=PIECE_S), n_slots=2)
+        log: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(generate, engine, request(1, slot=0), log, "A on 0")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(generate, engine, request(2, slot=0), log, "B on 0")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(generate, engine, request(3), log, "C anywhere")
+            await trio.testing.wait_all_tasks_blocked()
+            assert log == ["A on 0 started", "C anywhere started"]
+        assert engine.slots_used == [0, 1, 0]
+
+
+class TestPool:
+    async def test_a_waiter_that_leaves_is_forgotten(self) -> None:
+        slots = pool(1)
+        held = await slots.acquire((1,))
+        with trio.move_on_after(0.01):
+            await slots.acquire((2,))
+        assert slots.waiting == 0
+        slots.release(held)
+        assert (await slots.acquire((3,))) is held
+
+    async def test_wait_idle_returns_when_the_last_slot_is_given_back(self) -> None:
+        slots = pool(2)
+        a, b = await slots.acquire((1,)), await slots.acquire((2,))
+        done = trio.Event()
+
+        async def wait() -> None:
+            await slots.wait_idle()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            slots.release(a)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not done.is_set()
+            slots.release(b)
+        assert done.is_set()
