@@ -8,6 +8,12 @@ import attrs
 import pytest
 from quart_trio import QuartTrio
 
+from bubo.api._latency import (
+    INTER_TOKEN_BUCKETS,
+    QUEUE_WAIT_BUCKETS,
+    REQUEST_DURATION_BUCKETS,
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+)
 from bubo.config import OPTIONS, options_table
 from bubo.engine._grammar import MAX_GBNF_CHARS, MAX_GBNF_NESTING
 from bubo.grammar.schema import LIMITS
@@ -43,3 +49,19 @@ def test_every_schema_limit_is_documented() -> None:
         assert f"{getattr(LIMITS, field.name):,}" in section, field.name
     assert f"{MAX_GBNF_NESTING:,} nested groups" in section
     assert f"{MAX_GBNF_CHARS // (1024 * 1024)} MiB of text" in section
+
+
+@pytest.mark.parametrize(
+    ("name", "bounds"),
+    [
+        ("bubo:time_to_first_token_seconds", TIME_TO_FIRST_TOKEN_BUCKETS),
+        ("bubo:inter_token_latency_seconds", INTER_TOKEN_BUCKETS),
+        ("bubo:queue_wait_seconds", QUEUE_WAIT_BUCKETS),
+        ("bubo:request_duration_seconds", REQUEST_DURATION_BUCKETS),
+    ],
+)
+def test_every_latency_histogram_is_documented_with_its_buckets(name: str, bounds: tuple[float, ...]) -> None:
+    """docs/llama-server.md lists each latency histogram with its bucket bounds as the code has them."""
+    section = (DOCS / "llama-server.md").read_text().split("### Latency histograms", 1)[1]
+    row = f"| `{name}` | {', '.join(f'{bound:g}' for bound in bounds)} |"
+    assert row in section.splitlines()

@@ -121,6 +121,7 @@ def create_app(
     # How each response ends (connections closed, keep-alive timers re-armed, HTTP/2 streams kept
     # until the request ends) and WebSocket refused: bubo/api/_transport.py.
     app.asgi_app = TransportGuard(app.asgi_app)  # type: ignore[method-assign] # Quart's middleware hook
+    app.before_request(_note_arrival)
     app.before_request(_assign_request_id)
     app.before_request(_check_api_key)
     app.after_request(_echo_request_id)
@@ -182,6 +183,11 @@ def _redacted(settings: Settings) -> dict[str, Any]:
     if data["server"]["api_key"] is not None:
         data["server"]["api_key"] = "<redacted>"
     return data
+
+
+async def _note_arrival() -> None:
+    """When the server began handling the request: latencies are measured from here (``request_timeline``)."""
+    g.received_at = trio.current_time()
 
 
 async def _assign_request_id() -> None:

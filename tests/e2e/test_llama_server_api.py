@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -67,6 +68,38 @@ class TestEndpoints:
         metrics = http.get("/metrics").text
         assert "llamacpp:prompt_tokens_total" in metrics
         assert "llamacpp:requests_deferred 0.0" in metrics
+
+    def test_latency_histograms(self, http: httpx.Client) -> None:
+        """A real streamed request adds one first token, its gaps, one queue wait and one finished request."""
+
+        def counts() -> dict[str, float]:
+            families = text_string_to_metric_families(http.get("/metrics").text)
+            return {
+                sample.name + "".join(f"{{{v}}}" for v in sample.labels.values()): sample.value
+                for family in families
+                if family.name.startswith("bubo:") and family.type == "histogram"
+                for sample in family.samples
+                if sample.name.endswith("_count")
+            }
+
+        before = counts()
+        with http.stream(
+            "POST",
+            "/completion",
+            json={"prompt": "Once upon a time", "n_predict": 8, "ignore_eos": True, "stream": True},
+        ) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1]["tokens_predicted"] == 8
+        after = counts()
+        added = {name: after[name] - before[name] for name in after}
+        assert added == {
+            "bubo:time_to_first_token_seconds_count": 1,
+            "bubo:inter_token_latency_seconds_count": 7,
+            "bubo:queue_wait_seconds_count": 1,
+            "bubo:request_duration_seconds_count{finished}": 1,
+            "bubo:request_duration_seconds_count{cancelled}": 0,
+            "bubo:request_duration_seconds_count{failed}": 0,
+        }
 
     def test_health_and_ready(self, http: httpx.Client) -> None:
         """Health and readiness with their aliases."""

@@ -9,13 +9,23 @@ import attrs
 import cattrs
 from quart import current_app, g, request
 
+from bubo.service.latency import RequestTimeline
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState
 from bubo.service.work import PARSE_BYTES_PER_BYTE
 
 from ._converter import parse_json_object, structure
+from ._latency import LatencyHistograms
 
-__all__ = ["ApiContext", "api_context", "json_body", "request_id", "require_runtime", "structured_body"]
+__all__ = [
+    "ApiContext",
+    "api_context",
+    "json_body",
+    "request_id",
+    "request_timeline",
+    "require_runtime",
+    "structured_body",
+]
 
 T = TypeVar("T")
 
@@ -35,6 +45,7 @@ class ApiContext:
     responses: ResponseStore = attrs.field(factory=ResponseStore)
     debug_hooks: bool = False
     effective_settings: dict[str, Any] = attrs.field(factory=dict)  # for /debug/settings, key redacted
+    latency: LatencyHistograms = attrs.field(factory=LatencyHistograms)  # /metrics' bubo:*_seconds
 
     @property
     def fingerprint(self) -> str:
@@ -93,3 +104,9 @@ def request_id() -> str:
     """The current request's id (the client's ``X-Request-Id`` when it sent a sane one)."""
     value: str = g.request_id
     return value
+
+
+def request_timeline() -> RequestTimeline:
+    """A latency timeline for the current request, from its arrival, reporting to the app's histograms."""
+    received: float = g.received_at
+    return RequestTimeline(observer=api_context().latency, received=received)

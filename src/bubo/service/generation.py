@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 import attrs
+import trio
 
 from bubo.domain.generation import (
     GenerationRequest,
@@ -39,6 +40,7 @@ from bubo.engine import EngineFailure, GrammarRejected
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
+from .latency import RequestTimeline
 from .output import OutputPlan, output_events
 from .prompt import RenderedPrompt, tokenize_raw
 from .runtime import Runtime
@@ -169,13 +171,14 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
 
 
 def open_output(
-    runtime: Runtime, prepared: PreparedGeneration
+    runtime: Runtime, prepared: PreparedGeneration, timeline: RequestTimeline
 ) -> AbstractAsyncContextManager[AsyncIterator[OutputEvent]]:
     """Admit the request to the queue now; entering the result waits for the slot and yields the output.
 
     The queue check happens here, not on entry, so that a streaming handler
     refuses with a 503 before its response headers are sent.  Leaving the
-    block early (a client that disconnects) cancels the decode.
+    block early (a client that disconnects) cancels the decode.  *timeline*
+    measures the request's latencies (:mod:`.latency`) from entry to exit.
 
     Raises:
         QueueFull: ``max_queue`` requests already wait for the slot.
@@ -188,18 +191,24 @@ def open_output(
                 f"{statistics.requests_deferred} requests already wait for the model; retry shortly",
                 retry_after_s=QUEUE_RETRY_AFTER_S,
             )
-    return _output(runtime, prepared)
+    return _output(runtime, prepared, timeline)
 
 
 @asynccontextmanager
 async def _output(
-    runtime: Runtime, prepared: PreparedGeneration
+    runtime: Runtime, prepared: PreparedGeneration, timeline: RequestTimeline
 ) -> AsyncIterator[AsyncIterator[OutputEvent]]:
-    async with (
-        runtime.engine.open_generation(prepared.request) as events,
-        aclosing(output_events(events, prepared.plan)) as output,
-    ):
-        yield output
+    asked = trio.current_time()
+    try:
+        async with runtime.engine.open_generation(prepared.request) as events:
+            timeline.slot_held(asked)
+            async with aclosing(output_events(timeline.watch(events), prepared.plan)) as output:
+                yield output
+    except Exception:  # trio.Cancelled (the client left) is a BaseException: that outcome stays cancelled
+        timeline.failed()
+        raise
+    finally:
+        timeline.ended()
 
 
 async def collect(output: AsyncIterator[OutputEvent]) -> Completion:

@@ -7,10 +7,9 @@ pipeline also counts reasoning tokens and decides the finish reason.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import attrs
-import trio
 
 from bubo.domain.generation import (
     EngineEvent,
@@ -93,7 +92,7 @@ def _attach_logprob(events: list[OutputEvent], token: TokenGenerated) -> list[Ou
 
 
 async def output_events(
-    events: trio.MemoryReceiveChannel[EngineEvent], plan: OutputPlan
+    events: AsyncIterator[EngineEvent], plan: OutputPlan
 ) -> AsyncGenerator[OutputEvent, None]:
     """The parsed output of one generation, ending with :class:`Done`."""
     pipeline = _Pipeline(plan)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from bubo.api._context import request_id, require_runtime, structured_body
+from bubo.api._context import request_id, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
@@ -46,8 +46,8 @@ async def messages() -> Response:
             prompt_tokens=len(prepared.prompt.tokens),
             request_id=request_id(),
         )
-        return sse_response(open_output(runtime, prepared), encoder)
-    async with open_output(runtime, prepared) as output:
+        return sse_response(open_output(runtime, prepared, request_timeline()), encoder)
+    async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
     return json_response(translate.message(completion, message_id=message_id, model=model))
 

@@ -5,7 +5,8 @@ counted twice and no metric object outlives the app (no global registry).
 ``prompt_tokens_seconds`` and ``predicted_tokens_seconds`` are averages over
 the server's life (llama-server resets them per scrape, which makes a second
 scraper see zeros).  The Responses store's size is Bubo's own
-(``bubo:responses_store_*``).
+(``bubo:responses_store_*``), as are the latency histograms
+(``bubo:*_seconds``, :mod:`bubo.api._latency`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from bubo.api._latency import LatencyHistograms
 from bubo.engine import EngineStatistics
 from bubo.service.response_store import StoreStatistics
 
@@ -105,10 +107,14 @@ class _StoreCollector:
 
 
 def render_metrics(
-    read: Callable[[], EngineStatistics], n_ctx: int, store: Callable[[], StoreStatistics]
+    read: Callable[[], EngineStatistics],
+    n_ctx: int,
+    store: Callable[[], StoreStatistics],
+    latency: LatencyHistograms,
 ) -> bytes:
-    """The Prometheus text exposition of the engine's and the Responses store's current statistics."""
+    """The Prometheus text exposition of the engine's and the Responses store's statistics, and latencies."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_EngineCollector(read, n_ctx))
     registry.register(_StoreCollector(store))
+    registry.register(latency)
     return generate_latest(registry)

@@ -7,7 +7,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
@@ -130,12 +130,12 @@ async def completion() -> Response:
     n_probs = bool(prepared.request.n_probs)
     if stream:
         return sse_response(
-            open_output(runtime, prepared),
+            open_output(runtime, prepared, request_timeline()),
             _CompletionStream(
                 settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)
             ),
         )
-    async with open_output(runtime, prepared) as output:
+    async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
     logprobs: tuple[TokenLogprob, ...] | None = completion.logprobs if n_probs else None
     return json_response(
@@ -309,5 +309,6 @@ async def metrics() -> Response:
     """Prometheus text."""
     runtime = require_runtime()
     engine = runtime.engine
-    text = render_metrics(engine.statistics, engine.info.n_ctx, api_context().responses.statistics)
+    context = api_context()
+    text = render_metrics(engine.statistics, engine.info.n_ctx, context.responses.statistics, context.latency)
     return Response(text, content_type=CONTENT_TYPE)

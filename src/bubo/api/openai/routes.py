@@ -6,7 +6,7 @@ import time
 
 from quart import Blueprint, Response
 
-from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
@@ -45,10 +45,10 @@ async def chat_completions() -> Response:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
-            open_output(runtime, prepared),
+            open_output(runtime, prepared, request_timeline()),
             ChatStream(identity, include_usage=include_usage, logprobs=logprobs),
         )
-    async with open_output(runtime, prepared) as output:
+    async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
     return json_response(
         translate.chat_completion(
@@ -74,10 +74,10 @@ async def completions() -> Response:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
-            open_output(runtime, prepared),
+            open_output(runtime, prepared, request_timeline()),
             CompletionStream(identity, include_usage=include_usage, logprobs=logprobs),
         )
-    async with open_output(runtime, prepared) as output:
+    async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
     return json_response(
         translate.text_completion(

@@ -6,7 +6,7 @@ import time
 
 from quart import Blueprint, Response
 
-from bubo.api._context import api_context, require_runtime, structured_body
+from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._sse import sse_response
@@ -66,8 +66,8 @@ async def create() -> Response:
         encoder = ResponseStream(
             body, response_id=response_id, created_at=created_at, model=model, on_finished=remember
         )
-        return sse_response(open_output(runtime, prepared), encoder)
-    async with open_output(runtime, prepared) as output:
+        return sse_response(open_output(runtime, prepared, request_timeline()), encoder)
+    async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
     response = translate.response(
         body,
