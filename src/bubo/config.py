@@ -87,7 +87,7 @@ class ServerSettings:
     responses_max_stored: int = attrs.field(default=1000, validator=_non_negative)
     responses_store_mib: int = attrs.field(default=64, validator=_non_negative)
     max_body_mib: int = attrs.field(default=32, validator=_positive)
-    max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for the slot
+    max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for a slot
     cpu_jobs: int = attrs.field(default=2, validator=_positive)  # parse/render/tokenize jobs at once
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
@@ -276,7 +276,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--max-body-mib",), ("server", "max_body_mib"), _int,
            "largest request body accepted, in MiB (32); larger bodies get 413", "MIB"),
     Option(("--max-queue",), ("server", "max_queue"), _int,
-           "requests that may wait for the slot (64); more get 503 queue_full with Retry-After", "N"),
+           "requests that may wait for a slot (64); more get 503 queue_full with Retry-After", "N"),
     Option(("--cpu-jobs",), ("server", "cpu_jobs"), _int,
            "heavy request jobs (parsing large bodies, rendering, tokenizing) run at once in worker "
            "threads (2); the others wait their turn", "N"),

@@ -181,7 +181,7 @@ def open_output(
     measures the request's latencies (:mod:`.latency`) from entry to exit.
 
     Raises:
-        QueueFull: ``max_queue`` requests already wait for the slot.
+        QueueFull: ``max_queue`` requests already wait for a slot.
 
     """
     if runtime.max_queue is not None:
