@@ -8,8 +8,8 @@ not, valid and invalid bodies, and leave at random moments (while queued,
 during prefill, mid-stream).  After a warm-up it samples the server's resident
 memory, threads and open file descriptors; at the end it checks:
 
-- no 5xx except the documented 503 (``queue_full``, ``insufficient_memory``,
-  ``memory_pressure``) and 507;
+- no 5xx except the documented 503 (``queue_full``, ``context_full``,
+  ``insufficient_memory``, ``memory_pressure``) and 507;
 - every 2xx body is well formed for its dialect (JSON objects of the right
   kind; SSE streams whose frames are JSON and that end the way the dialect ends);
 - every 4xx has the route's error shape;
@@ -40,7 +40,10 @@ import attrs
 import httpx
 import trio
 
-ALLOWED_5XX = {(503, "queue_full"), (503, "insufficient_memory"), (503, "memory_pressure"), (507, None)}
+ALLOWED_5XX = {
+    (503, "queue_full"), (503, "context_full"), (503, "insufficient_memory"), (503, "memory_pressure"),
+    (507, None),
+}  # fmt: skip
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 GENERATING = {"chat", "completions", "completion", "responses", "messages"}
 HI = {"role": "user", "content": "hi"}
@@ -87,7 +90,7 @@ def serve(args: argparse.Namespace, log: Path) -> Iterator[ServerProcess]:
     command = [
         sys.executable, "-m", "bubo", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ctx-size", "2048", "--threads", str(args.threads), "--cache-ram", str(args.cache_ram_mib),
-        "--max-queue", str(args.max_queue), "--max-body-mib", "1",
+        "--max-queue", str(args.max_queue), "--max-body-mib", "1", "--parallel", str(args.parallel),
     ]  # fmt: skip
     with log.open("wb") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
@@ -419,6 +422,7 @@ async def soak(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any
     return {
         "minutes": args.minutes,
         "clients": args.clients,
+        "parallel": args.parallel,
         "requests": tally.requests,
         "disconnects": tally.disconnects,
         "by_status": dict(sorted(tally.by_status.items())),
@@ -448,6 +452,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed of the first client (1)")
     parser.add_argument("--threads", type=int, default=2, help="server threads (2)")
+    parser.add_argument("--parallel", type=int, default=4, help="server slots, fewer than the clients (4)")
     parser.add_argument("--cache-ram-mib", type=int, default=64, help="server prompt-cache budget (64)")
     parser.add_argument(
         "--max-queue", type=int, default=4, help="server queue bound (4: some 503 queue_full)"
