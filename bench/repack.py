@@ -48,7 +48,7 @@ def speed(engine: LlamaEngine, prompt_tokens: int, tokens: int) -> tuple[float, 
     context = engine._context  # noqa: SLF001 - a benchmark times the context itself
     text = "The quick brown fox jumps over the lazy dog. " * prompt_tokens
     prompt = context.tokenize(text)[:prompt_tokens]
-    context.forget()
+    context.caches[0].clear()
     prefill = 0.0
     for start in range(0, len(prompt), 512):
         prefill += timed(lambda start=start: context.decode(prompt[start : start + 512]))
@@ -56,7 +56,7 @@ def speed(engine: LlamaEngine, prompt_tokens: int, tokens: int) -> tuple[float, 
     for _ in range(tokens):
         token = int(context.logits(-1).argmax())
         decode += timed(lambda token=token: context.decode((token,)))
-    context.forget()
+    context.caches[0].clear()
     return len(prompt) / prefill, tokens / decode
 
 

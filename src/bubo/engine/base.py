@@ -350,8 +350,13 @@ class SlotEngine(abc.ABC):
             requests_processing=self._pool.held,
             requests_deferred=self._pool.waiting,
             kv_cache_tokens=sum(slot.n_prompt_tokens for slot in slots),
+            kv_cache_capacity=self._kv_capacity(),
             slots=slots,
         )
+
+    def _kv_capacity(self) -> int:
+        """Tokens the KV cache holds, all slots together (a unified cache: one context's worth)."""
+        return self._info.n_ctx
 
     def cache_contents(self) -> CacheContents:
         """What the prompt cache holds (engines with snapshots say more)."""

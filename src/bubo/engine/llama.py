@@ -235,6 +235,9 @@ class LlamaEngine(SlotEngine):
         finally:
             context.caches[0].clear()
 
+    def _kv_capacity(self) -> int:
+        return self._context.n_ctx
+
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]

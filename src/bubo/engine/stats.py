@@ -66,4 +66,5 @@ class EngineStatistics:
     requests_processing: int
     requests_deferred: int
     kv_cache_tokens: int  # tokens held by all slots' sequences
+    kv_cache_capacity: int  # tokens the KV cache can hold, all slots together
     slots: tuple[SlotStatistics, ...]

@@ -29,9 +29,8 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 class _EngineCollector:
     """Yields one metric family per llama-server metric from a statistics snapshot."""
 
-    def __init__(self, read: Callable[[], EngineStatistics], n_ctx: int) -> None:
+    def __init__(self, read: Callable[[], EngineStatistics]) -> None:
         self._read = read
-        self._n_ctx = n_ctx
 
     def collect(self) -> Iterator[Metric]:
         s = self._read()
@@ -69,7 +68,7 @@ class _EngineCollector:
             ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
              s.n_busy_slots_per_decode),
             ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
-             s.kv_cache_tokens / self._n_ctx if self._n_ctx else 0.0),
+             s.kv_cache_tokens / s.kv_cache_capacity if s.kv_cache_capacity else 0.0),
             ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
             # llama-server's name; a counter family would print it as n_tokens_max_total
             ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
@@ -108,13 +107,12 @@ class _StoreCollector:
 
 def render_metrics(
     read: Callable[[], EngineStatistics],
-    n_ctx: int,
     store: Callable[[], StoreStatistics],
     latency: LatencyHistograms,
 ) -> bytes:
     """The Prometheus text exposition of the engine's and the Responses store's statistics, and latencies."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(read, n_ctx))
+    registry.register(_EngineCollector(read))
     registry.register(_StoreCollector(store))
     registry.register(latency)
     return generate_latest(registry)

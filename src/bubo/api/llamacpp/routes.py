@@ -310,5 +310,5 @@ async def metrics() -> Response:
     runtime = require_runtime()
     engine = runtime.engine
     context = api_context()
-    text = render_metrics(engine.statistics, engine.info.n_ctx, context.responses.statistics, context.latency)
+    text = render_metrics(engine.statistics, context.responses.statistics, context.latency)
     return Response(text, content_type=CONTENT_TYPE)
