@@ -265,6 +265,8 @@ class DecodeLoop:
             job.failed(failure)
             if failure.fatal:
                 self._fatal = failure
+        except Exception:  # a bug in idle work costs only the warm-up
+            logger.exception("idle work failed unexpectedly; the next turn starts cold")
 
     def _fail(self, member: _Member, error: BaseException) -> None:
         member.sequence.close()
