@@ -100,11 +100,14 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
             else None
         ),
     )
+    output = request.output_format if request.grammar is None and _forced_tools(request) is None else None
     plan = OutputPlan(
         reasoning=thinking,
         starts_inside=inside,
         tool_format=runtime.tool_parser if prompt.tools else None,
         tool_config=ParserConfig(tools=prompt.tools, max_calls=max_calls),
+        schema=None if output is None else output.schema,
+        schema_param="" if output is None else output.param,
     )
     return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
 

@@ -2,12 +2,15 @@
 
 Generated text goes through the reasoning parser (``<think>`` split), and
 the answer part through the tool-call parser; either may be absent.  The
-pipeline also counts reasoning tokens and decides the finish reason.
+pipeline also counts reasoning tokens and decides the finish reason.  A
+structured answer the model ended itself is checked against its schema
+(:mod:`.validation`) before the end is reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 import attrs
 import trio
@@ -17,11 +20,14 @@ from bubo.domain.generation import (
     GenerationFailed,
     GenerationFinished,
     PromptProgress,
+    StopCause,
     TokenGenerated,
 )
 from bubo.domain.output import Done, OutputEvent, ReasoningDelta, TextDelta, finish_reason_for
 from bubo.engine import EngineFailure
 from bubo.parsers import ParserConfig, StreamParser, ThinkParser, make_tool_parser
+
+from .validation import check_output
 
 __all__ = ["OutputPlan", "output_events"]
 
@@ -34,6 +40,8 @@ class OutputPlan:
     starts_inside: bool = False  # the prompt already opened <think>
     tool_format: str | None = None  # parse tool calls of this format
     tool_config: ParserConfig = attrs.field(factory=ParserConfig)
+    schema: Mapping[str, Any] | None = None  # the answer's JSON schema, checked once the model ends it
+    schema_param: str = ""  # the request field holding it
 
 
 class _Pipeline:
@@ -97,16 +105,24 @@ async def output_events(
 ) -> AsyncGenerator[OutputEvent, None]:
     """The parsed output of one generation, ending with :class:`Done`."""
     pipeline = _Pipeline(plan)
+    answer: list[str] = []
     async for event in events:
         match event:
             case TokenGenerated():
                 for output in pipeline.feed(event):
+                    if isinstance(output, TextDelta):
+                        answer.append(output.text)
                     yield output
             case PromptProgress():
                 yield event
             case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
                 for output in pipeline.finish():
+                    if isinstance(output, TextDelta):
+                        answer.append(output.text)
                     yield output
+                if plan.schema is not None and cause is StopCause.EOS and not pipeline.called_tools:
+                    # off the event loop: a long answer takes a while to read and check
+                    await trio.to_thread.run_sync(check_output, "".join(answer), plan.schema, plan.schema_param)
                 yield Done(
                     finish_reason=finish_reason_for(cause, called_tools=pipeline.called_tools),
                     cause=cause,
