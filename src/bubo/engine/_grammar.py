@@ -133,5 +133,5 @@ class _BoundedConverter(SchemaConverter):
             return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
         if kind not in ("integer", "number") or not any(key in schema for key in NUMERIC_KEYWORDS):
             return str(super().visit(schema, name))
-        expression = numeric_expression(schema, kind, rule_name, self._add_rule)
+        expression = numeric_expression(schema, kind, self._add_rule)
         return str(self._add_rule(rule_name, f"({expression}) space"))

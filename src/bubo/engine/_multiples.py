@@ -23,10 +23,13 @@ import attrs
 
 from ._integer_range import OPEN_DIGITS
 
-__all__ = ["MAX_DIVISOR", "MAX_LISTED", "Multiples", "multiples_plan", "trie"]
+__all__ = ["MAX_DIVISOR", "MAX_LISTED", "Multiples", "divisible", "multiples_plan", "stripped", "trie"]
 
 MAX_DIVISOR = 100
-"""The divisor without its trailing zeros: c remainders × 16 lengths rules (1,600 at 100, ≈ 70 KB of GBNF)."""
+"""The divisor without its trailing zeros: c remainders × 16 lengths rules.  Measured (llama-cpp-python
+0.3.36): 7 is 110 rules, 15 KB of GBNF, 3 ms to convert and 3 ms to parse; 99 is 1,302 rules, 250 KB,
+42 ms and 47 ms.  The distinct divisors of one schema share the same budget
+(:attr:`bubo.grammar.schema.SchemaLimits.divisors`)."""
 MAX_LISTED = 500
 """Multiples of a bounded range written out as a list (their characters are bounded by 21 each)."""
 
@@ -88,12 +91,23 @@ def trie(spellings: list[str]) -> str:
     return f"({body})?" if ends else body
 
 
-def divisible(divisor: int, name: str, add_rule: Callable[[str, str], str], digits: int = OPEN_DIGITS) -> str:
-    """An expression for the positive multiples of *divisor* up to *digits* digits (rules added by *add_rule*)."""
+def stripped(divisor: int) -> tuple[int, int]:
+    """*divisor* without its trailing zeros, and how many there were."""
     zeros = 0
     while divisor % 10 == 0:
         divisor //= 10
         zeros += 1
+    return divisor, zeros
+
+
+def divisible(divisor: int, add_rule: Callable[[str, str], str], digits: int = OPEN_DIGITS) -> str:
+    """An expression for the positive multiples of *divisor* up to *digits* digits (rules added by *add_rule*).
+
+    The rules are named after the divisor without its trailing zeros (``multiple-7-r3-12``: remainder 3,
+    12 digits left), so every schema with that divisor shares them.
+    """
+    divisor, zeros = stripped(divisor)
+    name = f"multiple-{divisor}"
     digits -= zeros
     # alive[k]: the remainders from which some k or fewer more digits reach remainder 0
     alive = [{0}]

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from ._integer_range import BOUND_KEYWORDS, integer_bounds, integer_range
-from ._multiples import MAX_DIVISOR, MAX_LISTED, Multiples, divisible, multiples_plan, trie
+from ._multiples import MAX_DIVISOR, MAX_LISTED, Multiples, divisible, multiples_plan, stripped, trie
 from ._number_range import FRACTION_DIGITS, number_bounds, number_range
 
 __all__ = ["NUMERIC_KEYWORDS", "NumericRefused", "check_numeric", "numeric_expression", "step"]
@@ -39,6 +39,9 @@ class NumericRefused(Exception):
     keyword: str
     reason: str
     too_complex: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.keyword} {self.reason}"
 
 
 def step(multiple: float) -> tuple[int, int]:
@@ -89,10 +92,7 @@ def _plan(schema: Mapping[str, Any], kind: str) -> _Range | Multiples:
         raise NumericRefused(bound, "admits no integer, with the bounds beside it")
     if divisor == 1:
         return _Range(low, high, 0)
-    rest = divisor
-    while rest % 10 == 0:
-        rest //= 10
-    if rest > MAX_DIVISOR:
+    if stripped(divisor)[0] > MAX_DIVISOR:
         raise NumericRefused(
             "multipleOf", f"is {multiple!r}; without its trailing zeros a divisor may be at most "
             f"{MAX_DIVISOR} (the grammar has a rule per remainder and digit)", True,
@@ -109,17 +109,23 @@ def _plan(schema: Mapping[str, Any], kind: str) -> _Range | Multiples:
     return plan
 
 
-def check_numeric(schema: Mapping[str, Any], kind: str) -> None:
+def check_numeric(schema: Mapping[str, Any], kind: str) -> int | None:
     """Refuse a schema of type *kind* whose bounds or ``multipleOf`` no grammar here can write.
+
+    Returns:
+        The divisor (without trailing zeros) whose remainder rules the grammar will hold, if any.
 
     Raises:
         NumericRefused: the keyword, and why.
 
     """
-    _plan(schema, kind)
+    plan = _plan(schema, kind)
+    if isinstance(plan, Multiples) and plan.listed is None:
+        return stripped(plan.divisor)[0]
+    return None
 
 
-def numeric_expression(schema: Mapping[str, Any], kind: str, name: str, add_rule: Callable[[str, str], str]) -> str:
+def numeric_expression(schema: Mapping[str, Any], kind: str, add_rule: Callable[[str, str], str]) -> str:
     """A GBNF expression for the values of *schema* (type *kind*), its helper rules added by *add_rule*.
 
     Raises:
@@ -131,7 +137,7 @@ def numeric_expression(schema: Mapping[str, Any], kind: str, name: str, add_rule
         return number_range(plan.low, plan.high, plan.fraction_digits)
     if plan.listed is not None:
         return trie([str(value) for value in plan.listed])
-    positive = divisible(plan.divisor, name, add_rule, plan.digits)
+    positive = divisible(plan.divisor, add_rule, plan.digits)
     parts = [f'"-" ({positive})'] if plan.negative else []
     parts += ['"0"'] if plan.zero else []
     parts += [f"({positive})"] if plan.positive else []
