@@ -143,7 +143,8 @@ class OutputSchemaMismatch(BuboError):
     """The model ended an answer that does not match the request's JSON schema (500).
 
     The model's failure, not the client's: ``param`` is the schema keyword it broke
-    (``response_format.json_schema.schema.properties.tags.uniqueItems``); the message says where in the output.
+    (``response_format.json_schema.schema.properties.tags.uniqueItems``); the message says where in
+    the output.
     """
 
     status = 500

@@ -32,7 +32,11 @@ ROUTES = [
     ("/completion", {"prompt": "Tags?", "n_predict": 64, "json_schema": SCHEMA}, "json_schema"),
     (
         "/v1/responses",
-        {"model": "bubo", "input": "Tags?", "text": {"format": {"type": "json_schema", "name": "t", "schema": SCHEMA}}},
+        {
+            "model": "bubo",
+            "input": "Tags?",
+            "text": {"format": {"type": "json_schema", "name": "t", "schema": SCHEMA}},
+        },
         "text.format.schema",
     ),
     (
@@ -52,7 +56,9 @@ def sse_data(body: bytes) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("path", "body", "field"), ROUTES, ids=["chat", "completion", "responses", "messages"])
+@pytest.mark.parametrize(
+    ("path", "body", "field"), ROUTES, ids=["chat", "completion", "responses", "messages"]
+)
 async def test_a_mismatch_is_an_error_naming_the_output_path_and_the_keyword(
     app, script: FakeScript, path: str, body: dict, field: str
 ) -> None:
@@ -74,10 +80,18 @@ async def test_a_stream_ends_with_the_error_event(app, script: FakeScript) -> No
     response = await app.test_client().post(path, json={**body, "stream": True})
     events = sse_data(await response.get_data())
     error = json.loads(events[-1])["error"]
-    assert (error["code"], error["param"]) == ("output_schema_mismatch", field + ".properties.tags.uniqueItems")
-    assert "".join(
-        json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if json.loads(e)["choices"]
-    ) == TWICE
+    assert (error["code"], error["param"]) == (
+        "output_schema_mismatch",
+        field + ".properties.tags.uniqueItems",
+    )
+    assert (
+        "".join(
+            json.loads(e)["choices"][0]["delta"].get("content") or ""
+            for e in events[:-1]
+            if json.loads(e)["choices"]
+        )
+        == TWICE
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,11 +99,13 @@ async def test_a_stream_ends_with_the_error_event(app, script: FakeScript) -> No
     [
         ('{"tags": ["owl", "hoot"]}', {}, 200),  # a match
         (TWICE, {"max_tokens": 2}, 200),  # cut by the limit: incomplete, not checked
-        (TWICE, {"stop": ["owl\","]}, 200),  # cut by the client's stop string
+        (TWICE, {"stop": ['owl",']}, 200),  # cut by the client's stop string
     ],
     ids=["match", "truncated", "stopped"],
 )
-async def test_only_a_finished_answer_is_checked(app, script: FakeScript, reply: str, fields: dict, status: int) -> None:
+async def test_only_a_finished_answer_is_checked(
+    app, script: FakeScript, reply: str, fields: dict, status: int
+) -> None:
     script.reply = reply
     path, body, _ = ROUTES[0]
     response = await app.test_client().post(path, json={**body, **fields})
@@ -101,16 +117,25 @@ async def test_only_a_finished_answer_is_checked(app, script: FakeScript, reply:
     [
         ({"type": "number", "multipleOf": 0.01}, "0.07", None),  # exact decimals: 0.07 / 0.01 is 7
         ({"enum": [0.1, 0.2]}, "0.1", None),
-        ({"type": "number", "exclusiveMinimum": 0.5}, "0.5", "at $, 0.5 is less than or equal to the minimum of 0.5"),
+        (
+            {"type": "number", "exclusiveMinimum": 0.5},
+            "0.5",
+            "at $, 0.5 is less than or equal to the minimum of 0.5",
+        ),
         ({"type": "array", "uniqueItems": True}, "[1, 1.0]", "1.0 is in the array more than once"),
         ({"type": "array", "uniqueItems": True}, "[1, true]", None),
         ({"type": "object"}, "[" * 5000 + "]" * 5000, "could not be checked"),
     ],
 )
-async def test_numbers_are_read_exactly(app, script: FakeScript, schema: dict, reply: str, words: str | None) -> None:
+async def test_numbers_are_read_exactly(
+    app, script: FakeScript, schema: dict, reply: str, words: str | None
+) -> None:
     """Numbers compare as the decimals they are; a hostile answer is an error, never a crash."""
     script.reply = reply
-    body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
+    body = {
+        **CHAT,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+    }
     response = await app.test_client().post("/v1/chat/completions", json={**body, "max_tokens": 20_000})
     if words is None:
         assert response.status_code == 200

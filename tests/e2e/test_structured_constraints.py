@@ -32,7 +32,7 @@ class Reading(BaseModel):
 
 def test_the_schema_uses_what_was_refused() -> None:
     """The model's schema as the SDK sends it holds every keyword this covers."""
-    text = str(openai.lib._pydantic.to_strict_json_schema(Reading))  # noqa: SLF001
+    text = str(openai.lib._pydantic.to_strict_json_schema(Reading))
     for keyword in ("'minimum'", "'exclusiveMinimum'", "'exclusiveMaximum'", "'multipleOf'", "'uniqueItems'"):
         assert keyword in text
 

@@ -427,7 +427,10 @@ class TestConstraints:
             ({"type": "integer", "multipleOf": 7}, lambda n: n % 7 == 0),
             ({"type": "integer", "multipleOf": 12, "exclusiveMinimum": 0}, lambda n: n > 0 and n % 12 == 0),
             ({"type": "integer", "multipleOf": 300, "maximum": 0}, lambda n: n <= 0 and n % 300 == 0),
-            ({"type": "number", "multipleOf": 5, "minimum": -20, "maximum": 20}, lambda n: -20 <= n <= 20 and n % 5 == 0),
+            (
+                {"type": "number", "multipleOf": 5, "minimum": -20, "maximum": 20},
+                lambda n: -20 <= n <= 20 and n % 5 == 0,
+            ),
         ],
     )
     def test_multiples_in_llama_cpp(self, engine, schema, admitted) -> None:

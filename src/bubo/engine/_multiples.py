@@ -26,7 +26,7 @@ from ._integer_range import OPEN_DIGITS
 __all__ = ["MAX_DIVISOR", "MAX_LISTED", "Multiples", "divisible", "multiples_plan", "stripped", "trie"]
 
 MAX_DIVISOR = 100
-"""The divisor without its trailing zeros: c remainders × 16 lengths rules.  Measured (llama-cpp-python
+"""The divisor without its trailing zeros: c remainders x 16 lengths rules.  Measured (llama-cpp-python
 0.3.36): 7 is 110 rules, 15 KB of GBNF, 3 ms to convert and 3 ms to parse; 99 is 1,302 rules, 250 KB,
 42 ms and 47 ms.  The distinct divisors of one schema share the same budget
 (:attr:`bubo.grammar.schema.SchemaLimits.divisors`)."""
@@ -51,7 +51,7 @@ class Multiples:
 
 
 def multiples_plan(divisor: int, low: int, high: int, widest: int) -> Multiples | None:
-    """How to write the multiples of *divisor* from *low* to *high*; None if no grammar can, within the limits.
+    """How to write the multiples of *divisor* from *low* to *high*; None if no grammar within the limits can.
 
     *widest* is the largest magnitude an open side allows, ``10^digits - 1`` (``low == -widest`` is no
     lower bound).
@@ -101,7 +101,7 @@ def stripped(divisor: int) -> tuple[int, int]:
 
 
 def divisible(divisor: int, add_rule: Callable[[str, str], str], digits: int = OPEN_DIGITS) -> str:
-    """An expression for the positive multiples of *divisor* up to *digits* digits (rules added by *add_rule*).
+    """An expression for the positive multiples of *divisor* of up to *digits* digits (rules via *add_rule*).
 
     The rules are named after the divisor without its trailing zeros (``multiple-7-r3-12``: remainder 3,
     12 digits left), so every schema with that divisor shares them.
@@ -112,7 +112,13 @@ def divisible(divisor: int, add_rule: Callable[[str, str], str], digits: int = O
     # alive[k]: the remainders from which some k or fewer more digits reach remainder 0
     alive = [{0}]
     for _ in range(digits):
-        alive.append({r for r in range(divisor) if r == 0 or any((10 * r + d) % divisor in alive[-1] for d in range(10))})
+        alive.append(
+            {
+                r
+                for r in range(divisor)
+                if r == 0 or any((10 * r + d) % divisor in alive[-1] for d in range(10))
+            }
+        )
     names: dict[tuple[int, int], str] = {}
 
     def state(remainder: int, left: int) -> str:
@@ -147,7 +153,7 @@ def _branches(
 
 
 def _by_remainder(divisor: int, remainder: int, digits: range) -> list[tuple[str, int]]:
-    """The digits after *remainder*, grouped by the remainder they lead to, each group as a character class."""
+    """The digits after *remainder*, grouped by the remainder they lead to, each group a character class."""
     groups: dict[int, list[int]] = {}
     for digit in digits:
         groups.setdefault((10 * remainder + digit) % divisor, []).append(digit)

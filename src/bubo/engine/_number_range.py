@@ -51,7 +51,9 @@ def number_bounds(schema: Mapping[str, Any], fraction_digits: int = FRACTION_DIG
     if "exclusiveMaximum" in schema:
         highs.append(math.ceil(_past(schema["exclusiveMaximum"], upwards=False) * scale) - 1)
     low, high = (max(lows) if lows else None), (min(highs) if highs else None)
-    digits = max([OPEN_DIGITS] + [len(str(abs(bound) // scale)) for bound in (low, high) if bound is not None])
+    digits = max(
+        [OPEN_DIGITS] + [len(str(abs(bound) // scale)) for bound in (low, high) if bound is not None]
+    )
     widest = 10**digits * scale - 1
     return (-widest if low is None else low, widest if high is None else high)
 
@@ -173,7 +175,7 @@ def _at_most(high: str) -> _Language:
         return _any(count)
     first = int(high[0])
     below = [_digit_class(0, first - 1) + _rest(count - 1)] if first > 0 else []
-    return f"({''.join(b + ' | ' for b in below)}\"{first}\"{_at_most_tail(high[1:])})", True
+    return f'({"".join(b + " | " for b in below)}"{first}"{_at_most_tail(high[1:])})', True
 
 
 def _at_most_tail(high: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from ._integer_range import BOUND_KEYWORDS, integer_bounds, integer_range
+from ._integer_range import BOUND_KEYWORDS, integer_bounds
 from ._multiples import MAX_DIVISOR, MAX_LISTED, Multiples, divisible, multiples_plan, stripped, trie
 from ._number_range import FRACTION_DIGITS, number_bounds, number_range
 
@@ -34,7 +34,7 @@ NUMERIC_KEYWORDS = (*BOUND_KEYWORDS, "multipleOf")
 
 @attrs.define
 class NumericRefused(Exception):
-    """No grammar can enforce *keyword* as the schema uses it; ``too_complex`` if only a limit is in the way."""
+    """No grammar can enforce *keyword* as the schema uses it; ``too_complex``: only a limit is in the way."""
 
     keyword: str
     reason: str
@@ -45,7 +45,7 @@ class NumericRefused(Exception):
 
 
 def step(multiple: float) -> tuple[int, int]:
-    """*multiple* as ``c × 10^-k`` with the least *k* (``0.05`` is ``(5, 2)``).
+    """*multiple* as ``c x 10^-k`` with the least *k* (``0.05`` is ``(5, 2)``).
 
     A float is read as its shortest spelling, the decimal the client wrote.
     """
@@ -64,7 +64,7 @@ class _Range:
 
 
 def _plan(schema: Mapping[str, Any], kind: str) -> _Range | Multiples:
-    """The grammar's plan for a schema of type *kind* (``integer`` or ``number``) with bounds or ``multipleOf``.
+    """The grammar's plan for a schema of type *kind* (``integer``/``number``) with bounds or ``multipleOf``.
 
     Raises:
         NumericRefused: no grammar within the limits enforces it.
@@ -80,8 +80,9 @@ def _plan(schema: Mapping[str, Any], kind: str) -> _Range | Multiples:
                              "1, 0.1, 0.01, … (10^-k) are enforced")  # fmt: skip
     if digits > FRACTION_DIGITS:
         raise NumericRefused(
-            "multipleOf", f"is {multiple!r}; at most {FRACTION_DIGITS} fraction digits are supported", True
-        )
+            "multipleOf", f"is {multiple!r}; at most {FRACTION_DIGITS} fraction digits are supported",
+            too_complex=True,
+        )  # fmt: skip
     if digits > 0:
         low, high = number_bounds(schema, digits)
         if low > high:
@@ -92,20 +93,23 @@ def _plan(schema: Mapping[str, Any], kind: str) -> _Range | Multiples:
         raise NumericRefused(bound, "admits no integer, with the bounds beside it")
     if divisor == 1:
         return _Range(low, high, 0)
+    return _multiples(divisor, low, high, bound)
+
+
+def _multiples(divisor: int, low: int, high: int, bound: str) -> Multiples:
     if stripped(divisor)[0] > MAX_DIVISOR:
         raise NumericRefused(
-            "multipleOf", f"is {multiple!r}; without its trailing zeros a divisor may be at most "
-            f"{MAX_DIVISOR} (the grammar has a rule per remainder and digit)", True,
+            "multipleOf", f"is {divisor}; without its trailing zeros a divisor may be at most "
+            f"{MAX_DIVISOR} (the grammar has a rule per remainder and digit)", too_complex=True,
         )  # fmt: skip
-    widest = max(-low, high)
-    plan = multiples_plan(divisor, low, high, widest)
+    plan = multiples_plan(divisor, low, high, max(-low, high))
     if plan is None:
         raise NumericRefused(
             bound, f"beside multipleOf is enforced only when the bounds fix the sign (0 as a bound) or "
-            f"leave at most {MAX_LISTED} multiples", True,
+            f"leave at most {MAX_LISTED} multiples", too_complex=True,
         )  # fmt: skip
     if plan.listed == ():
-        raise NumericRefused(bound, f"admits no multiple of {multiple!r}, with the bounds beside it")
+        raise NumericRefused(bound, f"admits no multiple of {divisor}, with the bounds beside it")
     return plan
 
 

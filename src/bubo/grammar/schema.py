@@ -65,7 +65,7 @@ class SchemaLimits:
     """Characters of one ``pattern``."""
     divisors: int = 100
     """The distinct ``multipleOf`` divisors (without trailing zeros) written as remainder rules, added up:
-    each costs its value × 16 rules (100: ≈ 250 KB of GBNF, 45 ms to convert and as much to parse)."""
+    each costs its value times 16 rules (100: ≈ 250 KB of GBNF, 45 ms to convert and as much to parse)."""
     bound_digits: int = 20
     """Digits of the integer part of a bound (``minimum`` …) or of ``multipleOf``, enough for any 64-bit
     integer: the grammar spells the range digit by digit, in O(digits²) characters and one nested group
@@ -220,15 +220,19 @@ class _Walk:
             self._check_count(value, here)
         elif keyword == "pattern":
             self._check_pattern(value, here)
-        elif keyword == "enum":
-            if not isinstance(value, list) or not value:
-                raise self.refuse(here, "must be a non-empty array")
-            self._count_alternatives(len(value), here)
-            self._count_values(value, here)
-        elif keyword == "const":
-            self._count_values([value], here)
+        elif keyword in ("enum", "const"):
+            self._check_literals(keyword, value, here)
         elif keyword == "uniqueItems" and not isinstance(value, bool):
             raise self.refuse(here, "must be a boolean")
+
+    def _check_literals(self, keyword: str, value: Any, here: Path) -> None:
+        if keyword == "const":
+            self._count_values([value], here)
+            return
+        if not isinstance(value, list) or not value:
+            raise self.refuse(here, "must be a non-empty array")
+        self._count_alternatives(len(value), here)
+        self._count_values(value, here)
 
     def _check_count(self, value: Any, here: Path) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -246,8 +250,10 @@ class _Walk:
                 raise self.refuse((*path, f".{low}"), f"is {minimum}, above {high} {maximum}")
 
     def _check_numeric(self, schema: Mapping[str, Any], path: Path) -> None:
-        """Bounds and ``multipleOf``: on integers and numbers, with no keyword the converter reads first,
-        as a grammar can write them."""
+        """Bounds and ``multipleOf``: on integers and numbers, beside no keyword the converter reads first.
+
+        And only as a grammar can write them (:func:`bubo.engine.numeric.check_numeric`).
+        """
         used = [keyword for keyword in NUMERIC_KEYWORDS if keyword in schema]
         if not used:
             return

@@ -87,8 +87,8 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
     prepared = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
-    output = request.output_format if request.grammar is None else None
-    plan = OutputPlan() if output is None else OutputPlan(schema=output.schema, schema_param=output.param)
+    checked = request.output_format if request.grammar is None else None  # the answer is checked against it
+    plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
     return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)
 
 

@@ -54,8 +54,18 @@ class _Pipeline:
         )
         self.called_tools = False
         self.reasoning_tokens = 0
+        self.answer: list[str] = []  # the answer text, kept only when it is checked against a schema
+        self._keep_answer = plan.schema is not None
 
     def feed(self, event: TokenGenerated) -> list[OutputEvent]:
+        return self._kept(self._feed(event))
+
+    def _kept(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        if self._keep_answer:
+            self.answer.extend(e.text for e in events if isinstance(e, TextDelta))
+        return events
+
+    def _feed(self, event: TokenGenerated) -> list[OutputEvent]:
         if self._reasoning is None and self._tools is None:
             logprobs = () if event.logprob is None else (event.logprob,)
             return [TextDelta(text=event.text, token_ids=(event.token_id,), logprobs=logprobs)]
@@ -76,7 +86,7 @@ class _Pipeline:
         self.called_tools = self.called_tools or any(
             not isinstance(e, TextDelta | ReasoningDelta) for e in flushed
         )
-        return flushed
+        return self._kept(flushed)
 
     def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:
         if self._tools is None:
@@ -105,24 +115,20 @@ async def output_events(
 ) -> AsyncGenerator[OutputEvent, None]:
     """The parsed output of one generation, ending with :class:`Done`."""
     pipeline = _Pipeline(plan)
-    answer: list[str] = []
     async for event in events:
         match event:
             case TokenGenerated():
                 for output in pipeline.feed(event):
-                    if isinstance(output, TextDelta):
-                        answer.append(output.text)
                     yield output
             case PromptProgress():
                 yield event
             case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
                 for output in pipeline.finish():
-                    if isinstance(output, TextDelta):
-                        answer.append(output.text)
                     yield output
                 if plan.schema is not None and cause is StopCause.EOS and not pipeline.called_tools:
                     # off the event loop: a long answer takes a while to read and check
-                    await trio.to_thread.run_sync(check_output, "".join(answer), plan.schema, plan.schema_param)
+                    answer = "".join(pipeline.answer)
+                    await trio.to_thread.run_sync(check_output, answer, plan.schema, plan.schema_param)
                 yield Done(
                     finish_reason=finish_reason_for(cause, called_tools=pipeline.called_tools),
                     cause=cause,

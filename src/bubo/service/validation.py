@@ -12,8 +12,9 @@ keyword of the schema.
 ``uniqueItems`` is checked in linear time (each item reduced to a hashable
 key, numbers by value: ``1`` and ``1.0`` are the same item, ``true`` and ``1``
 are not); jsonschema's own check compares every pair of objects, and an answer
-may hold tens of thousands of them.  ``pattern`` is not checked again: the grammar enforces it exactly (only patterns
-it translates faithfully pass :func:`bubo.grammar.check_schema`), and a
+may hold tens of thousands of them.  ``pattern`` is not checked again: the
+grammar enforces it exactly (only patterns it translates faithfully pass
+:func:`bubo.grammar.check_schema`), and a
 backtracking regex engine on a client's pattern is a way to stall the server.
 ``format`` is an annotation here, as in Draft 2020-12 (the grammar enforces it).
 Every schema reaching this point passed ``check_schema``: local references
@@ -72,13 +73,13 @@ def _key(value: object) -> Hashable:
     return ("object", frozenset((name, _key(item)) for name, item in value.items()))
 
 
-_Validator = jsonschema.validators.extend(
+_Validator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # untyped in types-jsonschema
     jsonschema.Draft202012Validator, {"pattern": _no_pattern, "uniqueItems": _unique_items}
 )
 
 
 def check_output(text: str, schema: Mapping[str, Any], param: str) -> None:
-    """Refuse *text* (the whole answer) unless it is one JSON value matching *schema* (from request field *param*).
+    """Refuse *text* (the whole answer) unless it is one JSON value matching *schema* (request field *param*).
 
     Raises:
         OutputSchemaMismatch: it is not JSON, or does not match; the message says where and why.
@@ -99,8 +100,7 @@ def check_output(text: str, schema: Mapping[str, Any], param: str) -> None:
         where = "$" + _path(error.absolute_path)
         reason = _DECIMAL.sub(r"\1", error.message)
         raise OutputSchemaMismatch(
-            f"the model's output does not match the JSON schema: at {where}, "
-            f"{_cut(reason)}",
+            f"the model's output does not match the JSON schema: at {where}, {_cut(reason)}",
             param=param + _path(error.absolute_schema_path),
         )
 
