@@ -142,3 +142,29 @@ async def test_numbers_are_read_exactly(
     else:
         assert response.status_code == 500
         assert words in (await response.get_json())["error"]["message"]
+
+
+TAGGER = {"name": "tag", "parameters": SCHEMA}
+
+
+@pytest.mark.parametrize(
+    ("choice", "status"),
+    [("required", 500), ({"type": "function", "function": {"name": "tag"}}, 500), ("auto", 200)],
+    ids=["required", "named", "auto"],
+)
+async def test_a_forced_calls_arguments_are_checked(
+    app, script: FakeScript, choice: object, status: int
+) -> None:
+    """A forced call's arguments are the grammar's answer too: checked against the tool's parameters.
+    A call the model chose freely is not constrained, so not checked."""
+    script.reply = '<tool_call>\n{"name": "tag", "arguments": ' + TWICE + "}\n</tool_call>"
+    body = {**CHAT, "tools": [{"type": "function", "function": TAGGER}], "tool_choice": choice}
+    response = await app.test_client().post("/v1/chat/completions", json=body)
+    assert response.status_code == status
+    if status == 500:
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == (
+            "output_schema_mismatch",
+            "tools[0].function.parameters.properties.tags.uniqueItems",
+        )
+        assert WHERE in error["message"]

@@ -23,11 +23,12 @@ from bubo.domain.generation import (
     StopCause,
     TokenGenerated,
 )
+from bubo.domain.messages import ToolSpec
 from bubo.domain.output import Done, OutputEvent, ReasoningDelta, TextDelta, finish_reason_for
 from bubo.engine import EngineFailure
 from bubo.parsers import ParserConfig, StreamParser, ThinkParser, make_tool_parser
 
-from .validation import check_output
+from .validation import AnswerCheck
 
 __all__ = ["OutputPlan", "output_events"]
 
@@ -42,6 +43,7 @@ class OutputPlan:
     tool_config: ParserConfig = attrs.field(factory=ParserConfig)
     schema: Mapping[str, Any] | None = None  # the answer's JSON schema, checked once the model ends it
     schema_param: str = ""  # the request field holding it
+    checked_tools: tuple[ToolSpec, ...] = ()  # a forced call: its arguments are checked against these
 
 
 class _Pipeline:
@@ -54,15 +56,19 @@ class _Pipeline:
         )
         self.called_tools = False
         self.reasoning_tokens = 0
-        self.answer: list[str] = []  # the answer text, kept only when it is checked against a schema
-        self._keep_answer = plan.schema is not None
+        checked = plan.schema is not None or plan.checked_tools
+        self.check = (
+            AnswerCheck(schema=plan.schema, param=plan.schema_param, tools=plan.checked_tools)
+            if checked
+            else None
+        )
 
     def feed(self, event: TokenGenerated) -> list[OutputEvent]:
         return self._kept(self._feed(event))
 
     def _kept(self, events: list[OutputEvent]) -> list[OutputEvent]:
-        if self._keep_answer:
-            self.answer.extend(e.text for e in events if isinstance(e, TextDelta))
+        if self.check is not None:
+            self.check.see(events)
         return events
 
     def _feed(self, event: TokenGenerated) -> list[OutputEvent]:
@@ -125,10 +131,9 @@ async def output_events(
             case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
                 for output in pipeline.finish():
                     yield output
-                if plan.schema is not None and cause is StopCause.EOS and not pipeline.called_tools:
+                if pipeline.check is not None and cause is StopCause.EOS:
                     # off the event loop: a long answer takes a while to read and check
-                    answer = "".join(pipeline.answer)
-                    await trio.to_thread.run_sync(check_output, answer, plan.schema, plan.schema_param)
+                    await trio.to_thread.run_sync(pipeline.check.check)
                 yield Done(
                     finish_reason=finish_reason_for(cause, called_tools=pipeline.called_tools),
                     cause=cause,

@@ -30,12 +30,15 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
+import attrs
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
+from bubo.domain.messages import ToolSpec
+from bubo.domain.output import OutputEvent, TextDelta, ToolCallArgumentsDelta, ToolCallStart
 from bubo.errors import OutputSchemaMismatch
 
-__all__ = ["check_output"]
+__all__ = ["AnswerCheck", "check_output"]
 
 _PRECISION = 400
 """Decimal digits for ``multipleOf`` on a number: far more than any number the grammar writes (36)."""
@@ -103,6 +106,48 @@ def check_output(text: str, schema: Mapping[str, Any], param: str) -> None:
             f"the model's output does not match the JSON schema: at {where}, {_cut(reason)}",
             param=param + _path(error.absolute_schema_path),
         )
+
+
+@attrs.define
+class AnswerCheck:
+    """What one finished answer is checked against, and what it has seen of the answer.
+
+    With ``schema`` the answer text must match it (unless the model called a tool
+    instead); with ``tools`` (a forced call) each call's arguments must match its
+    tool's parameters.
+    """
+
+    schema: Mapping[str, Any] | None = None
+    param: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    _text: list[str] = attrs.field(factory=list, init=False)
+    _calls: dict[int, tuple[str, list[str]]] = attrs.field(factory=dict, init=False)
+
+    def see(self, events: list[OutputEvent]) -> None:
+        """Keep the answer text and the calls' arguments."""
+        for event in events:
+            if isinstance(event, TextDelta):
+                self._text.append(event.text)
+            elif isinstance(event, ToolCallStart):
+                self._calls[event.index] = (event.name, [])
+            elif isinstance(event, ToolCallArgumentsDelta) and event.index in self._calls:
+                self._calls[event.index][1].append(event.fragment)
+
+    def check(self) -> None:
+        """Check what was seen (call when the model ended the answer; it may take a while: off the loop).
+
+        Raises:
+            OutputSchemaMismatch: as :func:`check_output`.
+
+        """
+        if self.tools:
+            by_name = {tool.name: tool for tool in self.tools}
+            for name, fragments in self._calls.values():
+                tool = by_name.get(name)
+                if tool is not None:
+                    check_output("".join(fragments), tool.parameters, tool.param)
+        elif self.schema is not None and not self._calls:
+            check_output("".join(self._text), self.schema, self.param)
 
 
 def _path(segments: Iterable[str | int]) -> str:
