@@ -73,25 +73,30 @@ async def test_a_mismatch_is_an_error_naming_the_output_path_and_the_keyword(
         assert error["param"] == field + ".properties.tags.uniqueItems"
 
 
-async def test_a_stream_ends_with_the_error_event(app, script: FakeScript) -> None:
-    """The answer was streamed as it came; the check's verdict is the last event."""
+@pytest.mark.parametrize(
+    ("path", "body", "field"), ROUTES, ids=["chat", "completion", "responses", "messages"]
+)
+async def test_a_stream_ends_with_the_error_event(
+    app, script: FakeScript, path: str, body: dict, field: str
+) -> None:
+    """The answer was streamed as it came; the check's verdict is the dialect's error event, last."""
     script.reply = TWICE
-    path, body, field = ROUTES[0]
     response = await app.test_client().post(path, json={**body, "stream": True})
-    events = sse_data(await response.get_data())
-    error = json.loads(events[-1])["error"]
-    assert (error["code"], error["param"]) == (
-        "output_schema_mismatch",
-        field + ".properties.tags.uniqueItems",
-    )
-    assert (
-        "".join(
-            json.loads(e)["choices"][0]["delta"].get("content") or ""
-            for e in events[:-1]
-            if json.loads(e)["choices"]
-        )
-        == TWICE
-    )
+    last = json.loads(sse_data(await response.get_data())[-1])
+    error = last.get("error", last)  # Responses' error event is flat
+    assert error["code"] == "output_schema_mismatch"
+    assert WHERE in error["message"]
+    if path != "/v1/messages":
+        assert error["param"] == field + ".properties.tags.uniqueItems"
+
+
+async def test_the_streamed_answer_is_the_models(app, script: FakeScript) -> None:
+    """Nothing of the answer is held back or changed before the verdict."""
+    script.reply = TWICE
+    path, body, _ = ROUTES[0]
+    events = sse_data(await (await app.test_client().post(path, json={**body, "stream": True})).get_data())
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == TWICE
 
 
 @pytest.mark.parametrize(
