@@ -43,7 +43,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["typing"])
 def typing(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install(".", "mypy>=1.11")
+    session.install(".", "mypy>=1.11", "types-jsonschema")
     session.run("mypy", "src")
 
 

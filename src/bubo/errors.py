@@ -23,6 +23,7 @@ __all__ = [
     "MethodNotAllowed",
     "NotFound",
     "NotImplementedOnThisModel",
+    "OutputSchemaMismatch",
     "PayloadTooLarge",
     "QueueFull",
     "ServiceUnavailable",
@@ -136,6 +137,19 @@ class InternalError(BuboError):
     status = 500
     type = "server_error"
     default_code = "internal_error"
+
+
+class OutputSchemaMismatch(BuboError):
+    """The model ended an answer that does not match the request's JSON schema (500).
+
+    The model's failure, not the client's: ``param`` is the schema keyword it broke
+    (``response_format.json_schema.schema.properties.tags.uniqueItems``); the message says where in
+    the output.
+    """
+
+    status = 500
+    type = "server_error"
+    default_code = "output_schema_mismatch"
 
 
 class NotImplementedOnThisModel(BuboError):

@@ -8,6 +8,7 @@ from bubo.engine.fake import FakeEngine
 
 YES_NO = 'root ::= "yes" | "no"'
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]}
+ANSWER = '{"answer": true}'  # the fake engine ignores grammars; the answer is checked against the schema
 CHAT = {"model": "bubo", "messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8}
 COMPLETION = {"prompt": "Is the sky blue?", "n_predict": 8}
 OPENAI_COMPLETION = {"model": "bubo", "prompt": "Is the sky blue?", "max_tokens": 8}
@@ -32,6 +33,7 @@ async def test_grammar_constrains_the_answer(app, fake_engine: FakeEngine, path:
 
 @pytest.mark.parametrize(("path", "body"), ROUTES)
 async def test_json_schema_constrains_the_answer(app, fake_engine: FakeEngine, path: str, body: dict) -> None:
+    fake_engine.script.reply = ANSWER
     response = await app.test_client().post(path, json={**body, "json_schema": SCHEMA})
     assert response.status_code == 200
     grammar = sent_grammar(fake_engine)
@@ -41,6 +43,7 @@ async def test_json_schema_constrains_the_answer(app, fake_engine: FakeEngine, p
 
 @pytest.mark.parametrize("kind", ["json_object", "json_schema"])
 async def test_response_format_with_llama_server_schema(app, fake_engine: FakeEngine, kind: str) -> None:
+    fake_engine.script.reply = ANSWER
     body = {**CHAT, "response_format": {"type": kind, "schema": SCHEMA}}
     response = await app.test_client().post("/v1/chat/completions", json=body)
     assert response.status_code == 200

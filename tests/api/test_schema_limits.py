@@ -131,6 +131,7 @@ async def test_the_limit_is_in_the_message(app) -> None:
 
 async def test_a_schema_at_the_limits_is_served(app, fake_engine: FakeEngine) -> None:
     """Right at the limits the request runs: the limits refuse only what is over them."""
+    fake_engine.script.reply = '{"name": "owl", "tags": ["t1"]}'  # the answer is checked against the schema
     schema = {
         "type": "object",
         "properties": {

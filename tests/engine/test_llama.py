@@ -376,6 +376,71 @@ class TestConstraints:
             assert not admits(f"{n}.0")
         assert not admits("-0")
 
+    @staticmethod
+    def admitter(engine, schema):
+        """Whether llama.cpp's own grammar engine, fed one character token at a time, admits a text whole."""
+        gbnf = engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
+        context = engine._context
+        pieces = {engine.token_piece(token): token for token in range(context.n_vocab)}
+        end = min(engine.info.eog_token_ids)
+
+        def admits(text: str) -> bool:
+            sampler = Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf)
+            try:
+                for char in text:
+                    token = pieces[char.encode()]
+                    if not sampler.allows(token):
+                        return False
+                    sampler.accept(token)
+                return sampler.allows(end)
+            finally:
+                sampler.close()
+
+        return admits
+
+    @pytest.mark.parametrize(
+        ("schema", "low", "high", "digits"),
+        [
+            ({"type": "number", "minimum": 0.5, "maximum": 9.5}, 50, 950, 2),
+            ({"type": "number", "exclusiveMinimum": -1.25, "exclusiveMaximum": 0}, -124, -1, 2),
+            ({"type": ["number", "null"], "minimum": 0, "maximum": 1, "multipleOf": 0.01}, 0, 100, 2),
+            ({"type": "number", "exclusiveMinimum": 0.5, "maximum": 1}, 51, 100, 2),
+        ],
+    )
+    def test_number_bounds_in_llama_cpp(self, engine, schema, low, high, digits) -> None:
+        """Decimals in range (spelled with up to two fraction digits here) are admitted, none outside;
+        no exponent, no ``-0``."""
+        admits = self.admitter(engine, schema)
+        for units in range(low - 60, high + 61):
+            whole, fraction = divmod(abs(units), 10**digits)
+            text = ("-" if units < 0 else "") + f"{whole}.{fraction:0{digits}d}"
+            assert admits(text) == (low <= units <= high), text
+        assert not admits("-0")
+        assert not admits(f"{high / 10**digits}e0")
+        if schema.get("multipleOf") == 0.01:
+            assert not admits("0.005")
+            assert admits("null")
+
+    @pytest.mark.parametrize(
+        ("schema", "admitted"),
+        [
+            ({"type": "integer", "multipleOf": 7}, lambda n: n % 7 == 0),
+            ({"type": "integer", "multipleOf": 12, "exclusiveMinimum": 0}, lambda n: n > 0 and n % 12 == 0),
+            ({"type": "integer", "multipleOf": 300, "maximum": 0}, lambda n: n <= 0 and n % 300 == 0),
+            (
+                {"type": "number", "multipleOf": 5, "minimum": -20, "maximum": 20},
+                lambda n: -20 <= n <= 20 and n % 5 == 0,
+            ),
+        ],
+    )
+    def test_multiples_in_llama_cpp(self, engine, schema, admitted) -> None:
+        """Exactly the multiples (within the bounds) are admitted, canonically spelled."""
+        admits = self.admitter(engine, schema)
+        for n in [*range(-1300, 1300), 10**15 * 7, 10**15 * 7 + 1]:
+            assert admits(str(n)) == admitted(n), n
+        assert not admits("-0")
+        assert not admits("07")
+
     def test_unparsable_grammar(self, engine) -> None:
         """A grammar llama.cpp cannot parse is refused before any request runs it (a 400), not a crash."""
         with pytest.raises(GrammarRejected, match="could not parse"):

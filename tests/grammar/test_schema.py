@@ -46,6 +46,15 @@ class TestCheckSchema:
             {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "null"}]},  # conint(gt=0) | None
             {"type": ["integer", "null"], "exclusiveMaximum": 10.5, "minimum": -(10**19)},
             {"type": "integer", "minimum": 7, "maximum": 7},
+            {"type": "number", "minimum": 0.5, "maximum": 9.5},  # Field(ge=0.5, le=9.5) on a float
+            {"type": ["number", "null"], "exclusiveMinimum": 0},  # confloat(gt=0) | None
+            {"type": ["integer", "number"], "minimum": 0},
+            {"type": "number", "multipleOf": 0.01, "minimum": 0},  # condecimal(multiple_of=0.01, ge=0)
+            {"type": "number", "multipleOf": 1, "maximum": 10},
+            {"type": "integer", "multipleOf": 5},  # conint(multiple_of=5)
+            {"type": "integer", "multipleOf": 5.0, "minimum": 0, "maximum": 100},
+            {"type": "integer", "multipleOf": 1000, "exclusiveMinimum": 0},
+            {"type": "array", "items": {"type": "string"}, "uniqueItems": True},  # set[str]
         ],
     )
     def test_enforced_keywords_pass(self, schema) -> None:
@@ -55,10 +64,35 @@ class TestCheckSchema:
     @pytest.mark.parametrize(
         ("schema", "path", "words"),
         [
-            ({"type": "number", "maximum": 3}, ".maximum", "$.maximum uses 'maximum'"),
-            ({"minimum": 0}, ".minimum", "enforces it only on type 'integer'"),
-            ({"type": ["integer", "number"], "minimum": 0}, ".minimum", "only on type 'integer'"),
-            ({"type": "integer", "multipleOf": 2}, ".multipleOf", "uses 'multipleOf'"),
+            ({"minimum": 0}, ".minimum", "$.minimum uses 'minimum' without type 'integer' or 'number'"),
+            ({"type": ["string", "null"], "multipleOf": 2}, ".multipleOf", "without type 'integer'"),
+            ({"type": "number", "multipleOf": 0.5}, ".multipleOf", "only a whole number or 1, 0.1, 0.01"),
+            ({"type": "number", "multipleOf": 0.25, "minimum": 0}, ".multipleOf", "(10^-k) are enforced"),
+            (
+                {"type": "integer", "multipleOf": 0.1},
+                ".multipleOf",
+                "on an integer it must be a whole number",
+            ),
+            ({"type": "integer", "multipleOf": 0}, ".multipleOf", "must be above 0"),
+            ({"type": "integer", "multipleOf": "2"}, ".multipleOf", "must be a finite number"),
+            ({"type": "number", "minimum": 0.7, "maximum": 0.6}, ".minimum", "admits no number"),
+            (
+                {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1},
+                ".exclusiveMinimum",
+                "no number",
+            ),
+            (
+                {"type": "number", "multipleOf": 0.1, "minimum": 0.01, "maximum": 0.09},
+                ".minimum",
+                "no number",
+            ),
+            (
+                {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6},
+                ".minimum",
+                "no multiple of 7",
+            ),
+            ({"type": "number", "enum": [1.5], "maximum": 1}, ".maximum", "beside 'enum'"),
+            ({"type": "array", "uniqueItems": "yes"}, ".uniqueItems", "must be a boolean"),
             ({"type": "integer", "enum": [1, 200], "maximum": 100}, ".maximum", "beside 'enum'"),
             ({"type": "integer", "minimum": True}, ".minimum", "must be a finite number"),
             ({"type": "integer", "maximum": "9"}, ".maximum", "must be a finite number"),
@@ -131,6 +165,35 @@ class TestLimits:
         error = refusal({"type": "integer", keyword: 10**LIMITS.bound_digits})
         assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.{keyword}")
         assert f"at most {LIMITS.bound_digits} digits" in error.message
+
+    def test_number_bounds(self) -> None:
+        """A number's bound has as many integer digits as an integer's; its fraction is rounded inwards."""
+        widest = 10**LIMITS.bound_digits - 1
+        check_schema({"type": "number", "minimum": -widest, "maximum": 0.123456789012345678}, PARAM)
+        error = refusal({"type": "number", "exclusiveMaximum": 1e20})
+        assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.exclusiveMaximum")
+
+    def test_multiple_of(self) -> None:
+        """A divisor of at most 100 (trailing zeros aside); at most 16 fraction digits; bounds beside it
+        that only fix the sign or leave at most 500 multiples."""
+        for accepted in (
+            {"type": "integer", "multipleOf": 100},
+            {"type": "integer", "multipleOf": 99 * 10**18},
+            {"type": "number", "multipleOf": 1e-16},
+            {"type": "integer", "multipleOf": 3, "minimum": 0},
+            {"type": "integer", "multipleOf": 3, "exclusiveMaximum": 0},
+            {"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 1500},
+        ):
+            check_schema(accepted, PARAM)
+        for schema, keyword, words in (
+            ({"type": "integer", "multipleOf": 101}, "multipleOf", "at most 100"),
+            ({"type": "number", "multipleOf": 1e-17}, "multipleOf", "at most 16 fraction digits"),
+            ({"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 1503}, "minimum", "at most 500"),
+            ({"type": "integer", "multipleOf": 3, "minimum": 5}, "minimum", "fix the sign"),
+        ):
+            error = refusal(schema)
+            assert (error.code, error.param) == ("schema_too_complex", f"{PARAM}.{keyword}")
+            assert words in error.message
 
     def test_pattern_length(self) -> None:
         check_schema({"type": "string", "pattern": "^" + "a" * (LIMITS.pattern_chars - 2) + "$"}, PARAM)

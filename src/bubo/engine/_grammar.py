@@ -10,8 +10,10 @@ grammar, from a schema, a tool format or ``--grammar-file``, is measured here
 first, in one linear pass, and refused above :data:`MAX_GBNF_NESTING` levels
 or :data:`MAX_GBNF_CHARS` characters (docs/operations.md has the measurements).
 
-The port ignores integer bounds; :class:`_BoundedConverter` writes those as
-llama.cpp's C++ converter does (:mod:`._integer_range`).
+The port ignores numeric bounds and ``multipleOf``; :class:`_BoundedConverter` writes
+those (:mod:`.numeric`): integer bounds as llama.cpp's C++ converter does
+(:mod:`._integer_range`), number bounds (:mod:`._number_range`) and multiples
+(:mod:`._multiples`) the same way, digit by digit.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from bubo.domain.generation import GrammarSpec
 
-from ._integer_range import BOUND_KEYWORDS, integer_bounds, integer_range
 from .base import GrammarRejected
+from .numeric import NUMERIC_KEYWORDS, NumericRefused, numeric_expression
 
 __all__ = ["MAX_GBNF_CHARS", "MAX_GBNF_NESTING", "check_gbnf", "to_gbnf"]
 
@@ -70,6 +72,7 @@ def to_gbnf(spec: GrammarSpec) -> str:
             TypeError,
             ValueError,
             RecursionError,
+            NumericRefused,
         ) as error:
             raise GrammarRejected(f"the JSON schema cannot be turned into a grammar: {error}") from None
         if rule != name:  # primitives are shared rules ("integer"), named after their type
@@ -110,16 +113,17 @@ def check_gbnf(text: str) -> None:
 
 
 class _BoundedConverter(SchemaConverter):
-    """llama-cpp-python's converter, enforcing ``minimum``/``maximum`` and the exclusive bounds on integers.
+    """llama-cpp-python's converter, enforcing numeric bounds and ``multipleOf`` (:mod:`.numeric`).
 
-    Only ``type: integer`` with a bound and no ``$ref``/``anyOf``/``oneOf``/``const``/``enum``
-    beside it is written here; :func:`bubo.grammar.check_schema` refuses the bounds anywhere else.
+    Only ``type: integer`` or ``number`` with a bound or ``multipleOf`` and no
+    ``$ref``/``anyOf``/``oneOf``/``const``/``enum`` beside it is written here;
+    :func:`bubo.grammar.check_schema` refuses those keywords anywhere else.
     A list of types is a choice between the schema with each type: the base converter
     visits ``{"type": t}`` alone, silently dropping ``properties``, ``maxLength``, bounds, ….
     """
 
     def visit(self, schema: Mapping[str, Any], name: str) -> str:
-        """The rule for *schema*: a bounded integer's own, anything else the base converter's."""
+        """The rule for *schema*: a bounded or stepped number's own, anything else the base converter's."""
         kind = schema.get("type")
         if any(key in schema for key in ("$ref", "anyOf", "oneOf", "const", "enum")):
             return str(super().visit(schema, name))
@@ -127,6 +131,7 @@ class _BoundedConverter(SchemaConverter):
         if isinstance(kind, list):  # the base converter would visit each type alone, dropping the rest
             branches = [{**schema, "type": one} for one in kind]
             return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
-        if kind != "integer" or not any(key in schema for key in BOUND_KEYWORDS):
+        if kind not in ("integer", "number") or not any(key in schema for key in NUMERIC_KEYWORDS):
             return str(super().visit(schema, name))
-        return str(self._add_rule(rule_name, f"({integer_range(*integer_bounds(schema))}) space"))
+        expression = numeric_expression(schema, kind, self._add_rule)
+        return str(self._add_rule(rule_name, f"({expression}) space"))

@@ -100,11 +100,16 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
             else None
         ),
     )
+    forced = None if request.grammar is not None else _forced_tools(request)
+    output = request.output_format if request.grammar is None and forced is None else None
     plan = OutputPlan(
         reasoning=thinking,
         starts_inside=inside,
         tool_format=runtime.tool_parser if prompt.tools else None,
         tool_config=ParserConfig(tools=prompt.tools, max_calls=max_calls),
+        schema=None if output is None else output.schema,
+        schema_param="" if output is None else output.param,
+        checked_tools=forced or (),
     )
     return PreparedGeneration(prompt=rendered, request=generation, plan=plan)
 

@@ -89,7 +89,9 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
     prepared = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
-    return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar))
+    checked = request.output_format if request.grammar is None else None  # the answer is checked against it
+    plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
+    return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)
 
 
 async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> str:

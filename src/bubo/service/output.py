@@ -2,25 +2,33 @@
 
 Generated text goes through the reasoning parser (``<think>`` split), and
 the answer part through the tool-call parser; either may be absent.  The
-pipeline also counts reasoning tokens and decides the finish reason.
+pipeline also counts reasoning tokens and decides the finish reason.  A
+structured answer the model ended itself is checked against its schema
+(:mod:`.validation`) before the end is reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
 
 import attrs
+import trio
 
 from bubo.domain.generation import (
     EngineEvent,
     GenerationFailed,
     GenerationFinished,
     PromptProgress,
+    StopCause,
     TokenGenerated,
 )
+from bubo.domain.messages import ToolSpec
 from bubo.domain.output import Done, OutputEvent, ReasoningDelta, TextDelta, finish_reason_for
 from bubo.engine import EngineFailure
 from bubo.parsers import ParserConfig, StreamParser, ThinkParser, make_tool_parser
+
+from .validation import AnswerCheck
 
 __all__ = ["OutputPlan", "output_events"]
 
@@ -33,6 +41,9 @@ class OutputPlan:
     starts_inside: bool = False  # the prompt already opened <think>
     tool_format: str | None = None  # parse tool calls of this format
     tool_config: ParserConfig = attrs.field(factory=ParserConfig)
+    schema: Mapping[str, Any] | None = None  # the answer's JSON schema, checked once the model ends it
+    schema_param: str = ""  # the request field holding it
+    checked_tools: tuple[ToolSpec, ...] = ()  # a forced call: its arguments are checked against these
 
 
 class _Pipeline:
@@ -45,8 +56,22 @@ class _Pipeline:
         )
         self.called_tools = False
         self.reasoning_tokens = 0
+        checked = plan.schema is not None or plan.checked_tools
+        self.check = (
+            AnswerCheck(schema=plan.schema, param=plan.schema_param, tools=plan.checked_tools)
+            if checked
+            else None
+        )
 
     def feed(self, event: TokenGenerated) -> list[OutputEvent]:
+        return self._kept(self._feed(event))
+
+    def _kept(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        if self.check is not None:
+            self.check.see(events)
+        return events
+
+    def _feed(self, event: TokenGenerated) -> list[OutputEvent]:
         if self._reasoning is None and self._tools is None:
             logprobs = () if event.logprob is None else (event.logprob,)
             return [TextDelta(text=event.text, token_ids=(event.token_id,), logprobs=logprobs)]
@@ -67,7 +92,7 @@ class _Pipeline:
         self.called_tools = self.called_tools or any(
             not isinstance(e, TextDelta | ReasoningDelta) for e in flushed
         )
-        return flushed
+        return self._kept(flushed)
 
     def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:
         if self._tools is None:
@@ -106,6 +131,9 @@ async def output_events(
             case GenerationFinished(cause=cause, stats=stats, stop_word=stop_word):
                 for output in pipeline.finish():
                     yield output
+                if pipeline.check is not None and cause is StopCause.EOS:
+                    # off the event loop: a long answer takes a while to read and check
+                    await trio.to_thread.run_sync(pipeline.check.check)
                 yield Done(
                     finish_reason=finish_reason_for(cause, called_tools=pipeline.called_tools),
                     cause=cause,
