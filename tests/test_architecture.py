@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "templates": {"domain", "errors"},
     "grammar": {"domain", "errors"},
     "parsers": {"domain", "errors", "grammar"},
-    "engine": {"domain", "errors"},
+    "engine": {"domain", "errors", "grammar"},
     "service": {"domain", "errors", "engine", "grammar", "model", "tokenizer", "templates", "parsers"},
     "api": {"domain", "errors", "engine", "model", "service"},
     "server": {"domain", "errors", "api", "config", "loader", "model", "service"},

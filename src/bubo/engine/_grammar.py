@@ -25,9 +25,9 @@ from typing import Any
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from bubo.domain.generation import GrammarSpec
+from bubo.grammar.numeric import NUMERIC_KEYWORDS, NumericRefused, numeric_expression
 
 from .base import GrammarRejected
-from .numeric import NUMERIC_KEYWORDS, NumericRefused, numeric_expression
 
 __all__ = ["MAX_GBNF_CHARS", "MAX_GBNF_NESTING", "check_gbnf", "to_gbnf"]
 

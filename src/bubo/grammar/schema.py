@@ -6,7 +6,7 @@ enum/const, anyOf/oneOf (as a choice), allOf (merging object properties),
 local ``$ref``, string pattern, minLength/maxLength and the uuid and date/time
 formats; Bubo's engine adds numeric bounds (``minimum``, ``maximum`` and the
 exclusive ones on ``integer`` and ``number``) and ``multipleOf`` where a grammar
-can write them (:mod:`bubo.engine.numeric` says where).  ``uniqueItems`` no
+can write them (:mod:`bubo.grammar.numeric` says where).  ``uniqueItems`` no
 grammar enforces: it is accepted and the finished output is validated against
 the whole schema (:mod:`bubo.service.validation`).  The conversion silently
 ignores the rest (``not``, ``if``/``then``/``else``, ``patternProperties``, …):
@@ -33,10 +33,10 @@ from typing import Any
 import attrs
 
 from bubo.domain.generation import GrammarSpec
-from bubo.engine.numeric import NUMERIC_KEYWORDS, NumericRefused, check_numeric
 from bubo.errors import InvalidRequest
 
 from .gbnf import THINK_BODY, thinking_prefix
+from .numeric import NUMERIC_KEYWORDS, NumericRefused, check_numeric
 from .pattern import PatternRefused, check_pattern
 
 __all__ = ["LIMITS", "SchemaLimits", "check_schema", "output_grammar"]
@@ -252,7 +252,7 @@ class _Walk:
     def _check_numeric(self, schema: Mapping[str, Any], path: Path) -> None:
         """Bounds and ``multipleOf``: on integers and numbers, beside no keyword the converter reads first.
 
-        And only as a grammar can write them (:func:`bubo.engine.numeric.check_numeric`).
+        And only as a grammar can write them (:func:`bubo.grammar.numeric.check_numeric`).
         """
         used = [keyword for keyword in NUMERIC_KEYWORDS if keyword in schema]
         if not used:

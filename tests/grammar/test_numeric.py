@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from bubo.domain.generation import GrammarSpec
 from bubo.engine._grammar import to_gbnf
-from bubo.engine._multiples import trie
-from bubo.engine._number_range import FRACTION_DIGITS, number_bounds, number_range
-from bubo.engine.numeric import NumericRefused, check_numeric, step
+from bubo.grammar._multiples import trie
+from bubo.grammar._number_range import FRACTION_DIGITS, number_bounds, number_range
+from bubo.grammar.numeric import NumericRefused, check_numeric, step
 
 # the GBNF number_range writes: "literals", [classes], {m,n}, groups, optional groups and items, alternatives
 _TOKEN = re.compile(r'\s*("[0-9.-]*"|\[[0-9]-[0-9]\]|\{\d+,\d+\}|\(|\)|\?|\|)')

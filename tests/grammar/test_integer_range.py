@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bubo.domain.generation import GrammarSpec
 from bubo.engine._grammar import to_gbnf
-from bubo.engine._integer_range import OPEN_DIGITS, integer_bounds, integer_range
+from bubo.grammar._integer_range import OPEN_DIGITS, integer_bounds, integer_range
 
 # the GBNF integer_range writes: "literals", [classes], groups, optional groups, alternatives
 _TOKEN = re.compile(r'\s*("[0-9-]*"|\[[0-9]-[0-9]\]|\(|\)\??|\|)')
