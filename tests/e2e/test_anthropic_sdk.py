@@ -13,7 +13,10 @@ from .conftest import anthropic_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# "Answer in English." gives the first token of the answer a wide margin: without it "The" leads "La" by
+# 0.13 in log-probability, within what the unified KV cache's batch-dependent numbers move it
+# (docs/llama-server.md, "Slots").
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in English."}]
 SYSTEM = "You are a helpful assistant."
 
 

@@ -12,9 +12,12 @@ from .conftest import openai_client
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 # SmolLM2 answers this reliably with a plain system prompt (its built-in default one derails it).
+# "Answer in English." gives the first token of the answer a wide margin: without it "The" leads "La" by
+# 0.13 in log-probability, within what the unified KV cache's batch-dependent numbers move it
+# (docs/llama-server.md, "Slots").
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "user", "content": "What is the capital of France? Answer in English."},
 ]
 
 

@@ -11,6 +11,10 @@ from .conftest import openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
+# "Answer in English." gives the first token of the answer a wide margin: without it "The" leads "La" by
+# 0.13 in log-probability, within what the unified KV cache's batch-dependent numbers move it
+# (docs/llama-server.md, "Slots").
+QUESTION = "What is the capital of France? Answer in English."
 INSTRUCTIONS = "You are a helpful assistant."
 
 
@@ -25,7 +29,7 @@ def test_create(client: openai.OpenAI) -> None:
     response = client.responses.create(
         model="bubo",
         instructions=INSTRUCTIONS,
-        input="What is the capital of France?",
+        input=QUESTION,
         temperature=0,
         max_output_tokens=40,
     )
@@ -40,7 +44,7 @@ def test_create(client: openai.OpenAI) -> None:
 def test_streaming_event_sequence(client: openai.OpenAI) -> None:
     """The streamed events come in the documented order with increasing sequence numbers."""
     stream = client.responses.create(
-        model="bubo", instructions=INSTRUCTIONS, input="What is the capital of France?", temperature=0,
+        model="bubo", instructions=INSTRUCTIONS, input=QUESTION, temperature=0,
         max_output_tokens=40, stream=True,
     )  # fmt: skip
     events = list(stream)
