@@ -1,4 +1,4 @@
-"""llama-server routes: completion, tokenize, detokenize, props, slots, metrics."""
+"""llama-server routes: completion, apply-template, tokenize, detokenize, props, slots, metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from bubo.api._chat import translate as chat_translate
+from bubo.api._chat import wire as chat_wire
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
@@ -15,6 +17,7 @@ from bubo.api._sse import sse_frame, sse_response
 from bubo.domain.generation import PromptProgress, TokenLogprob
 from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
+from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
 from bubo.service.prompt import min_tokens
 from bubo.service.runtime import Runtime
@@ -148,6 +151,21 @@ async def completion() -> Response:
             has_new_line="\n" in completion.text,
         )
     )
+
+
+@blueprint.post("/apply-template")
+async def apply_template() -> Response:
+    """The chat-completions body rendered as prompt text, as generation renders it; no model needed."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    chat = chat_translate.chat_request(body)
+    rendered = await runtime.workers.run(
+        lambda: render_chat_request(runtime, chat),
+        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
+    )
+    return json_response({"prompt": rendered.text})
 
 
 @blueprint.post("/tokenize")
