@@ -19,7 +19,7 @@ from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
 from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
-from bubo.service.prompt import min_tokens
+from bubo.service.prompt import raw_tokens
 from bubo.service.runtime import Runtime
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
@@ -185,23 +185,15 @@ async def tokenize() -> Response:
 def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int | str, ...]) -> str:
     """The ``/tokenize`` answer as JSON text (a job for the workers)."""
     tokenizer = runtime.tokenizer
-    parse_special = body.parse_special is not False
-    ids: list[int] = []
-    for index, piece in enumerate(pieces):
-        if isinstance(piece, str):
-            room = MAX_TOKENS - len(ids)
-            if min_tokens(tokenizer, piece) > room:
-                raise _too_many_tokens("content", "gives")
-            ids.extend(tokenizer.encode(piece, parse_special=parse_special, limit=room))
-        elif 0 <= piece < tokenizer.n_vocab:
-            ids.append(piece)
-        else:
-            raise InvalidRequest(f"token id {piece} is outside the vocabulary", param=f"content[{index}]")
-        if len(ids) > MAX_TOKENS:
-            raise _too_many_tokens("content", "gives")
-    if body.add_special and tokenizer.add_bos:
-        bos = tokenizer.encode("", add_special=True)[:1]
-        ids[:0] = bos
+    ids = raw_tokens(
+        tokenizer,
+        pieces,
+        param="content",
+        room=MAX_TOKENS,
+        overflow=lambda _n_tokens, _at_least: _too_many_tokens("content", "gives"),
+        bos="always" if body.add_special else "never",
+        parse_special=body.parse_special is not False,
+    )
     if body.with_pieces:
         result = wire.Tokens(
             tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids]
