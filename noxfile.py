@@ -22,11 +22,16 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every test: unit, API (fake engine), real llama.cpp, tokenizer parity, end to end."""
+    """Every test: unit, API (fake engine), real llama.cpp, tokenizer parity, end to end.
+
+    Prints a branch-coverage summary of the package (files fully covered are left out); the servers
+    the end-to-end tests start are separate processes and are not measured.
+    """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
     session.run(
         "pytest",
         "-p", "no:cacheprovider",
+        "--cov=bubo", "--cov-branch", "--cov-report=term:skip-covered",
         *session.posargs,
         env={"BUBO_FAIL_ON_SKIP": "1"},
     )  # fmt: skip
@@ -42,8 +47,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(tags=["typing"])
 def typing(session: nox.Session) -> None:
-    """mypy --strict over the package."""
-    session.install(".", "mypy>=1.11", "types-jsonschema")
+    """mypy --strict over the package (the `typing` dependency group: mypy, stubs, the test libraries)."""
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "typing"))
     session.run("mypy", "src")
 
 

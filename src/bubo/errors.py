@@ -1,7 +1,8 @@
 """Dialect-neutral exceptions.
 
 Service and engine code raise these; each API dialect renders them once, at its
-edge, in its own envelope (``api/openai/errors.py``, ``api/anthropic/errors.py``).
+edge, in its own envelope (``api/_errors.py`` for every dialect but Anthropic's,
+``api/anthropic/errors.py``).
 Nothing below the API layer builds an HTTP body.
 """
 

@@ -69,7 +69,7 @@ class TestTextCompletions:
             ({"model": "bubo", "prompt": ["a", "b"]}, "unsupported_n", "prompt"),
             ({"model": "bubo", "prompt": "x", "n": 3}, "unsupported_n", "n"),
             ({"model": "bubo", "prompt": "x", "echo": True}, "unsupported_echo", "echo"),
-            ({"model": "bubo", "prompt": [99999999]}, "invalid_request", "prompt"),
+            ({"model": "bubo", "prompt": [99999999]}, "invalid_request", "prompt[0]"),
             ({"prompt": "x"}, "missing_model", "model"),
         ],
     )

@@ -167,6 +167,20 @@ class TestTokenize:
         )
         assert rebuilt.decode() == "hi é🚀"
 
+    @pytest.mark.parametrize(
+        ("path", "field"),
+        [("/tokenize", "content"), ("/completion", "prompt"), ("/v1/completions", "prompt")],
+    )
+    async def test_an_id_outside_the_vocabulary_is_named_by_its_index(
+        self, app, path: str, field: str
+    ) -> None:
+        """Every raw prompt names the bad id's JSON path, even in a one-item array."""
+        response = await app.test_client().post(path, json={field: [10**9], "model": "bubo"})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert error["param"] == f"{field}[0]"
+        assert "0..49151" in error["message"]
+
     async def test_detokenize_out_of_range(self, app) -> None:
         """An id outside the vocabulary is a 400 naming its index."""
         response = await app.test_client().post("/detokenize", json={"tokens": [1, 10**9]})

@@ -54,6 +54,9 @@ def test_add_special(pair) -> None:
         assert ours.encode(text, add_special=True) == reference.encode(text, add_special=True)
     assert ours.add_bos == reference.add_bos
     assert ours.bos_token == reference.bos_token
+    assert ours.bos_id == reference.bos_id
+    if ours.add_bos:
+        assert ours.encode("Hello", add_special=True)[0] == ours.bos_id
 
 
 def test_every_piece(pair) -> None:

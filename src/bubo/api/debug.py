@@ -18,10 +18,11 @@ from bubo.errors import NotFound
 from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
+from ._chat import translate as chat_translate
+from ._chat import wire as chat_wire
 from ._context import api_context, require_runtime, structured_body
 from ._converter import make_converter
 from ._json import json_response
-from .openai import translate, wire
 
 __all__ = ["blueprint"]
 
@@ -41,8 +42,8 @@ async def _only_when_enabled_on_loopback() -> None:
 async def prompt() -> Response:
     """A chat-completions body rendered and tokenized exactly as generation would, with each token's text."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
-    chat = translate.chat_request(body)
+    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
+    chat = chat_translate.chat_request(body)
     tokenizer = runtime.tokenizer
 
     def render() -> dict[str, Any]:

@@ -37,6 +37,7 @@ class LlamaVocabTokenizer:
         self._n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
+        self._bos_id = bos if bos >= 0 else None
         self._bos = self.token_bytes(bos).decode(errors="replace") if bos >= 0 else ""
         self._eos = self.token_bytes(eos).decode(errors="replace") if eos >= 0 else ""
         self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)) and bos >= 0
@@ -55,6 +56,11 @@ class LlamaVocabTokenizer:
     def eos_token(self) -> str:
         """The EOS token's text."""
         return self._eos
+
+    @property
+    def bos_id(self) -> int | None:
+        """The BOS token's id (None when the model has none)."""
+        return self._bos_id
 
     @property
     def add_bos(self) -> bool:

@@ -7,17 +7,28 @@ Generation, ``/apply-template``, ``/tokenize``-free counting and Anthropic's
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import PromptPiece
-from bubo.errors import ContextOverflow, InvalidRequest
+from bubo.errors import BuboError, ContextOverflow, InvalidRequest
 from bubo.tokenizer import Tokenizer
 
 from .runtime import Runtime
 
-__all__ = ["RenderedPrompt", "count_chat", "min_tokens", "render_chat", "stable_prompt", "tokenize_raw"]
+__all__ = [
+    "BosRule",
+    "RenderedPrompt",
+    "count_chat",
+    "min_tokens",
+    "raw_tokens",
+    "render_chat",
+    "stable_prompt",
+    "tokenize_raw",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -60,7 +71,10 @@ def render_chat(runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = Non
 
     """
     text = _chat_text(runtime, prompt)
-    tokens = _fitting_tokens(runtime.tokenizer, text, n_ctx=n_ctx, param="messages", add_special=True)
+    room = None if n_ctx is None else n_ctx - 1  # a prompt of n_ctx tokens or more does not fit
+    tokens = _text_tokens(
+        runtime.tokenizer, text, room, 0, _context_overflow(n_ctx, "messages"), add_special=True
+    )
     return RenderedPrompt(text=text, tokens=tuple(tokens))
 
 
@@ -91,35 +105,85 @@ def min_tokens(tokenizer: Tokenizer, text: str) -> int:
     return -(-n_bytes // per_token)
 
 
-def _fitting_tokens(
+BosRule = Literal["unless_present", "always", "never"]
+"""Whether a raw prompt gets the model's BOS in front (when the model adds one): ``unless_present``
+(generation: not when the prompt already starts with it), ``always`` (``/tokenize``, as
+``llama_tokenize`` does), ``never``."""
+
+
+def raw_tokens(
+    tokenizer: Tokenizer,
+    prompt: Sequence[PromptPiece],
+    *,
+    param: str,
+    room: int | None,
+    overflow: Callable[[int, bool], BuboError],
+    bos: BosRule = "unless_present",
+    parse_special: bool = True,
+) -> list[int]:
+    """The token ids of a raw prompt of text and/or token ids (llama-server's ``prompt`` and ``content``).
+
+    Text is tokenized without special tokens of its own (*parse_special*: markup
+    is read as special tokens); ids are kept as given.  With *room*, a prompt of
+    more than *room* ids is refused as soon as that is known, before tokenizing
+    text that cannot fit; ``overflow(n, at_least)`` builds that error (``at_least``:
+    the prompt has *n* ids or more).
+
+    Raises:
+        InvalidRequest: a token id is outside the vocabulary (``param`` ``<param>[<index>]``).
+        BuboError: ``overflow``'s error.
+
+    """
+    bos_ids = (
+        [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None and bos != "never" else []
+    )
+    reserved = int(bool(bos_ids) and (bos == "always" or tuple(prompt[:1]) != tuple(bos_ids)))
+    tokens: list[int] = []
+    for index, piece in enumerate(prompt):
+        if isinstance(piece, str):
+            before = reserved + len(tokens)
+            tokens.extend(_text_tokens(tokenizer, piece, room, before, overflow, parse_special=parse_special))
+        elif 0 <= piece < tokenizer.n_vocab:
+            tokens.append(piece)
+        else:
+            raise InvalidRequest(
+                f"token id {piece} is outside the vocabulary (0..{tokenizer.n_vocab - 1})",
+                param=f"{param}[{index}]",
+            )
+    if bos_ids and (bos == "always" or tokens[:1] != bos_ids):
+        tokens[:0] = bos_ids
+    if room is not None and len(tokens) > room:
+        raise overflow(len(tokens), False)  # noqa: FBT003
+    return tokens
+
+
+def _text_tokens(
     tokenizer: Tokenizer,
     text: str,
+    room: int | None,
+    before: int,
+    overflow: Callable[[int, bool], BuboError],
     *,
-    n_ctx: int | None,
-    param: str,
+    parse_special: bool = True,
     add_special: bool = False,
-    before: int = 0,
 ) -> list[int]:
-    """The ids of *text*, or the overflow error as soon as *before* + its tokens cannot be under *n_ctx*."""
-    if n_ctx is None:
-        return tokenizer.encode(text, add_special=add_special)
-    room = n_ctx - 1 - before  # a prompt of n_ctx tokens or more does not fit
+    """The ids of *text*, or *overflow*'s error as soon as *before* + its ids cannot be at most *room*."""
+    if room is None:
+        return tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+    left = room - before
     at_least = min_tokens(tokenizer, text)
-    if at_least > room:
-        raise ContextOverflow(n_prompt_tokens=before + at_least, n_ctx=n_ctx, param=param, at_least=True)
-    tokens = tokenizer.encode(text, add_special=add_special, limit=room)
-    if len(tokens) > room:
-        raise ContextOverflow(n_prompt_tokens=before + len(tokens), n_ctx=n_ctx, param=param, at_least=True)
+    if at_least > left:
+        raise overflow(before + at_least, True)  # noqa: FBT003
+    tokens = tokenizer.encode(text, add_special=add_special, parse_special=parse_special, limit=max(left, 0))
+    if len(tokens) > left:
+        raise overflow(before + len(tokens), True)  # noqa: FBT003
     return tokens
 
 
 def tokenize_raw(
     runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt", n_ctx: int | None = None
 ) -> RenderedPrompt:
-    """Tokenize a raw prompt of text and/or token ids (llama-server's ``prompt``).
-
-    The model's BOS is added in front, as llama-server does.  With *n_ctx*, a
-    prompt that cannot fit is refused as soon as that is known.
+    """A raw prompt for generation: its ids (:func:`raw_tokens`, BOS in front as llama-server adds) and text.
 
     Raises:
         InvalidRequest: a token id is outside the vocabulary.
@@ -127,21 +191,14 @@ def tokenize_raw(
 
     """
     tokenizer = runtime.tokenizer
-    tokens: list[int] = []
-    bos = tokenizer.encode("", add_special=True)[:1] if tokenizer.add_bos else []
-    adds_bos = bool(bos) and prompt[:1] != (bos[0],)  # a prompt may start with the BOS id itself
-    for index, piece in enumerate(prompt):
-        if isinstance(piece, str):
-            before = len(tokens) + adds_bos
-            tokens.extend(_fitting_tokens(tokenizer, piece, n_ctx=n_ctx, param=param, before=before))
-        elif 0 <= piece < tokenizer.n_vocab:
-            tokens.append(piece)
-        else:
-            raise InvalidRequest(
-                f"token id {piece} is outside the vocabulary (0..{tokenizer.n_vocab - 1})",
-                param=f"{param}[{index}]" if len(prompt) > 1 else param,
-            )
-    if bos and tokens[:1] != bos:
-        tokens[:0] = bos
+    room = None if n_ctx is None else n_ctx - 1  # a prompt of n_ctx tokens or more does not fit
+    tokens = raw_tokens(tokenizer, prompt, param=param, room=room, overflow=_context_overflow(n_ctx, param))
     text = "".join(p if isinstance(p, str) else tokenizer.decode([p]) for p in prompt)
     return RenderedPrompt(text=text, tokens=tuple(tokens))
+
+
+def _context_overflow(n_ctx: int | None, param: str) -> Callable[[int, bool], BuboError]:
+    def overflow(n_tokens: int, at_least: bool) -> BuboError:
+        return ContextOverflow(n_prompt_tokens=n_tokens, n_ctx=n_ctx or 0, param=param, at_least=at_least)
+
+    return overflow

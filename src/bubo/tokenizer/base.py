@@ -37,8 +37,13 @@ class Tokenizer(Protocol):
         ...
 
     @property
+    def bos_id(self) -> int | None:
+        """The BOS token's id (None when the model has none)."""
+        ...
+
+    @property
     def add_bos(self) -> bool:
-        """Whether ``encode(add_special=True)`` starts with BOS."""
+        """Whether ``encode(add_special=True)`` starts with BOS (then ``bos_id`` is not None)."""
         ...
 
     @property

@@ -196,6 +196,11 @@ class HFTokenizer:
         return self._vocab.text_of(self._eos_id)
 
     @property
+    def bos_id(self) -> int | None:
+        """The BOS token's id (None when the model has none)."""
+        return self._bos_id
+
+    @property
     def add_bos(self) -> bool:
         """Whether ``encode(add_special=True)`` starts with BOS."""
         return self._vocab.add_bos and self._bos_id is not None

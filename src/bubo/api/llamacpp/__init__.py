@@ -1,3 +1,3 @@
-"""The llama-server dialect: /completion, /tokenize, /detokenize, /props, /slots, /metrics."""
+"""llama-server: /completion, /apply-template, /tokenize, /detokenize, /props, /slots, /metrics."""
 
 from .routes import blueprint as blueprint

@@ -1,4 +1,4 @@
-"""llama-server routes: completion, tokenize, detokenize, props, slots, metrics."""
+"""llama-server routes: completion, apply-template, tokenize, detokenize, props, slots, metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from bubo.api._chat import translate as chat_translate
+from bubo.api._chat import wire as chat_wire
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
@@ -15,8 +17,9 @@ from bubo.api._sse import sse_frame, sse_response
 from bubo.domain.generation import PromptProgress, TokenLogprob
 from bubo.domain.output import Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
+from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
-from bubo.service.prompt import min_tokens
+from bubo.service.prompt import raw_tokens
 from bubo.service.runtime import Runtime
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
@@ -150,6 +153,21 @@ async def completion() -> Response:
     )
 
 
+@blueprint.post("/apply-template")
+async def apply_template() -> Response:
+    """The chat-completions body rendered as prompt text, as generation renders it; no model needed."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    chat = chat_translate.chat_request(body)
+    rendered = await runtime.workers.run(
+        lambda: render_chat_request(runtime, chat),
+        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
+    )
+    return json_response({"prompt": rendered.text})
+
+
 @blueprint.post("/tokenize")
 async def tokenize() -> Response:
     """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
@@ -167,23 +185,15 @@ async def tokenize() -> Response:
 def _tokenized(runtime: Runtime, body: wire.TokenizeRequest, pieces: tuple[int | str, ...]) -> str:
     """The ``/tokenize`` answer as JSON text (a job for the workers)."""
     tokenizer = runtime.tokenizer
-    parse_special = body.parse_special is not False
-    ids: list[int] = []
-    for index, piece in enumerate(pieces):
-        if isinstance(piece, str):
-            room = MAX_TOKENS - len(ids)
-            if min_tokens(tokenizer, piece) > room:
-                raise _too_many_tokens("content", "gives")
-            ids.extend(tokenizer.encode(piece, parse_special=parse_special, limit=room))
-        elif 0 <= piece < tokenizer.n_vocab:
-            ids.append(piece)
-        else:
-            raise InvalidRequest(f"token id {piece} is outside the vocabulary", param=f"content[{index}]")
-        if len(ids) > MAX_TOKENS:
-            raise _too_many_tokens("content", "gives")
-    if body.add_special and tokenizer.add_bos:
-        bos = tokenizer.encode("", add_special=True)[:1]
-        ids[:0] = bos
+    ids = raw_tokens(
+        tokenizer,
+        pieces,
+        param="content",
+        room=MAX_TOKENS,
+        overflow=lambda _n_tokens, _at_least: _too_many_tokens("content", "gives"),
+        bos="always" if body.add_special else "never",
+        parse_special=body.parse_special is not False,
+    )
     if body.with_pieces:
         result = wire.Tokens(
             tokens=[wire.TokenPiece(id=t, piece=translate.token_piece(tokenizer.token_bytes(t))) for t in ids]

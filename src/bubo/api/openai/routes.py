@@ -6,16 +6,17 @@ import time
 
 from quart import Blueprint, Response
 
+from bubo.api._chat import translate as chat_translate
+from bubo.api._chat import wire as chat_wire
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
-from bubo.service.chat import prepare_chat, prompt_chars, render_chat_request
+from bubo.service.chat import prepare_chat
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
-from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .stream import ChatStream, CompletionStream, StreamIdentity
@@ -37,9 +38,9 @@ def _identity(model: str, prefix: str) -> StreamIdentity:
 async def chat_completions() -> Response:
     """Chat, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
+    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
     runtime.check_model(body.model)
-    prepared = await prepare_chat(runtime, translate.chat_request(body))
+    prepared = await prepare_chat(runtime, chat_translate.chat_request(body))
     identity = _identity(body.model or runtime.model_id, "chatcmpl-")
     logprobs = bool(body.logprobs)
     if body.stream:
@@ -117,21 +118,6 @@ def model_list(runtime: Runtime) -> wire.ModelList:
             for name in runtime.model_names
         ]
     )
-
-
-@blueprint.post("/apply-template")
-async def apply_template() -> Response:
-    """llama-server's ``/apply-template``: the chat body rendered as prompt text; no model needed."""
-    runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.ChatCompletionRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    chat = translate.chat_request(body)
-    rendered = await runtime.workers.run(
-        lambda: render_chat_request(runtime, chat),
-        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
-    )
-    return json_response({"prompt": rendered.text})
 
 
 @blueprint.get("/v1/models")
