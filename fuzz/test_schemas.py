@@ -11,7 +11,9 @@ accepts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -145,11 +147,26 @@ FIELDS = ["response_format", "chat tool", "text.format", "responses tool", "outp
 
 
 async def _case(app: QuartTrio, case: tuple[str, tuple[str, Any, str]]) -> tuple[str, int, str, bytes]:
+    """One schema in one field; the fake engine's answer breaking the schema reads as an answer.
+
+    The fake engine replays its script whatever the grammar, so an accepted schema may
+    get a reply that does not match it: the server's documented answer to a model that
+    broke its schema is a 500 ``output_schema_mismatch`` (docs/structured-output.md),
+    which is what the schema fuzz must accept as "an answer".  Any other 5xx still fails.
+    """
     field, description = case
     path, body = _placed(build(*description), field)
     client = app.test_client()
     response = await client.post(path, json=body)
-    return path, response.status_code, response.headers.get("Content-Type", ""), await response.get_data()
+    status, data = response.status_code, await response.get_data()
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR and _error_code(data) == "output_schema_mismatch":
+        status = HTTPStatus.OK
+    return path, status, response.headers.get("Content-Type", ""), data
+
+
+def _error_code(data: bytes) -> str | None:
+    error = json.loads(data).get("error")
+    return error.get("code") if isinstance(error, dict) else None
 
 
 async def test_hostile_schemas_in_every_field(app: QuartTrio) -> None:
