@@ -1,6 +1,6 @@
 """Per-token Python overhead of Bubo's engine: the decode thread's time outside llama.cpp.
 
-Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--streams 1,4] [--model PATH]
+Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--streams 1,4] [--threads 2] [--model PATH]
 
 Runs the real engine in-process with 4 slots (``--parallel 4``, the server's
 default), as the server does: one decode thread, each generation's events
@@ -110,10 +110,10 @@ async def one_round(engine: Any, prompts: list[tuple[int, ...]], tokens: int) ->
     }
 
 
-async def main_async(model: Path, tokens: int, rounds: int, streams: list[int]) -> None:
+async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], threads: int) -> None:
     tokenizer = build_hf_tokenizer(read_metadata(model))
     options = LlamaOptions(
-        model_path=model, n_ctx=4096, n_threads=2, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
+        model_path=model, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
     )
     engine = await trio.to_thread.run_sync(load_llama_engine, options)
     try:
@@ -136,12 +136,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--streams", default="1,4", help="comma-separated numbers of concurrent streams")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
     streams = [int(n) for n in args.streams.split(",")]
     if any(n < 1 or n > SLOTS for n in streams):
         parser.error(f"--streams: each between 1 and {SLOTS}")
-    trio.run(main_async, args.model or default_model_path(), args.tokens, args.rounds, streams)
+    trio.run(main_async, args.model or default_model_path(), args.tokens, args.rounds, streams, args.threads)
 
 
 if __name__ == "__main__":

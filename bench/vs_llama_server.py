@@ -31,6 +31,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -133,9 +134,9 @@ def _with_text(
     return run(client, text)
 
 
-def server_specs(binary: str, model: str) -> dict[str, servers.ServerSpec]:
+def server_specs(binary: str, model: str, threads: int) -> dict[str, servers.ServerSpec]:
     """Every server a scenario may name."""
-    common = {"model": model, "threads": THREADS, "ctx": CTX}
+    common = {"model": model, "threads": threads, "ctx": CTX}
     return {
         "llama-server": servers.llama_server(binary, **common),
         "llama-server-np4": servers.llama_server(binary, **common, parallel=SLOTS, name="llama-server-np4"),
@@ -189,7 +190,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write every measurement here")
     parser.add_argument("--only", default=None, help="comma-separated scenarios (default: all)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
+    parser.add_argument("--threads", type=int, default=THREADS, help="each server's -t and -tb")
     args = parser.parse_args()
+    # stopped from outside (a timeout): unwind, so that every server started is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from bubo.config import default_model_path  # noqa: PLC0415
 
@@ -200,14 +204,14 @@ def main() -> None:
         parser.error(f"unknown scenarios {', '.join(unknown)}; choose from {', '.join(table)}")
     binary = servers.llama_server_binary(args.llama_server)
     plan = {name: build() for name, build in table.items() if name in only}
-    every_spec = server_specs(binary, model)
+    every_spec = server_specs(binary, model, args.threads)
     needed = {server for scenario in plan.values() for server in scenario.servers}
     specs = [spec for name, spec in every_spec.items() if name in needed]
     with tempfile.TemporaryDirectory(prefix="bubo-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
         measured = run_all(specs, plan, args.rounds, logs)
-    report(measured, model)
+    report(measured, model, args.threads)
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "model": model, "runs": measured}, indent=2))
 
@@ -252,9 +256,9 @@ def _median(values: list[Value]) -> float | None:
     return _stat(values, statistics.median)
 
 
-def report(measured: dict[str, dict[str, list[Value]]], model: str) -> None:
+def report(measured: dict[str, dict[str, list[Value]]], model: str, threads: int) -> None:
     bubo = measured.get("bubo", {})
-    print(f"\nmodel {Path(model).name}, ctx {CTX}, threads {THREADS}, Bubo --parallel {SLOTS}")
+    print(f"\nmodel {Path(model).name}, ctx {CTX}, threads {threads}, Bubo --parallel {SLOTS}")
     print(f"{'scenario':30} {'reference':>17} {'value':>8} {'bubo':>8} {'bubo/ref':>9}")
     for label, key, reference, stat in ROWS:
         ours, theirs = _stat(bubo.get(key, []), stat), _stat(measured.get(reference, {}).get(key, []), stat)
