@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -194,27 +195,51 @@ def count_tokens(client: httpx.Client, text: str, repeats: int = 20) -> dict[str
     return {"count_tokens_ms": statistics.median(times) * 1000, "counted": response.json()["input_tokens"]}
 
 
-def concurrent_streams(client: httpx.Client, streams: int = 4, n_tokens: int = 128) -> dict[str, float]:
-    """*streams* chat streams at once, each *n_tokens* long: total throughput and TTFT p50."""
+STREAM_TOKENS = 128  # each concurrent stream's length
 
-    def one(index: int) -> StreamResult:
-        body = chat_body(
-            f"You are storyteller number {index} ({uuid.uuid4().hex}).",
-            [_user(f"Tell story {index} about a lighthouse.")],
+
+def parallel_streams(
+    client: httpx.Client, eog: tuple[int, ...], streams: int, n_tokens: int = STREAM_TOKENS
+) -> dict[str, float | list[float]]:
+    """*streams* chat streams sent at once, distinct prompts, each exactly *n_tokens* long.
+
+    The end-of-generation tokens get a logit bias of -100 (the OpenAI field both
+    servers honour; llama-server's own ``ignore_eos`` does the same), so every
+    stream generates its whole length on both servers and the work is the same.
+    Returns the total throughput (all generated tokens over the wall time from
+    the moment every request is sent to the last stream's end), each stream's
+    time to first token (a list, pooled over rounds for percentiles), and the
+    fewest tokens a stream made (to check the length really was reached).
+    """
+    nonce = uuid.uuid4().hex  # no server's cache holds these prompts
+    bias = {str(token): -100 for token in eog}
+    bodies = [
+        chat_body(
+            f"You are storyteller number {index} ({nonce}).",
+            [_user(f"Tell story {index} about a lighthouse, going on from this: {prose(60, seed=index)}")],
             n_tokens,
-            ignore_eos=True,
+            logit_bias=bias,
         )
+        for index in range(streams)
+    ]
+    go = threading.Barrier(streams + 1)
+
+    def one(body: dict) -> StreamResult:
         with httpx.Client(base_url=str(client.base_url)) as own:
+            go.wait()
             return stream(own, "/v1/chat/completions", body)
 
-    started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(one, range(streams)))
+        futures = [pool.submit(one, body) for body in bodies]
+        go.wait()
+        started = time.perf_counter()
+        results = [future.result() for future in futures]
     wall = time.perf_counter() - started
     tokens = sum(r.n_tokens for r in results)
     return {
-        "concurrent_tok_s": tokens / wall,
-        "concurrent_ttft_p50_s": statistics.median(r.ttft_s for r in results),
+        f"streams{streams}_tok_s": tokens / wall,
+        f"streams{streams}_ttft_s": [r.ttft_s for r in results],
+        f"streams{streams}_min_tokens": min(r.n_tokens for r in results),
     }
 
 

@@ -109,26 +109,42 @@ def llama_server_binary(explicit: str | None) -> str:
 
 
 def llama_server(
-    binary: str, model: str, *, threads: int, ctx: int, extra: Sequence[str] = (), name: str = "llama-server"
+    binary: str,
+    model: str,
+    *,
+    threads: int,
+    ctx: int,
+    parallel: int = 1,
+    extra: Sequence[str] = (),
+    name: str = "llama-server",
 ) -> ServerSpec:
-    """llama-server with one slot, Bubo's context and threads, on ``{port}``."""
+    """llama-server with Bubo's context and threads on ``{port}``: *parallel* slots sharing the context.
+
+    More than one slot gets ``-kvu`` (one KV cache of *ctx* tokens for all of
+    them, as Bubo's default ``--kv-unified``); one slot is llama-server's
+    single-user setup.
+    """
+    slots = ("-np", str(parallel), *(("-kvu",) if parallel > 1 else ()))
     return ServerSpec(
         name=name,
         command=(
             binary, "-m", model, "--host", "127.0.0.1", "--port", "{port}",
-            "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "-np", "1", "--metrics",
+            "-c", str(ctx), "-t", str(threads), "-tb", str(threads), *slots, "--metrics",
             *extra,
         ),
     )  # fmt: skip
 
 
-def bubo(model: str, *, threads: int, ctx: int, extra: Sequence[str] = (), name: str = "bubo") -> ServerSpec:
-    """``bubo serve`` with the same model, context and threads, on ``{port}``."""
+def bubo(
+    model: str, *, threads: int, ctx: int, parallel: int, extra: Sequence[str] = (), name: str = "bubo"
+) -> ServerSpec:
+    """``bubo serve`` with the same model, context and threads and *parallel* slots, on ``{port}``."""
     return ServerSpec(
         name=name,
         command=(
             sys.executable, "-m", "bubo", "serve", "-m", model, "--host", "127.0.0.1", "--port", "{port}",
-            "-c", str(ctx), "-t", str(threads), "--log-level", "warning", *extra,
+            "-c", str(ctx), "-t", str(threads), "--parallel", str(parallel), "--log-level", "warning",
+            *extra,
         ),
         ready_path="/ready",
     )  # fmt: skip

@@ -1,12 +1,20 @@
-"""Per-token Python overhead of Bubo's engine: time outside llama.cpp per generated token.
+"""Per-token Python overhead of Bubo's engine: the decode thread's time outside llama.cpp.
 
-Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--model PATH]
+Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--streams 1,4] [--threads 2] [--model PATH]
 
-Runs the real engine in-process, as the server does (a trio worker thread
-feeding a memory channel that a trio task drains), with ``llama_decode`` and
-``llama_sampler_sample`` wrapped in timers.  What is left of the generation's
-wall time per token is Bubo's own work: the loop, stop strings, events, the
-hand-over to trio.  Drafting is off so that every step is one ``llama_decode``.
+Runs the real engine in-process with 4 slots (``--parallel 4``, the server's
+default), as the server does: one decode thread, each generation's events
+handed to a trio task that drains them.  ``llama_decode`` and
+``llama_sampler_sample`` are wrapped in timers that note when each call began
+and ended.  With *n* streams generating at once every step is one
+``llama_decode`` of *n* tokens; the time between one step's ``llama_decode``
+returning and the next one's starting, less the sampling in it, is Bubo's own
+work for the step: building the batch, taking each token, stop strings,
+events, the hand-over to trio (and waiting for the GIL while trio runs).
+Divided by *n* it is the overhead per token per sequence.  Only steps where
+every stream is generating count (not the prompts' steps, nor the last
+stream's end).  Drafting is off so that every step decodes one token per
+stream.
 """
 
 from __future__ import annotations
@@ -22,22 +30,29 @@ import llama_cpp
 import trio
 
 from bubo.config import default_model_path
-from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
+from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.domain.sampling import SamplingParams
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.model.gguf import read_metadata
 from bubo.tokenizer.hf import build_hf_tokenizer
 
-STORY = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+SLOTS = 4
 
 
-class Timed:
-    """Wraps a llama_cpp function, summing the seconds spent in it."""
+def story(index: int) -> str:
+    return (
+        f"<|im_start|>user\nWrite a long story about lighthouse keeper number {index}.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+class Calls:
+    """Wraps a llama_cpp function, noting when each call began and ended (and its batch's size)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.original: Callable[..., Any] = getattr(llama_cpp, name)
-        self.seconds = 0.0
+        self.spans: list[tuple[float, float, int]] = []
 
     def __enter__(self) -> Self:
         def timed(*args: Any) -> Any:
@@ -45,7 +60,8 @@ class Timed:
             try:
                 return self.original(*args)
             finally:
-                self.seconds += time.perf_counter() - started
+                size = args[1].n_tokens if self.name == "llama_decode" else 0
+                self.spans.append((started, time.perf_counter(), size))
 
         setattr(llama_cpp, self.name, timed)
         return self
@@ -54,46 +70,63 @@ class Timed:
         setattr(llama_cpp, self.name, self.original)
 
 
-async def one_round(engine: Any, prompt: tuple[int, ...], tokens: int) -> dict[str, float]:
-    request = GenerationRequest(
-        prompt_tokens=prompt, max_new_tokens=tokens, ignore_eos=True, sampling=SamplingParams(temperature=0)
-    )
-    with Timed("llama_decode") as decode, Timed("llama_sampler_sample") as sample:
-        first_at = None
-        n = 0
+async def one_round(engine: Any, prompts: list[tuple[int, ...]], tokens: int) -> dict[str, float]:
+    """*len(prompts)* greedy generations of *tokens* at once; the steps where all of them generate."""
+    n = len(prompts)
+
+    async def generate(prompt: tuple[int, ...]) -> None:
+        request = GenerationRequest(
+            prompt_tokens=prompt,
+            max_new_tokens=tokens,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=0),
+        )
         async with engine.open_generation(request) as events:
             async for event in events:
-                if isinstance(event, TokenGenerated):
-                    n += 1
-                    if first_at is None:
-                        first_at = time.perf_counter()
-                        decode.seconds = sample.seconds = 0.0  # count from the first token on
-                elif isinstance(event, GenerationFinished):
+                if isinstance(event, GenerationFinished):
                     break
-        wall = time.perf_counter() - (first_at or time.perf_counter())
-    steps = n - 1
+
+    with Calls("llama_decode") as decode, Calls("llama_sampler_sample") as sample:
+        async with trio.open_nursery() as nursery:
+            for prompt in prompts:
+                nursery.start_soon(generate, prompt)
+    # consecutive steps where every stream generated one token (not the prompts' steps)
+    pairs = [(a, b) for a, b in zip(decode.spans, decode.spans[1:], strict=False) if a[2] == b[2] == n]
+    gaps, sampling = [], []
+    for (_, ended, _), (next_start, _, _) in pairs:
+        inside = sum(e - s for s, e, _ in sample.spans if ended <= s and e <= next_start)
+        gaps.append(next_start - ended - inside)
+        sampling.append(inside)
+    step_ms = statistics.mean(b[0] - a[0] for a, b in pairs) * 1000
+    python_ms = statistics.mean(gaps) * 1000
     return {
-        "ms_per_token": wall / steps * 1000,
-        "decode_ms": decode.seconds / steps * 1000,
-        "sample_ms": sample.seconds / steps * 1000,
-        "python_ms": (wall - decode.seconds - sample.seconds) / steps * 1000,
+        "ms_per_step": step_ms,
+        "decode_ms": statistics.mean(a[1] - a[0] for a, _ in pairs) * 1000,
+        "sample_ms": statistics.mean(sampling) * 1000,
+        "python_ms_per_step": python_ms,
+        "python_ms_per_token_per_seq": python_ms / n,
+        "tok_s": n * 1000 / step_ms,
+        "steps": len(gaps),
     }
 
 
-async def main_async(model: Path, tokens: int, rounds: int) -> None:
+async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], threads: int) -> None:
     tokenizer = build_hf_tokenizer(read_metadata(model))
-    prompt = tuple(tokenizer.encode(STORY))
-    options = LlamaOptions(model_path=model, n_ctx=4096, n_threads=2, drafting=DraftOptions(draft_max=0))
+    options = LlamaOptions(
+        model_path=model, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
+    )
     engine = await trio.to_thread.run_sync(load_llama_engine, options)
     try:
-        await one_round(engine, prompt, 8)  # warm up
-        results = [await one_round(engine, prompt, tokens) for _ in range(rounds)]
+        for n in streams:
+            prompts = [tuple(tokenizer.encode(story(i))) for i in range(n)]
+            await one_round(engine, prompts, 8)  # warm up
+            results = [await one_round(engine, prompts, tokens) for _ in range(rounds)]
+            print(f"{n} stream(s) x {tokens} tokens, {SLOTS} slots; median of {rounds} rounds:")
+            for key in results[0]:
+                values = [r[key] for r in results]
+                print(f"  {key:28} {statistics.median(values):8.3f}   {[round(v, 3) for v in values]}")
     finally:
         engine.close()
-    print(f"{tokens} tokens, median of {rounds} rounds (ms per generated token):")
-    for key in ("ms_per_token", "decode_ms", "sample_ms", "python_ms"):
-        values = [r[key] for r in results]
-        print(f"  {key:13} {statistics.median(values):7.3f}   {[round(v, 3) for v in values]}")
 
 
 def main() -> None:
@@ -102,9 +135,14 @@ def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--streams", default="1,4", help="comma-separated numbers of concurrent streams")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
-    trio.run(main_async, args.model or default_model_path(), args.tokens, args.rounds)
+    streams = [int(n) for n in args.streams.split(",")]
+    if any(n < 1 or n > SLOTS for n in streams):
+        parser.error(f"--streams: each between 1 and {SLOTS}")
+    trio.run(main_async, args.model or default_model_path(), args.tokens, args.rounds, streams, args.threads)
 
 
 if __name__ == "__main__":
