@@ -148,6 +148,7 @@ def _hardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     command = [
         bubo_command(), "serve", "--port", str(port), "-c", "1024", "--api-key", KEY, "--debug-hooks",
         "--cors-origins", ORIGIN, "--max-body-mib", "1", "--max-queue", "1", "--log-level", "debug",
+        "--parallel", "1",  # one slot: the second generation queues (test_bounded_queue)
     ]  # fmt: skip
     server = start_server(command, port, tmp_path_factory.mktemp("hardened") / "serve.log", api_key=KEY)
     yield server
@@ -382,7 +383,9 @@ class TestShutdown:
         streams (their 200 headers already sent) end with their dialect's error
         event; a queued request without a stream gets a 503.  All say not_ready.
         """
-        server = self.start(tmp_path, "--shutdown-timeout", "1")
+        server = self.start(
+            tmp_path, "--shutdown-timeout", "1", "--parallel", "1"
+        )  # one runs, the rest queue
         base = server.base_url
         chat = {"model": "bubo", "max_tokens": 5000, "messages": [{"role": "user", "content": "Count."}]}
         queued = {

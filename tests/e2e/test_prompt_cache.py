@@ -75,10 +75,16 @@ class TestOpenAIChat:
         assert second["timings"]["prompt_n"] == usage["prompt_tokens"] - second["timings"]["cache_n"]
 
     def test_interleaved_conversations_each_keep_their_prefix(self, http: httpx.Client) -> None:
-        """A, B, A: the third request restores A's snapshot from host RAM."""
-        alpha, beta = system_prompt(), system_prompt()
+        """A, then one more conversation than there are other slots, then A: A's snapshot is restored.
+
+        The least recently used slot goes to each new conversation, so the fifth takes A's
+        slot; A's tokens go to host RAM and come back from there when A returns.
+        """
+        n_slots = len(http.get("/slots").json())
+        alpha = system_prompt()
         chat(http, alpha, "Hello?")
-        chat(http, beta, "Hello?")
+        for _ in range(n_slots):
+            chat(http, system_prompt(), "Hello?")
         usage = chat(http, alpha, "And goodbye?")["usage"]
         assert usage["gufo"]["cache_hit"] is True
         assert usage["gufo"]["cache_restored_bytes"] > 0
