@@ -277,6 +277,8 @@ class LlamaEngine(SlotEngine):
         def on_end(error: BaseException | None) -> None:  # on the decode thread
             if error is not None:
                 failures.append(error)
+            elif sequence.outcome is not None:
+                self._schedule_warm_up(slot, request, sequence.outcome, trio_token)
             _post(trio_token, ended.set)
 
         self._loop.submit(sequence, on_end)
@@ -290,15 +292,17 @@ class LlamaEngine(SlotEngine):
                     await ended.wait()  # the thread lets go of the slot's sequence within one step
         if failures:
             raise failures[0]
-        assert sequence.outcome is not None
-        self._schedule_warm_up(slot, request, sequence.outcome)
 
-    def _schedule_warm_up(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
+    def _schedule_warm_up(
+        self, slot: Slot, request: GenerationRequest, outcome: Outcome, trio_token: trio.lowlevel.TrioToken
+    ) -> None:
         """Evaluate the end of turn the next prompt will start with, once no sequence is active.
 
-        Only after an answer the client will send back as it is (it ended, or hit
+        Called on the decode thread as the generation ends (so a client that
+        leaves right after its last token still gets its next turn warm).  Only
+        after an answer the client will send back as it is (it ended, or hit
         its token limit): then the next turn's prompt continues with the last
-        generated token and the template's end of turn.  A request that takes
+        generated token and the template's end of turn.  A request that uses
         the slot first makes the job stale, and it does nothing.
         """
         if not request.continuation or outcome.cause not in (StopCause.EOS, StopCause.LIMIT):
@@ -311,10 +315,9 @@ class LlamaEngine(SlotEngine):
         if len(cache.tokens) + len(tokens) >= self._context.n_ctx_seq:
             return
         version = cache.version
-        trio_token = trio.lowlevel.current_trio_token()
 
-        def warm_up() -> None:  # on the decode thread
-            if cache.version != version or slot.is_processing:  # another request took the slot
+        def warm_up() -> None:  # on the decode thread, with no sequence active
+            if cache.version != version:  # another request used the slot
                 return
             self._context.decode(tokens, cache.seq_id)
             slot.holds(len(cache.tokens))
