@@ -1,0 +1,57 @@
+"""The queue in front of several slots: requests run side by side, then wait, then are refused."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.service.runtime import GenerationDefaults, Runtime
+
+from .test_cancellation import CHAT, body, wait_for
+
+
+@pytest.fixture(name="fake_engine")
+def _fake_engine(script: FakeScript) -> FakeEngine:
+    return FakeEngine(script=script, n_slots=2)
+
+
+@pytest.fixture(name="make_runtime")
+def _make_runtime(fake_engine: FakeEngine, tokenizer, template):
+    def make() -> Runtime:
+        return Runtime(
+            model_id="smollm2-135m-instruct-q4-1",
+            created=1_800_000_000,
+            engine=fake_engine,
+            tokenizer=tokenizer,
+            template=template,
+            defaults=GenerationDefaults(),
+            max_queue=1,
+        )
+
+    return make
+
+
+async def test_two_run_one_waits_the_next_is_refused(
+    app, script: FakeScript, fake_engine: FakeEngine
+) -> None:
+    script.piece_delay = 0.05
+    client = app.test_client()
+    statuses: list[int] = []
+
+    async def ask() -> None:
+        statuses.append((await client.post(CHAT, data=body(stream=False))).status_code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        nursery.start_soon(ask)
+        await wait_for(lambda: fake_engine.statistics().requests_processing == 2)
+        assert fake_engine.statistics().requests_deferred == 0  # both slots took one
+        nursery.start_soon(ask)
+        await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+        refused = await client.post(CHAT, data=body(stream=True))
+        assert refused.status_code == 503
+        assert (await refused.get_json())["error"]["code"] == "queue_full"
+        assert refused.headers["Retry-After"]
+    assert statuses == [200, 200, 200]
+    assert sorted(fake_engine.slots_used) == [0, 0, 1]
