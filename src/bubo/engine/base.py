@@ -48,8 +48,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Events the producer may run ahead of the consumer: enough to keep the decode
-# thread busy while the trio side encodes, small enough for prompt back-pressure.
+# Events a producer may run ahead of its consumer: the fake engine's bound, which lets
+# tests see a slow client hold its producer; the llama.cpp engine lifts it (engine/llama.py).
 _CHANNEL_BUFFER = 32
 
 
