@@ -36,6 +36,7 @@ async def test_two_run_one_waits_the_next_is_refused(
     app, script: FakeScript, fake_engine: FakeEngine
 ) -> None:
     script.piece_delay = 0.05
+    script.reply = "word " * 20  # a second a request: long enough for the queue to fill
     client = app.test_client()
     statuses: list[int] = []
 
@@ -54,4 +55,4 @@ async def test_two_run_one_waits_the_next_is_refused(
         assert (await refused.get_json())["error"]["code"] == "queue_full"
         assert refused.headers["Retry-After"]
     assert statuses == [200, 200, 200]
-    assert sorted(fake_engine.slots_used) == [0, 0, 1]
+    assert sorted(fake_engine.slots_used[:2]) == [0, 1]  # the third took whichever slot freed first

@@ -360,7 +360,8 @@ class SlotEngine(abc.ABC):
 
     def cache_contents(self) -> CacheContents:
         """What the prompt cache holds (engines with snapshots say more)."""
-        return CacheContents(live_tokens=sum(slot.kv_tokens for slot in self._pool.slots), budget_bytes=0)
+        live = sum(len(slot.cached_tokens()) for slot in self._pool.slots)
+        return CacheContents(live_tokens=live, budget_bytes=0)
 
     async def aclose(self) -> None:
         """Wait until no request runs or waits, then close; later requests are refused."""

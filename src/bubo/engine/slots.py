@@ -52,7 +52,6 @@ class Slot:
     """A copy of the tokens the slot's KV sequence holds (the engine sets it; read for slot choice)."""
     is_processing: bool = False
     id_task: int = -1
-    kv_tokens: int = 0
     prompt_processed: int = 0
     prompt_cached: int = 0
     decoded: int = 0
@@ -103,8 +102,7 @@ class Slot:
         self.totals.draft_accepted += 1
 
     def holds(self, n_tokens: int) -> None:
-        """The slot's KV sequence now holds *n_tokens*."""
-        self.kv_tokens = n_tokens
+        """The slot's KV sequence now holds *n_tokens* (the longest ever held is a total)."""
         self.totals.n_tokens_max = max(self.totals.n_tokens_max, n_tokens)
 
     def statistics(self) -> SlotStatistics:
@@ -114,7 +112,7 @@ class Slot:
             n_ctx=self.n_ctx,
             is_processing=self.is_processing,
             id_task=self.id_task,
-            n_prompt_tokens=self.kv_tokens,
+            n_prompt_tokens=len(self.cached_tokens()),  # read from the cache: evictions show at once
             n_prompt_tokens_processed=self.prompt_processed,
             n_prompt_tokens_cache=self.prompt_cached,
             n_decoded=self.decoded,
