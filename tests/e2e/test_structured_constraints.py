@@ -37,12 +37,24 @@ def test_parse_meets_the_constraints(server: Server, sdk: contextlib.ExitStack, 
     for keyword in ("'minimum'", "'exclusiveMinimum'", "'exclusiveMaximum'", "'multipleOf'", "'uniqueItems'"):
         assert keyword in sent
     oai = sdk.enter_context(openai_client(server))
-    completion = oai.chat.completions.parse(
-        model="bubo",
-        messages=[{"role": "user", "content": "Report a reading: temperature -40, margin 3, price 0.125, "
-                   "batch 7, crates 0, tags owl, owl."}],
-        response_format=Reading, max_tokens=300, temperature=1.0, seed=seed,
-    )  # fmt: skip
+    mismatch: object = None
+    try:
+        completion = oai.chat.completions.parse(
+            model="bubo",
+            messages=[{"role": "user", "content": "Report a reading: temperature -40, margin 3, price 0.125, "
+                       "batch 7, crates 0, tags owl, owl."}],
+            response_format=Reading, max_tokens=300, temperature=1.0, seed=seed,
+        )  # fmt: skip
+    except openai.InternalServerError as error:
+        mismatch = error.body
+    if mismatch is not None:
+        # uniqueItems is the one keyword no grammar can enforce: it is checked on the finished answer,
+        # and a sampled repeat ("owl", "owl": the prompt invites one) is the documented 500. Which seeds
+        # repeat depends on the batch's numbers (the slots share the KV cache), so either outcome may come.
+        assert isinstance(mismatch, dict)
+        assert mismatch["code"] == "output_schema_mismatch"
+        assert "(uniqueItems)" in mismatch["message"]
+        return
     choice = completion.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     reading = choice.message.parsed

@@ -36,17 +36,24 @@ def pool(n: int, *, similarity: float = 0.1) -> SlotPool:
 
 class TestConcurrency:
     async def test_as_many_generations_run_at_once_as_there_are_slots(self, autojump_clock) -> None:
-        engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S), n_slots=3)
+        """Three slots: A, B, C run, D and E wait; D takes the first slot that frees (A's), E the next."""
+        lengths = {"A": "a b", "B": "a b c d", "C": "a b c d e f", "D": "a b c d e f g h", "E": "a b"}
+
+        def reply(req: GenerationRequest) -> str:
+            return lengths.get("ABCDE"[req.prompt_tokens[0]], "a b")
+
+        engine = FakeEngine(script=FakeScript(reply=reply, piece_delay=PIECE_S), n_slots=3)
         log: list[str] = []
         async with trio.open_nursery() as nursery:
-            for name in "ABCDE":
-                nursery.start_soon(generate, engine, request(1, 2), log, name)
+            for index, name in enumerate("ABCDE"):
+                nursery.start_soon(generate, engine, request(index, 9), log, name)
                 await trio.testing.wait_all_tasks_blocked()
             assert log == ["A started", "B started", "C started"]
             assert engine.statistics().requests_processing == 3
             assert engine.statistics().requests_deferred == 2
-        # the queue is served in arrival order as slots free up
-        assert [entry for entry in log if entry.endswith("started")][3:] == ["D started", "E started"]
+        assert log.index("A finished") < log.index("D started") < log.index("B finished")
+        assert log.index("B finished") < log.index("E started") < log.index("C finished")
+        assert engine.slots_used == [0, 1, 2, 0, 1]
 
     async def test_every_slot_shows_its_own_task(self, autojump_clock) -> None:
         engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S), n_slots=2)
