@@ -350,23 +350,7 @@ class TestConstraints:
     def test_integer_bounds_in_llama_cpp(self, engine, bounds, low, high) -> None:
         """llama.cpp's own grammar engine, fed one character token at a time, admits exactly the integers
         in range (a window around the bounds and the lengths' edges) and no other spelling."""
-        schema = {"type": "integer", **bounds}
-        gbnf = engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
-        context = engine._context
-        pieces = {engine.token_piece(token): token for token in range(context.n_vocab)}
-        end = min(engine.info.eog_token_ids)
-
-        def admits(text: str) -> bool:
-            sampler = Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf)
-            try:
-                for char in text:
-                    token = pieces[char.encode()]
-                    if not sampler.allows(token):
-                        return False
-                    sampler.accept(token)
-                return sampler.allows(end)
-            finally:
-                sampler.close()
+        admits = self.admitter(engine, {"type": "integer", **bounds})
 
         edges = {-1000, -100, -10, 0, 10, 100, 1000, low, high, 10**16, -(10**16)}
         for n in sorted({n + step for n in edges for step in range(-12, 13)}):

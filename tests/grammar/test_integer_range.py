@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -12,19 +10,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.engine._grammar import to_gbnf
 from bubo.grammar._integer_range import OPEN_DIGITS, integer_bounds, integer_range
 
-# the GBNF integer_range writes: "literals", [classes], groups, optional groups, alternatives
-_TOKEN = re.compile(r'\s*("[0-9-]*"|\[[0-9]-[0-9]\]|\(|\)\??|\|)')
-
-
-def as_regex(gbnf: str) -> re.Pattern[str]:
-    """The same language as a Python regex; fails on anything outside that subset."""
-    parts, position, gbnf = [], 0, gbnf.strip()
-    while position < len(gbnf):
-        token = _TOKEN.match(gbnf, position)
-        assert token is not None, f"unexpected GBNF at {gbnf[position:]!r}"
-        text, position = token.group(1), token.end()
-        parts.append(re.escape(text[1:-1]) if text.startswith('"') else "(?:" if text == "(" else text)
-    return re.compile("".join(parts))
+from ._gbnf_regex import as_regex
 
 
 def window(low: int, high: int, margin: int = 120) -> set[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from fractions import Fraction
 
 import pytest
@@ -15,19 +14,7 @@ from bubo.grammar._multiples import trie
 from bubo.grammar._number_range import FRACTION_DIGITS, number_bounds, number_range
 from bubo.grammar.numeric import NumericRefused, check_numeric, step
 
-# the GBNF number_range writes: "literals", [classes], {m,n}, groups, optional groups and items, alternatives
-_TOKEN = re.compile(r'\s*("[0-9.-]*"|\[[0-9]-[0-9]\]|\{\d+,\d+\}|\(|\)|\?|\|)')
-
-
-def as_regex(gbnf: str) -> re.Pattern[str]:
-    """The same language as a Python regex; fails on anything outside that subset."""
-    parts, position, gbnf = [], 0, gbnf.strip()
-    while position < len(gbnf):
-        token = _TOKEN.match(gbnf, position)
-        assert token is not None, f"unexpected GBNF at {gbnf[position:]!r}"
-        text, position = token.group(1), token.end()
-        parts.append(re.escape(text[1:-1]) if text.startswith('"') else "(?:" if text == "(" else text)
-    return re.compile("".join(parts))
+from ._gbnf_regex import as_regex
 
 
 def spellings(units: int, digits: int) -> list[str]:
