@@ -18,10 +18,11 @@ import trio
 from quart_trio import QuartTrio
 
 from bubo.config import Settings, default_model_path, load_settings
+from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.model import read_metadata
 from bubo.server import create_app
-from bubo.service.runtime import GenerationDefaults, Runtime, Status
+from bubo.service.runtime import Runtime, Status
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import HFTokenizer, build_hf_tokenizer
 

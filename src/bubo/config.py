@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 
 from bubo.domain.addresses import is_loopback
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.sampling import GenerationDefaults
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
     "OPTIONS",
     "ConfigError",
-    "GenerationSettings",
     "ModelSettings",
     "Option",
     "ServerSettings",
@@ -133,20 +133,12 @@ class ModelSettings:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationSettings:
-    """Defaults for requests that do not say otherwise."""
-
-    n_predict: int = -1  # -1: until end of generation or of the context
-    sampling: SamplingParams = attrs.field(factory=SamplingParams)
-
-
-@attrs.frozen(kw_only=True)
 class Settings:
     """Everything configurable, loaded once."""
 
     server: ServerSettings = attrs.field(factory=ServerSettings)
     model: ModelSettings = attrs.field(factory=ModelSettings)
-    generation: GenerationSettings = attrs.field(factory=GenerationSettings)
+    generation: GenerationDefaults = attrs.field(factory=GenerationDefaults)
     log_level: str = "info"
     cache_dir: Path | None = None  # Bubo's own caches (load_settings fills in the default); None: none
 
@@ -434,15 +426,10 @@ def _assign(tree: dict[str, Any], dest: Sequence[str], value: Any) -> None:
 
 
 def _build(tree: Mapping[str, Any]) -> Settings:
-    generation = dict(tree.get("generation", {}))
-    if "sampling" in generation:
-        generation["sampling"] = SamplingParams(**generation["sampling"])
-    return Settings(
-        server=ServerSettings(**tree.get("server", {})),
-        model=ModelSettings(**tree.get("model", {})),
-        generation=GenerationSettings(**generation),
-        **{k: v for k, v in tree.items() if k not in ("server", "model", "generation")},
-    )
+    """The settings tree from already-parsed values; a validator's error propagates as it is."""
+    converter = cattrs.Converter(detailed_validation=False, forbid_extra_keys=True)
+    converter.register_structure_hook(Path, lambda value, _type: value)
+    return converter.structure(tree, Settings)
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path | None:

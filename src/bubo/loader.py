@@ -21,7 +21,7 @@ from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
 from bubo.service.memory import MemoryGuard, SystemMemory
-from bubo.service.runtime import GenerationDefaults, Runtime
+from bubo.service.runtime import Runtime
 from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -117,9 +117,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         engine=engine,
         tokenizer=tokenizer,
         template=template,
-        defaults=GenerationDefaults(
-            n_predict=settings.generation.n_predict, sampling=settings.generation.sampling
-        ),
+        defaults=settings.generation,
         tool_parser=tool_parser,
         default_grammar=default_grammar,
         memory_guard=memory_guard,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
+from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
-from bubo.service.runtime import GenerationDefaults, Runtime
+from bubo.service.runtime import Runtime
 
 from .test_cancellation import CHAT, body, wait_for
 

@@ -10,7 +10,7 @@ import math
 
 import attrs
 
-__all__ = ["LogitBias", "SamplingOverrides", "SamplingParams"]
+__all__ = ["GenerationDefaults", "LogitBias", "SamplingOverrides", "SamplingParams"]
 
 # (token id or text, bias); a text is expanded to its tokens by the service,
 # a bias of -inf bans the token.
@@ -65,6 +65,14 @@ class SamplingOverrides:
     frequency_penalty: float | None = None
     seed: int | None = None
     logit_bias: LogitBias = ()
+
+
+@attrs.frozen(kw_only=True)
+class GenerationDefaults:
+    """What a request gets when it does not say: the server's ``-n`` and sampler flags."""
+
+    n_predict: int = -1  # negative: until end of generation or of the context
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
 
 
 BANNED = -math.inf

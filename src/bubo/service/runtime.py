@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
 from bubo.model import ALIAS
@@ -16,15 +16,7 @@ from bubo.tokenizer import Tokenizer
 from .memory import MemoryGuard
 from .work import Workers
 
-__all__ = ["GenerationDefaults", "Runtime", "ServerState", "Status"]
-
-
-@attrs.frozen(kw_only=True)
-class GenerationDefaults:
-    """What a request gets when it does not say."""
-
-    n_predict: int = -1  # negative: until end of generation or of the context
-    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+__all__ = ["Runtime", "ServerState", "Status"]
 
 
 @attrs.frozen(kw_only=True)
