@@ -290,8 +290,8 @@ class TestReasoning:
             )
         assert (await response.get_json())["prompt"] == "high|True"
 
-    async def test_budget_reaches_the_engine(self, thinking_app, fake_engine: FakeEngine) -> None:
-        """Anthropic's budget_tokens becomes a thinking budget for the engine."""
+    async def test_budget_reaches_the_engine(self, thinking_app, fake_engine: FakeEngine, tokenizer) -> None:
+        """Anthropic's budget_tokens becomes a thinking budget, its closing markup in the service's tokens."""
         body = {
             "model": "bubo",
             "max_tokens": 50,
@@ -302,6 +302,7 @@ class TestReasoning:
         budget = fake_engine.requests[-1].thinking_budget
         assert budget is not None
         assert (budget.budget, budget.end_text) == (7, "</think>")
+        assert budget.end_tokens == tuple(tokenizer.encode("\n</think>\n\n"))
 
     @pytest.mark.parametrize(
         ("body", "param"),

@@ -494,7 +494,7 @@ class TestConstraints:
 
     async def test_thinking_budget_inserts_the_end(self, engine, tokenizer) -> None:
         """Inside a started thought, the end marker is inserted after the budget."""
-        budget = ThinkingBudget(budget=4, started=True)
+        budget = ThinkingBudget(budget=4, end_tokens=tuple(tokenizer.encode("\n</think>\n\n")), started=True)
         text, tokens, _ = await run(
             engine,
             GenerationRequest(

@@ -42,13 +42,16 @@ class GrammarSpec:
 
 @attrs.frozen(kw_only=True)
 class ThinkingBudget:
-    """End thinking after ``budget`` generated tokens by inserting ``end_text``.
+    """End thinking after ``budget`` generated tokens by inserting ``end_tokens``.
 
     Applies only once thinking has begun: at once when ``started``, else when
     the output contains ``start_text``; never once ``end_text`` was generated.
+    ``end_tokens`` is the closing markup (``end_text`` on a line of its own) as
+    the service's tokenizer reads it, so the engine inserts what prompts hold.
     """
 
     budget: int
+    end_tokens: tuple[int, ...]
     start_text: str = "<think>"
     end_text: str = "</think>"
     started: bool = False

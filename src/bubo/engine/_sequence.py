@@ -90,7 +90,7 @@ class Sequence:
         self._text = GeneratedText(request.stop)
         self._limit = request.max_new_tokens
         self._time_limit_ms = request.time_limit_ms
-        self._thinking = _ThinkingClock(request.thinking_budget, context.tokenize)
+        self._thinking = _ThinkingClock(request.thinking_budget)
         self._lookup: PromptLookup | None = None
         self._proposal: ProposalTracker | None = None
         self._forced: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
@@ -374,9 +374,8 @@ class Sequence:
 class _ThinkingClock:
     """Counts thinking tokens and says when to insert the end of thinking (``ThinkingBudget``)."""
 
-    def __init__(self, spec: ThinkingBudget | None, tokenize: Callable[[str], tuple[int, ...]]) -> None:
+    def __init__(self, spec: ThinkingBudget | None) -> None:
         self._spec = spec
-        self._tokenize = tokenize
         self._thinking = spec is not None and spec.started
         self._over = spec is None
         self._count = 0
@@ -396,4 +395,4 @@ class _ThinkingClock:
         if self._count < self._spec.budget:
             return ()
         self._over = True
-        return self._tokenize("\n" + self._spec.end_text + "\n\n")
+        return self._spec.end_tokens

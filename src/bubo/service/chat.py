@@ -95,7 +95,13 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
         checked,
         grammar=grammar,
         thinking_budget=(
-            ThinkingBudget(budget=budget, started=inside, start_text=THINK_OPEN, end_text=THINK_CLOSE)
+            ThinkingBudget(
+                budget=budget,
+                end_tokens=tuple(runtime.tokenizer.encode(f"\n{THINK_CLOSE}\n\n")),
+                started=inside,
+                start_text=THINK_OPEN,
+                end_text=THINK_CLOSE,
+            )
             if budget is not None and thinking
             else None
         ),
