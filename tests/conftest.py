@@ -22,7 +22,7 @@ from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.model import read_metadata
 from bubo.server import create_app
-from bubo.service.runtime import Runtime, Status
+from bubo.service.runtime import Runtime
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import HFTokenizer, build_hf_tokenizer
 
@@ -92,10 +92,8 @@ async def wait_until_ready(app: QuartTrio) -> None:
     """Wait (bounded) for the background loader to finish."""
     from bubo.api._context import EXTENSION_KEY
 
-    state = app.extensions[EXTENSION_KEY].state
     with trio.fail_after(10):
-        while state.status is Status.LOADING:
-            await trio.sleep(0.01)
+        await app.extensions[EXTENSION_KEY].state.first_load_settled.wait()
 
 
 @pytest.fixture(name="app")

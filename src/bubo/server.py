@@ -301,15 +301,15 @@ async def _serve_model(
     try:
         runtime = await _load(settings, load, progress)
     except Exception as error:
-        state.status = Status.FAILED
         state.failure = str(error)
+        state.settle(Status.FAILED)
         expected = isinstance(error, BuboError | GGUFError | OSError)
         logger.critical("the model failed to load: %s", error, exc_info=not expected)
         on_load_failure()
         return
     while True:
         state.runtime = runtime
-        state.status = Status.READY
+        state.settle(Status.READY)
         await runtime.engine.wait_retired()  # closed (shutdown) or lost
         if not runtime.engine.lost:
             return

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import trio
 
 from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.engine.stats import EngineStatistics
 from bubo.server import drain
 
 from .._asgi import exchange
@@ -20,10 +22,10 @@ def body(stream: bool) -> bytes:
     ).encode()
 
 
-async def wait_for(predicate) -> None:
+async def wait_for(engine: FakeEngine, condition: Callable[[EngineStatistics], bool]) -> None:
+    """Wait (bounded) until *condition* holds for the engine's statistics: woken by each change."""
     with trio.fail_after(5):
-        while not predicate():
-            await trio.sleep(0.005)
+        await engine.wait_until(condition)
 
 
 class TestDisconnect:
@@ -38,7 +40,7 @@ class TestDisconnect:
             await connection.receive_chunk()  # first word
             assert fake_engine.statistics().requests_processing == 1
             await connection.disconnect()
-        await wait_for(lambda: fake_engine.statistics().requests_processing == 0)
+        await wait_for(fake_engine, lambda s: s.requests_processing == 0)
         assert fake_engine.cancelled == 1
         assert fake_engine.statistics().slots[0].n_decoded < 500
 
@@ -49,9 +51,9 @@ class TestDisconnect:
         script.reply = "word " * 500
         script.piece_delay = 0.01
         async with exchange(app.app, CHAT, body(stream=False)) as connection:
-            await wait_for(lambda: fake_engine.statistics().slots[0].n_decoded >= 3)
+            await wait_for(fake_engine, lambda s: s.slots[0].n_decoded >= 3)
             await connection.disconnect()
-        await wait_for(lambda: fake_engine.statistics().requests_processing == 0)
+        await wait_for(fake_engine, lambda s: s.requests_processing == 0)
         assert fake_engine.cancelled == 1
 
     async def test_the_next_request_is_served_after_a_disconnect(self, app, script: FakeScript):
@@ -81,11 +83,11 @@ class TestQueue:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask, "a")
-            await wait_for(lambda: fake_engine.statistics().requests_processing == 1)
+            await wait_for(fake_engine, lambda s: s.requests_processing == 1)
             nursery.start_soon(ask, "b")
-            await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+            await wait_for(fake_engine, lambda s: s.requests_deferred == 1)
             nursery.start_soon(ask, "c")
-            await wait_for(lambda: fake_engine.statistics().requests_deferred == 2)
+            await wait_for(fake_engine, lambda s: s.requests_deferred == 2)
         assert order == ["a:reply 1 of three", "b:reply 2 of three", "c:reply 3 of three"]
 
     async def test_a_queued_client_leaving_does_not_touch_the_running_one(
@@ -103,11 +105,11 @@ class TestQueue:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(running)
-            await wait_for(lambda: fake_engine.statistics().requests_processing == 1)
+            await wait_for(fake_engine, lambda s: s.requests_processing == 1)
             async with exchange(app.app, CHAT, body(stream=False)) as queued:
-                await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+                await wait_for(fake_engine, lambda s: s.requests_deferred == 1)
                 await queued.disconnect()
-            await wait_for(lambda: fake_engine.statistics().requests_deferred == 0)
+            await wait_for(fake_engine, lambda s: s.requests_deferred == 0)
         assert results == ["word " * 40]
         assert len(fake_engine.requests) == 1
         assert fake_engine.cancelled == 0
@@ -157,7 +159,7 @@ class TestShutdownDeadline:
                         raws[path + " status"] = str(queued.status).encode()
 
                 nursery.start_soon(read)
-            await wait_for(lambda: fake_engine.statistics().requests_deferred == 3)
+            await wait_for(fake_engine, lambda s: s.requests_deferred == 3)
             await drain(app.app, grace_s=0.05)
             raws[CHAT] = await running.read_all()
         assert fake_engine.statistics().requests_processing == 0

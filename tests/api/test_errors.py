@@ -210,11 +210,12 @@ class TestNotReady:
         """While the model loads, /ready and POSTs are 503 not_ready; /health is 200."""
         import trio
 
-        release = trio.Event()
+        release, loading = trio.Event(), trio.Event()
         loaded = []
 
         def slow_load(_settings, progress):
             progress(0.5)
+            trio.from_thread.run_sync(loading.set)
             trio.from_thread.run(release.wait)
             loaded.append(True)
             return make_runtime()
@@ -222,7 +223,7 @@ class TestNotReady:
         app = create_app(load_settings({}, environ={}), load=slow_load, on_load_failure=lambda: None)
         async with app.test_app() as test_app:
             client = test_app.test_client()
-            await trio.sleep(0.05)
+            await loading.wait()
             ready = await client.get("/ready")
             assert ready.status_code == 503
             assert (await ready.get_json())["error"]["code"] == "not_ready"

@@ -115,8 +115,7 @@ class TestOffTheEventLoop:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(heavy)
             with trio.fail_after(30):
-                while not held.started.is_set():
-                    await trio.sleep(0.001)
+                await trio.to_thread.run_sync(held.started.wait, 30)
             health = await client.get("/health")
             answered_while_held = not held.finished.is_set()
             held.release.set()

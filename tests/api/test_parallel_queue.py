@@ -47,10 +47,10 @@ async def test_two_run_one_waits_the_next_is_refused(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
         nursery.start_soon(ask)
-        await wait_for(lambda: fake_engine.statistics().requests_processing == 2)
+        await wait_for(fake_engine, lambda s: s.requests_processing == 2)
         assert fake_engine.statistics().requests_deferred == 0  # both slots took one
         nursery.start_soon(ask)
-        await wait_for(lambda: fake_engine.statistics().requests_deferred == 1)
+        await wait_for(fake_engine, lambda s: s.requests_deferred == 1)
         refused = await client.post(CHAT, data=body(stream=True))
         assert refused.status_code == 503
         assert (await refused.get_json())["error"]["code"] == "queue_full"

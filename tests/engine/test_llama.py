@@ -309,8 +309,7 @@ class TestCancellation:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(first)
             with trio.fail_after(5):
-                while engine.statistics().requests_processing == 0:
-                    await trio.sleep(0.001)
+                await engine.wait_until(lambda statistics: statistics.requests_processing == 1)
             with trio.move_on_after(0.05):
                 async with engine.open_generation(running):
                     pytest.fail("the queued request must not get the slot while the first runs")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
@@ -235,6 +235,14 @@ class SlotEngine(abc.ABC):
     async def wait_idle(self) -> None:
         """Return once no request runs or waits for a slot."""
         await self._pool.wait_idle()
+
+    async def wait_until(self, condition: Callable[[EngineStatistics], bool]) -> None:
+        """Return once *condition* holds for :meth:`statistics`.
+
+        It is checked whenever a request joins or leaves the queue or a slot
+        changes hands (and, in the fake engine, after each generated piece).
+        """
+        await self._pool.wait_until(lambda: condition(self.statistics()))
 
     def _check_usable(self) -> None:
         if self._lost.is_set():

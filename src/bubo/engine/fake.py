@@ -156,6 +156,7 @@ class FakeEngine(SlotEngine):
             await trio.sleep(script.piece_delay)
             n += 1
             slot.generated()
+            self._pool.changed()
             released = text.feed(piece)
             last = index == len(pieces) - 1 or at_limit()
             if last and text.matched is None:

@@ -138,6 +138,7 @@ class SlotPool:
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._idle = trio.Event()
         self._idle.set()
+        self._changes = trio.lowlevel.ParkingLot()
 
     @property
     def waiting(self) -> int:
@@ -176,6 +177,15 @@ class SlotPool:
         """Return once no slot is held and no request waits."""
         await self._idle.wait()
 
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Return once *condition* holds; it is checked again at each :meth:`changed`."""
+        while not condition():
+            await self._changes.park()
+
+    def changed(self) -> None:
+        """Wake :meth:`wait_until`: the queue, a slot's holder or a slot's counters changed."""
+        self._changes.unpark_all()
+
     def _dispatch(self) -> None:
         for waiter in list(self._waiters):
             if len(self._held) == len(self.slots):
@@ -189,6 +199,7 @@ class SlotPool:
             waiter.ready.set()
         if not self._held and not self._waiters:
             self._idle.set()
+        self.changed()
 
     def _choose(self, waiter: _Waiter) -> Slot | None:
         free = [slot for slot in self.slots if slot.id not in self._held]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 import attrs
+import trio
 
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
@@ -87,6 +88,12 @@ class ServerState:
     load_progress: float = 0.0
     failure: str | None = None
     stopping: bool = False  # a shutdown signal arrived: admit nothing new
+    first_load_settled: trio.Event = attrs.field(factory=trio.Event)  # READY or FAILED once
+
+    def settle(self, status: Status) -> None:
+        """Leave loading for *status* (``READY`` or ``FAILED``)."""
+        self.status = status
+        self.first_load_settled.set()
 
     @property
     def readiness(self) -> str:
