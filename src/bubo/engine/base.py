@@ -19,11 +19,13 @@ from __future__ import annotations
 import abc
 import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
@@ -34,10 +36,12 @@ from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
 __all__ = [
     "CacheContents",
+    "EmbeddingModel",
     "Engine",
     "EngineCounters",
     "EngineFailure",
     "EngineStatistics",
+    "FimTokens",
     "GrammarRejected",
     "ModelInfo",
     "RepackDecision",
@@ -82,6 +86,21 @@ class RepackDecision:
 
 
 @attrs.frozen(kw_only=True)
+class FimTokens:
+    """The vocabulary's fill-in-the-middle tokens (llama.cpp's ``llama_vocab_fim_*``); ``None``: absent.
+
+    ``pre``, ``suf`` and ``mid`` frame the gap; ``rep`` (repository name) and
+    ``sep`` (file separator) frame the extra context files of repo-level FIM.
+    """
+
+    pre: int
+    suf: int
+    mid: int
+    rep: int | None = None
+    sep: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ModelInfo:
     """What is known about the loaded model (feeds ``/props``, ``/v1/models``)."""
 
@@ -97,6 +116,8 @@ class ModelInfo:
     description: str  # e.g. "llama ?B Q4_1"
     eog_token_ids: frozenset[int]
     repack: RepackDecision
+    n_batch: int = 2048  # tokens one llama_decode takes (the context's --batch-size)
+    fim: FimTokens | None = None  # None: the vocabulary has no fill-in-the-middle tokens
 
 
 @attrs.frozen(kw_only=True)
@@ -117,8 +138,36 @@ class CacheContents:
     snapshots: tuple[SnapshotInfo, ...] = ()
 
 
+class EmbeddingModel(Protocol):
+    """Token ids to embeddings, blocking (call from a worker thread); see ``engine/_embedder.py``."""
+
+    @property
+    def pooling(self) -> str:
+        """llama.cpp's pooling: ``none`` (a vector per token), ``mean``, ``cls``, ``last`` or ``rank``."""
+        ...
+
+    @property
+    def n_tokens(self) -> int:
+        """The most tokens one input may have."""
+        ...
+
+    @property
+    def n_embd(self) -> int:
+        """The length of each vector."""
+        ...
+
+    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Shape ``(n_embd,)`` when pooled, ``(len(tokens), n_embd)`` with ``none``."""
+        ...
+
+
 class Engine(Protocol):
     """What the service layer needs from a decode engine."""
+
+    @property
+    def embedder(self) -> EmbeddingModel | None:
+        """The embedding model (``--embeddings``), or None when embeddings are not served."""
+        ...
 
     @property
     def info(self) -> ModelInfo:
@@ -188,6 +237,8 @@ class SlotEngine(abc.ABC):
 
     # Events the producer may run ahead of the consumer (an engine may lift the bound).
     channel_buffer: float = _CHANNEL_BUFFER
+    # The embedding model, where the engine serves embeddings (see Engine.embedder).
+    embedder: EmbeddingModel | None = None
 
     def __init__(
         self,

@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import (
@@ -35,7 +37,7 @@ from ._stops import GeneratedText
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine
 from .slots import Slot, common_prefix
 
-__all__ = ["FakeEngine", "fake_model_info"]
+__all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
 
 _PIECES = re.compile(r"\s*\S+|\s+")
 
@@ -70,6 +72,39 @@ class FakeScript:
     fail_after: int | None = None  # raise EngineFailure after this many pieces
 
 
+@attrs.define
+class FakeEmbedder:
+    """Embeddings without weights: each token id stands for a fixed random vector, pooled as llama.cpp pools.
+
+    Texts that share tokens get close vectors, as a real model's pooled states do.
+    """
+
+    pooling: str = "mean"
+    n_tokens: int = 512
+    n_embd: int = 64
+    inputs: list[tuple[int, ...]] = attrs.field(factory=list)  # every input embedded, in order
+
+    def _vector(self, token: int) -> npt.NDArray[np.float32]:
+        return np.random.default_rng(token).standard_normal(self.n_embd).astype(np.float32)
+
+    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Like :meth:`bubo.engine._embedder.Embedder.embed`."""
+        if not 0 < len(tokens) <= self.n_tokens:
+            raise EngineFailure(f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}")
+        self.inputs.append(tuple(tokens))
+        rows = np.array([self._vector(token) for token in tokens])
+        match self.pooling:
+            case "none":
+                return rows
+            case "cls":
+                return rows[0]
+            case "last":
+                return rows[-1]
+            case "rank":
+                return rows.mean(axis=0)[:1]
+        return rows.mean(axis=0)
+
+
 class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time."""
 
@@ -80,8 +115,10 @@ class FakeEngine(SlotEngine):
         *,
         n_slots: int = 1,
         similarity: float = 0.1,
+        embedder: FakeEmbedder | None = None,
     ) -> None:
         super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity)
+        self.embedder = embedder
         self.script = script or FakeScript()
         self.requests: list[GenerationRequest] = []
         self.slots_used: list[int] = []  # the slot each request ran in, in order

@@ -1,3 +1,5 @@
-"""llama-server: /completion, /apply-template, /tokenize, /detokenize, /props, /slots, /metrics."""
+"""llama-server: /completion, /apply-template, /tokenize, /detokenize, /props, /slots, /metrics, /infill, /embedding."""
 
+from . import embedding as embedding
+from . import infill as infill
 from .routes import blueprint as blueprint
