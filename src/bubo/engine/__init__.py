@@ -14,5 +14,7 @@ from .base import FimTokens as FimTokens
 from .base import GrammarRejected as GrammarRejected
 from .base import ModelInfo as ModelInfo
 from .base import RepackDecision as RepackDecision
+from .base import SlotBusy as SlotBusy
+from .base import SlotFile as SlotFile
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo

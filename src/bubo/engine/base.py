@@ -17,9 +17,11 @@ last event, so every dialect can report it.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
@@ -45,7 +47,9 @@ __all__ = [
     "GrammarRejected",
     "ModelInfo",
     "RepackDecision",
+    "SlotBusy",
     "SlotEngine",
+    "SlotFile",
     "SlotStatistics",
     "SnapshotInfo",
 ]
@@ -61,6 +65,20 @@ class GrammarRejected(InvalidRequest):
     """A grammar (or a JSON schema in it) that llama.cpp cannot convert or parse (400)."""
 
     default_code = "unsupported_schema"
+
+
+class SlotBusy(ServiceUnavailable):
+    """A slot action on a slot a request holds (503, as llama-server answers)."""
+
+    default_code = "slot_busy"
+
+
+@attrs.frozen(kw_only=True)
+class SlotFile:
+    """A slot saved to or restored from a file: its tokens and the file's size."""
+
+    n_tokens: int
+    n_bytes: int
 
 
 class EngineFailure(InternalError):
@@ -211,6 +229,35 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Wait until no request runs or waits, then free the model; the engine is unusable afterwards."""
+        ...
+
+    async def save_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """Write idle slot *slot_id*'s KV state and tokens to *path*.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+            EngineFailure: the file could not be written.
+
+        """
+        ...
+
+    async def restore_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """Replace idle slot *slot_id*'s KV state with the one saved in *path*.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+            EngineFailure: the file could not be read (the slot is then empty).
+
+        """
+        ...
+
+    async def erase_slot(self, slot_id: int) -> int:
+        """Empty idle slot *slot_id*'s KV sequence; return how many tokens it held.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+
+        """
         ...
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
@@ -381,6 +428,46 @@ class SlotEngine(abc.ABC):
         self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
     ) -> None:
         """Run one generation while *slot* is held."""
+
+    # ---- slot files: each action holds the idle slot, so no generation starts in it meanwhile ----
+
+    async def save_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """See :meth:`Engine.save_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._save_slot(slot, path)
+
+    async def restore_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """See :meth:`Engine.restore_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._restore_slot(slot, path)
+
+    async def erase_slot(self, slot_id: int) -> int:
+        """See :meth:`Engine.erase_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._erase_slot(slot)
+
+    @contextlib.contextmanager
+    def _holding(self, slot_id: int) -> Iterator[Slot]:
+        self._check_usable()
+        slot = self._pool.try_hold(slot_id)
+        if slot is None:
+            raise SlotBusy(f"slot {slot_id} is busy with a request; retry once it is idle")
+        try:
+            yield slot
+        finally:
+            self._pool.release(slot)
+
+    @abc.abstractmethod
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """Write the held, idle *slot*'s state to *path*."""
+
+    @abc.abstractmethod
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """Load *path* into the held, idle *slot*."""
+
+    @abc.abstractmethod
+    async def _erase_slot(self, slot: Slot) -> int:
+        """Empty the held, idle *slot*; return the tokens it held."""
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the totals and of every slot."""

@@ -10,9 +10,11 @@ works as on the real engine.  Never imports ``llama_cpp``.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -34,7 +36,7 @@ from bubo.domain.generation import (
 )
 
 from ._stops import GeneratedText
-from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine
+from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
 from .slots import Slot, common_prefix
 
 __all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
@@ -229,6 +231,25 @@ class FakeEngine(SlotEngine):
                 ),
             )
         )
+
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """The slot's tokens, as JSON (the fake has no KV state)."""
+        tokens = list(self._kv.get(slot.id, ()))
+        path.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
+        return SlotFile(n_tokens=len(tokens), n_bytes=path.stat().st_size)
+
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
+        self._kv.pop(slot.id, None)
+        try:
+            tokens = tuple(json.loads(path.read_text(encoding="utf-8"))["fake_slot"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
+        self._kv[slot.id] = tokens
+        return SlotFile(n_tokens=len(tokens), n_bytes=path.stat().st_size)
+
+    async def _erase_slot(self, slot: Slot) -> int:
+        return len(self._kv.pop(slot.id, ()))
 
     def _words(self, request: GenerationRequest) -> tuple[bytes, ...]:
         reply = self.script.reply(request) if callable(self.script.reply) else self.script.reply

@@ -48,6 +48,7 @@ from .base import (
     ModelInfo,
     RepackDecision,
     SlotEngine,
+    SlotFile,
 )
 from .slots import Slot
 from .stats import EngineCounters
@@ -350,6 +351,36 @@ class LlamaEngine(SlotEngine):
             _post(trio_token, self._idle_failed, failure)
 
         self._loop.schedule_idle(IdleJob(run=warm_up, failed=failed))
+
+    # ---- slot files: run on the decode thread, between two steps of the other slots --------------
+
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        cache = self._context.caches[slot.id]
+
+        def save() -> SlotFile:
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=cache.save_file(path))
+
+        return await trio.to_thread.run_sync(self._loop.call, save)
+
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        cache = self._context.caches[slot.id]
+
+        def restore() -> SlotFile:
+            n_bytes = cache.load_file(path, self._context.n_ctx_seq)
+            slot.holds(len(cache.tokens))
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
+
+        return await trio.to_thread.run_sync(self._loop.call, restore)
+
+    async def _erase_slot(self, slot: Slot) -> int:
+        cache = self._context.caches[slot.id]
+
+        def erase() -> int:
+            n_tokens = len(cache.tokens)
+            cache.clear()
+            return n_tokens
+
+        return await trio.to_thread.run_sync(self._loop.call, erase)
 
     async def settle(self) -> None:
         """Return once the idle work queued so far (warm-ups) has run."""
