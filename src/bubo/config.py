@@ -354,8 +354,8 @@ OPTIONS: tuple[Option, ...] = (
            "how embeddings pool the token states: none, mean, cls, last or rank (default: the model's)",
            "TYPE"),
     Option(("--slot-save-path",), ("model", "slot_save_path"), _directory,
-           "directory where POST /slots/{id}?action=save|restore keep slot files (default: none; "
-           "the action answers 501)", "PATH"),
+           "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
+           "none: the actions answer 501)", "PATH"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),
