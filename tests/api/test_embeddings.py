@@ -7,16 +7,15 @@ import base64
 import attrs
 import numpy as np
 import pytest
+from tests.conftest import wait_until_ready
 
 from bubo.engine.fake import FakeEmbedder, FakeEngine
 from bubo.server import create_app
-from tests.conftest import wait_until_ready
 
 
 async def _app_with(settings, make_runtime, script, embedder):
     runtime = attrs.evolve(make_runtime(), engine=FakeEngine(script=script, embedder=embedder))
-    app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
-    return app
+    return create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
 
 
 @pytest.fixture(name="embedder")

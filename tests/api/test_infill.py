@@ -6,11 +6,11 @@ import json
 
 import attrs
 import pytest
+from tests.conftest import wait_until_ready
 
 from bubo.engine import FimTokens
 from bubo.engine.fake import FakeEngine, FakeScript, fake_model_info
 from bubo.server import create_app
-from tests.conftest import wait_until_ready
 
 FIM = FimTokens(pre=10, suf=11, mid=12, rep=13, sep=14)
 
@@ -79,7 +79,8 @@ class TestLayout:
     async def test_without_repo_and_separator_tokens(self, settings, make_runtime, tokenizer, script) -> None:
         """A vocabulary with only PRE/SUF/MID separates extra chunks with a snippet line."""
         engine = FakeEngine(
-            info=attrs.evolve(fake_model_info(), fim=FimTokens(pre=10, suf=11, mid=12), n_batch=64), script=script
+            info=attrs.evolve(fake_model_info(), fim=FimTokens(pre=10, suf=11, mid=12), n_batch=64),
+            script=script,
         )
         runtime = attrs.evolve(make_runtime(), engine=engine)
         app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
@@ -121,7 +122,7 @@ class TestLayout:
         )
         assert response.status_code == 200
         tokens = fim_engine.requests[-1].prompt_tokens
-        extra = encode(tokenizer, chunk) + [FIM.sep, *encode(tokenizer, "filename\n")]
+        extra = [*encode(tokenizer, chunk), FIM.sep, *encode(tokenizer, "filename\n")]
         assert tokens == (*extra[-184:], FIM.pre, FIM.suf, FIM.mid)
 
     async def test_stream(self, fim_app, script) -> None:
@@ -172,7 +173,9 @@ class TestErrors:
 
     async def test_too_long_for_the_context(self, settings, make_runtime, script) -> None:
         """With a batch larger than the context, the FIM prompt may not fit: context_length_exceeded."""
-        engine = FakeEngine(info=attrs.evolve(fake_model_info(n_ctx=64), fim=FIM, n_batch=2048), script=script)
+        engine = FakeEngine(
+            info=attrs.evolve(fake_model_info(n_ctx=64), fim=FIM, n_batch=2048), script=script
+        )
         runtime = attrs.evolve(make_runtime(), engine=engine)
         app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
         async with app.test_app() as client_app:

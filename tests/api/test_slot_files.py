@@ -8,10 +8,10 @@ import attrs
 import pytest
 import trio
 from dirty_equals import IsNumber
+from tests.conftest import wait_until_ready
 
 from bubo.engine.fake import FakeEngine, fake_model_info
 from bubo.server import create_app
-from tests.conftest import wait_until_ready
 
 
 @pytest.fixture(name="slot_dir")
@@ -20,8 +20,7 @@ def _slot_dir(tmp_path):
 
 
 async def _serve(settings, runtime):
-    app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
-    return app
+    return create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
 
 
 @pytest.fixture(name="slot_app")
@@ -90,7 +89,9 @@ class TestErrors:
          "x.bin.bubo.json"],
     )  # fmt: skip
     @pytest.mark.parametrize("action", ["save", "restore"])
-    async def test_file_names_stay_in_the_directory(self, slot_app, slot_dir, tmp_path, action, filename) -> None:
+    async def test_file_names_stay_in_the_directory(
+        self, slot_app, slot_dir, tmp_path, action, filename
+    ) -> None:
         """Only plain names inside --slot-save-path: traversal and absolute paths are 400 on filename."""
         response = await slot_app.test_client().post(f"/slots/0?action={action}", json={"filename": filename})
         assert response.status_code == 400
@@ -127,7 +128,9 @@ class TestErrors:
         app = await _serve(settings, loader)
         async with app.test_app() as client_app:
             await wait_until_ready(app)
-            response = await client_app.test_client().post("/slots/0?action=restore", json={"filename": "o.bin"})
+            response = await client_app.test_client().post(
+                "/slots/0?action=restore", json={"filename": "o.bin"}
+            )
         assert response.status_code == 400
         error = (await response.get_json())["error"]
         assert error["code"] == "slot_file_model_mismatch"
@@ -137,6 +140,8 @@ class TestErrors:
         """A file this server did not save (no model record beside it) is refused."""
         slot_dir.mkdir()
         (slot_dir / "foreign.bin").write_text(json.dumps({"fake_slot": [1, 2]}))
-        response = await slot_app.test_client().post("/slots/0?action=restore", json={"filename": "foreign.bin"})
+        response = await slot_app.test_client().post(
+            "/slots/0?action=restore", json={"filename": "foreign.bin"}
+        )
         assert response.status_code == 400
         assert (await response.get_json())["error"]["code"] == "slot_file_invalid"

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from tests._models import qwen25_coder_path
 
 from .conftest import Server, free_port, hypercorn_command, openai_client, start_server, stop_server
@@ -84,7 +83,12 @@ class TestInfill:
 
     def test_stream(self, http: httpx.Client) -> None:
         """A streamed infill gives the same text as the plain one."""
-        request = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 8, **GREEDY}
+        request = {
+            "input_prefix": "def add(a, b):\n    return ",
+            "input_suffix": "\n",
+            "n_predict": 8,
+            **GREEDY,
+        }
         plain = http.post("/infill", json=request).json()["content"]
         with http.stream("POST", "/infill", json={**request, "stream": True}) as response:
             import json
@@ -134,7 +138,13 @@ class TestEmbeddings:
 
     def test_generation_is_undisturbed(self, http: httpx.Client) -> None:
         """Embedding between two identical greedy generations changes nothing they produce."""
-        request = {"prompt": "def fibonacci(n):", "n_predict": 24, "id_slot": 1, "cache_prompt": False, **GREEDY}
+        request = {
+            "prompt": "def fibonacci(n):",
+            "n_predict": 24,
+            "id_slot": 1,
+            "cache_prompt": False,
+            **GREEDY,
+        }
         first = http.post("/completion", json=request).json()["content"]
         assert http.post("/v1/embeddings", json={"input": ["x = 1", "def f(): pass"]}).status_code == 200
         assert http.post("/completion", json=request).json()["content"] == first

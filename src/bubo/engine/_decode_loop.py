@@ -159,7 +159,9 @@ class DecodeLoop:
     def _run(self) -> None:
         while True:
             with self._wakeup:
-                while not (self._arrivals or self._active or self._idle_jobs or self._calls or self._stopping):
+                while not (
+                    self._arrivals or self._active or self._idle_jobs or self._calls or self._stopping
+                ):
                     self._wakeup.wait()
                 if self._stopping:
                     break

@@ -55,7 +55,9 @@ class Embedder:
         self.n_tokens: int = llama_cpp.llama_n_ubatch(ctx)
         self.pooling: str = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
         self.n_embd: int = (
-            llama_cpp.llama_model_n_cls_out(model) if self.pooling == "rank" else llama_cpp.llama_model_n_embd(model)
+            llama_cpp.llama_model_n_cls_out(model)
+            if self.pooling == "rank"
+            else llama_cpp.llama_model_n_embd(model)
         )
         self._batch = llama_cpp.llama_batch_init(self.n_tokens, 0, 1)
 
@@ -67,7 +69,9 @@ class Embedder:
 
         """
         if not 0 < len(tokens) <= self.n_tokens:
-            raise EngineFailure(f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}")
+            raise EngineFailure(
+                f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}"
+            )
         with self._lock:
             if self._ctx is None:
                 raise EngineFailure("the engine is closed")

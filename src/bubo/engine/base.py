@@ -21,8 +21,8 @@ import contextlib
 import copy
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 import attrs

@@ -92,19 +92,24 @@ class FakeEmbedder:
     def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """Like :meth:`bubo.engine._embedder.Embedder.embed`."""
         if not 0 < len(tokens) <= self.n_tokens:
-            raise EngineFailure(f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}")
+            raise EngineFailure(
+                f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}"
+            )
         self.inputs.append(tuple(tokens))
-        rows = np.array([self._vector(token) for token in tokens])
+        rows: npt.NDArray[np.float32] = np.array([self._vector(token) for token in tokens], dtype=np.float32)
+        pooled: npt.NDArray[np.float32]
         match self.pooling:
             case "none":
-                return rows
+                pooled = rows
             case "cls":
-                return rows[0]
+                pooled = rows[0]
             case "last":
-                return rows[-1]
+                pooled = rows[-1]
             case "rank":
-                return rows.mean(axis=0)[:1]
-        return rows.mean(axis=0)
+                pooled = rows.mean(axis=0, dtype=np.float32)[:1]
+            case _:
+                pooled = rows.mean(axis=0, dtype=np.float32)
+        return pooled
 
 
 class FakeEngine(SlotEngine):
@@ -235,18 +240,20 @@ class FakeEngine(SlotEngine):
     async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The slot's tokens, as JSON (the fake has no KV state)."""
         tokens = list(self._kv.get(slot.id, ()))
-        path.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
-        return SlotFile(n_tokens=len(tokens), n_bytes=path.stat().st_size)
+        file = trio.Path(path)
+        await file.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
         self._kv.pop(slot.id, None)
+        file = trio.Path(path)
         try:
-            tokens = tuple(json.loads(path.read_text(encoding="utf-8"))["fake_slot"])
+            tokens = tuple(json.loads(await file.read_text(encoding="utf-8"))["fake_slot"])
         except (OSError, ValueError, KeyError, TypeError):
             raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
         self._kv[slot.id] = tokens
-        return SlotFile(n_tokens=len(tokens), n_bytes=path.stat().st_size)
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
 
     async def _erase_slot(self, slot: Slot) -> int:
         return len(self._kv.pop(slot.id, ()))

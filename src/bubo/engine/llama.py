@@ -34,8 +34,8 @@ from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop, IdleJob
-from ._embedder import Embedder
 from ._draft_policy import DraftOptions, DraftPolicy
+from ._embedder import Embedder
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
 from ._sampler import Sampler

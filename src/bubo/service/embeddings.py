@@ -60,7 +60,8 @@ async def embed(runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: st
         where = param if len(inputs) == 1 else f"{param}[{index}]"
         chars = len(item) if isinstance(item, str) else 0
         tokens = await runtime.workers.run(
-            functools.partial(_tokens, runtime, embedder, item, where), need_bytes=chars * PREPARE_BYTES_PER_CHAR
+            functools.partial(_tokens, runtime, embedder, item, where),
+            need_bytes=chars * PREPARE_BYTES_PER_CHAR,
         )
         vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
         results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
@@ -94,12 +95,16 @@ def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, pa
 
 
 def normalize(vector: npt.NDArray[np.float32], mode: int) -> npt.NDArray[np.float32]:
-    """llama.cpp's ``embd_normalize``: -1 none, 0 max-absolute to int16 range, 1 taxicab, 2 Euclidean, p>2 p-norm."""
+    """*vector* normalized as llama.cpp's ``embd_normalize`` says.
+
+    -1 none, 0 scaled to the int16 range by its largest component, 1 taxicab,
+    2 Euclidean, p > 2 the p-norm.
+    """
     if mode < 0:
         return vector
     if mode == 0:
         norm = float(np.abs(vector).max()) / 32760.0
-    elif mode == 2:  # noqa: PLR2004 - the Euclidean norm
+    elif mode == 2:
         norm = float(np.sqrt(np.sum(np.square(vector, dtype=np.float64))))
     else:
         norm = float(np.sum(np.abs(vector, dtype=np.float64) ** mode) ** (1.0 / mode))

@@ -1,4 +1,4 @@
-"""Fill-in-the-middle prompts: the text around a gap, and files for context, as FIM tokens.
+r"""Fill-in-the-middle prompts: the text around a gap, and files for context, as FIM tokens.
 
 llama-server's ``/infill`` layout (repo-level FIM, as Qwen2.5-Coder and
 StarCoder 2 were trained on), with the model's own FIM tokens::

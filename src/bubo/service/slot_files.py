@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+import trio
+
 from bubo.engine import EngineFailure, ModelInfo, SlotFile
 from bubo.errors import InvalidRequest
 
@@ -65,19 +67,19 @@ def _record(path: Path) -> Path:
 
 async def save_slot(runtime: Runtime, slot_id: int, path: Path) -> SlotFile:
     """Save the slot to *path*, with the record of the model beside it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    await trio.Path(path.parent).mkdir(parents=True, exist_ok=True)
     saved = await runtime.engine.save_slot(slot_id, path)
     record = {"model": model_identity(runtime.engine.info), "n_tokens": saved.n_tokens}
-    _record(path).write_text(json.dumps(record), encoding="utf-8")
+    await trio.Path(_record(path)).write_text(json.dumps(record), encoding="utf-8")
     return saved
 
 
 async def restore_slot(runtime: Runtime, slot_id: int, path: Path, *, param: str = "filename") -> SlotFile:
     """Restore the slot from *path*, if this model saved it (400 otherwise)."""
-    if not path.is_file():
+    if not await trio.Path(path).is_file():
         raise InvalidRequest(f"no slot file named {path.name!r} in the slot directory", param=param)
     try:
-        record = json.loads(_record(path).read_text(encoding="utf-8"))
+        record = json.loads(await trio.Path(_record(path)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise InvalidRequest(
             f"{path.name!r} was not saved by this server (its model record is missing or unreadable)",

@@ -1,4 +1,4 @@
-"""llama-server: /completion, /apply-template, /tokenize, /detokenize, /props, /slots, /metrics, /infill, /embedding, slot actions."""
+"""llama-server: /completion, /infill, /embedding, tokens, templates, /props, /slots, /metrics."""
 
 from . import embedding as embedding
 from . import infill as infill

@@ -69,7 +69,7 @@ async def infill() -> Response:
         ),
         need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR,
     )
-    completion = attrs.evolve(body, prompt=tokens)
+    completion = attrs.evolve(body, prompt=list[int | str](tokens))
     prepared = await prepare_completion(runtime, translate.completion_request(completion))
     return await answer_completion(runtime, completion, prepared)
 
@@ -87,7 +87,9 @@ def _parts(body: InfillRequest) -> InfillParts:
         suffix=body.input_suffix,
         prompt=body.prompt or "",
         extra=tuple(
-            ExtraChunk(text=chunk.text) if chunk.filename is None else ExtraChunk(text=chunk.text, filename=chunk.filename)
+            ExtraChunk(text=chunk.text)
+            if chunk.filename is None
+            else ExtraChunk(text=chunk.text, filename=chunk.filename)
             for chunk in body.input_extra or ()
         ),
     )
