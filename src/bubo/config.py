@@ -130,6 +130,10 @@ class ModelSettings:
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
+    spm_infill: bool = False  # /infill puts the suffix before the prefix (SPM order)
+    embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
+    pooling: str | None = None  # embeddings: none|mean|cls|last|rank; None: the model's own
+    slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
 
 
 @attrs.frozen(kw_only=True)
@@ -340,6 +344,18 @@ OPTIONS: tuple[Option, ...] = (
            off_flags=("-nr", "--no-repack")),
     Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
            "seconds the repack probe may take before repacking is turned off (120)", "S"),
+    Option(("--spm-infill",), ("model", "spm_infill"), _switch,
+           "/infill sends the suffix before the prefix (Suffix/Prefix/Middle), for models trained that "
+           "way (off: Prefix/Suffix/Middle)", "on|off"),
+    Option(("--embeddings", "--embedding"), ("model", "embeddings"), _switch,
+           "serve /v1/embeddings and /embedding from a second llama.cpp context over the same weights, "
+           "beside generation (off: they answer 501)", "on|off"),
+    Option(("--pooling",), ("model", "pooling"), _choice("none", "mean", "cls", "last", "rank"),
+           "how embeddings pool the token states: none, mean, cls, last or rank (default: the model's)",
+           "TYPE"),
+    Option(("--slot-save-path",), ("model", "slot_save_path"), _directory,
+           "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
+           "none: the actions answer 501)", "PATH"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),

@@ -76,6 +76,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=model.cache_ram,
         drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
+        embeddings=model.embeddings,
+        pooling=model.pooling,
     )
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -123,6 +125,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         memory_guard=memory_guard,
         max_queue=settings.server.max_queue,
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
+        spm_infill=model.spm_infill,
+        slot_save_path=model.slot_save_path,
     )
 
 

@@ -171,7 +171,7 @@ class TestRoutingErrors:
         assert "POST" in response.headers["Allow"]
 
     @pytest.mark.parametrize(
-        "path", ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/infill", "/sdapi/v1/txt2img"]
+        "path", ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/txt2img"]
     )
     async def test_not_implemented_paths(self, app, path) -> None:
         """Endpoints a text model does not serve answer 501 not_implemented."""

@@ -15,16 +15,12 @@ __all__ = ["blueprint"]
 
 blueprint = Blueprint("ops", __name__)
 
-# Paths that exist on multimodal/embedding servers; a text model answers 501.
+# Paths that exist on multimodal and reranking servers; a text model answers 501.
 NOT_IMPLEMENTED = (
-    "/v1/embeddings",
-    "/embeddings",
-    "/embedding",
     "/v1/rerank",
     "/v1/reranking",
     "/rerank",
     "/reranking",
-    "/infill",
     "/sdapi/v1/<path:rest>",
 )
 

@@ -6,11 +6,15 @@ tests; it never imports ``llama_cpp``.
 
 from ._stops import StopMatcher as StopMatcher
 from .base import CacheContents as CacheContents
+from .base import EmbeddingModel as EmbeddingModel
 from .base import Engine as Engine
 from .base import EngineFailure as EngineFailure
 from .base import EngineStatistics as EngineStatistics
+from .base import FimTokens as FimTokens
 from .base import GrammarRejected as GrammarRejected
 from .base import ModelInfo as ModelInfo
 from .base import RepackDecision as RepackDecision
+from .base import SlotBusy as SlotBusy
+from .base import SlotFile as SlotFile
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
@@ -37,6 +38,8 @@ __all__ = ["DecodeLoop", "IdleJob"]
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 Ended = Callable[[BaseException | None], None]
 """Called on the decode thread once the loop lets go of a sequence: with its error, or None."""
 
@@ -47,6 +50,16 @@ class IdleJob:
 
     run: Callable[[], None]
     failed: Callable[[EngineFailure], None]
+
+
+@attrs.define(eq=False)
+class _Call:
+    """A function to run on the decode thread between steps; the caller waits for ``done``."""
+
+    run: Callable[[], object]
+    done: threading.Event = attrs.field(factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
 
 
 @attrs.define(eq=False)
@@ -67,6 +80,7 @@ class DecodeLoop:
         self._idle_jobs: collections.deque[IdleJob] = collections.deque()  # guarded by _wakeup
         self._stopping = False  # guarded by _wakeup
         self._idle_running = False  # guarded by _wakeup
+        self._calls: list[_Call] = []  # guarded by _wakeup
         self._active: list[_Member] = []  # the loop thread's own
         self._fatal: EngineFailure | None = None
         self._thread: threading.Thread | None = None
@@ -96,6 +110,30 @@ class DecodeLoop:
             self._start_thread()
             self._wakeup.notify_all()
 
+    def call(self, function: Callable[[], T]) -> T:
+        """Run *function* on the decode thread before its next step, and return its result.
+
+        For state operations on a sequence no generation uses (saving or
+        restoring a slot): they run between two ``llama_decode`` calls, while
+        the other sequences keep generating.  Blocking: call from a worker thread.
+
+        Raises:
+            EngineFailure: the engine is closed (or closes before the call runs).
+            Exception: whatever *function* raised.
+
+        """
+        call = _Call(run=function)
+        with self._wakeup:
+            if self._stopping:
+                raise EngineFailure("the engine is closed")
+            self._calls.append(call)
+            self._start_thread()
+            self._wakeup.notify_all()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value] # what function returned
+
     def wait_settled(self) -> None:
         """Block until no idle job is pending or running (blocking: call from a worker thread)."""
         with self._wakeup:
@@ -121,14 +159,19 @@ class DecodeLoop:
     def _run(self) -> None:
         while True:
             with self._wakeup:
-                while not (self._arrivals or self._active or self._idle_jobs or self._stopping):
+                while not (
+                    self._arrivals or self._active or self._idle_jobs or self._calls or self._stopping
+                ):
                     self._wakeup.wait()
                 if self._stopping:
                     break
+                calls, self._calls = self._calls, []
                 arrivals, self._arrivals = self._arrivals, []
                 idle = not (arrivals or self._active)
                 job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
                 self._idle_running = job is not None
+            for call in calls:
+                self._run_call(call)
             for member in arrivals:
                 self._admit(member)
             if job is not None:
@@ -147,6 +190,10 @@ class DecodeLoop:
         closed = EngineFailure("the engine was closed while generating")
         with self._wakeup:
             arrivals, self._arrivals = self._arrivals, []
+            calls, self._calls = self._calls, []
+        for call in calls:
+            call.error = EngineFailure("the engine was closed")
+            call.done.set()
         self._active.extend(arrivals)
         self._end_all(closed)
 
@@ -257,6 +304,15 @@ class DecodeLoop:
         victim.sequence.cache.evict()
         self._active.remove(victim)
         self._end(victim, None)
+
+    @staticmethod
+    def _run_call(call: _Call) -> None:
+        try:
+            call.result = call.run()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
+            call.error = error
+        finally:
+            call.done.set()
 
     def _run_idle(self, job: IdleJob) -> None:
         try:

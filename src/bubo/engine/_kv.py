@@ -20,13 +20,14 @@ import ctypes
 import itertools
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import attrs
 import llama_cpp
 
 from bubo.domain.generation import CacheReport, CacheTags
 
-from .base import SnapshotInfo
+from .base import EngineFailure, SnapshotInfo
 from .slots import common_prefix
 
 __all__ = ["SequenceCache", "SnapshotStore"]
@@ -235,6 +236,45 @@ class SequenceCache:
         self.tags = snapshot.tags
         self.version += 1
         return snapshot.size
+
+    def save_file(self, path: Path) -> int:
+        """Write the sequence's state and tokens to *path* (llama.cpp's format); return the bytes written.
+
+        Raises:
+            EngineFailure: llama.cpp could not write it.
+
+        """
+        tokens = (llama_cpp.llama_token * len(self.tokens))(*self.tokens)
+        written = llama_cpp.llama_state_seq_save_file(
+            self._ctx, str(path).encode(), self.seq_id, tokens, len(self.tokens)
+        )
+        if written == 0:
+            raise EngineFailure(f"llama.cpp could not save the slot to {path.name}")
+        return int(written)
+
+    def load_file(self, path: Path, capacity: int) -> int:
+        """Replace the sequence with the state saved in *path*; return the bytes read.
+
+        The tokens saved with it become the sequence's tokens (the prefix the next request reuses).
+
+        Raises:
+            EngineFailure: llama.cpp could not read it (not a state file, another shape of model,
+                more than *capacity* tokens); the sequence is then empty.
+
+        """
+        self.clear()
+        tokens = (llama_cpp.llama_token * capacity)()
+        count = ctypes.c_size_t(0)
+        read = llama_cpp.llama_state_seq_load_file(
+            self._ctx, str(path).encode(), self.seq_id, tokens, capacity, ctypes.byref(count)
+        )
+        if read == 0:
+            self.clear()
+            raise EngineFailure(f"llama.cpp could not restore the slot from {path.name}")
+        self.tokens = list(tokens[: count.value])
+        self.tags = None
+        self.version += 1
+        return int(read)
 
     def truncate(self, keep: int) -> int:
         """Drop everything after the first *keep* tokens; return how many remain."""

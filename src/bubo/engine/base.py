@@ -17,13 +17,17 @@ last event, so every dialect can report it.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
@@ -34,14 +38,18 @@ from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
 __all__ = [
     "CacheContents",
+    "EmbeddingModel",
     "Engine",
     "EngineCounters",
     "EngineFailure",
     "EngineStatistics",
+    "FimTokens",
     "GrammarRejected",
     "ModelInfo",
     "RepackDecision",
+    "SlotBusy",
     "SlotEngine",
+    "SlotFile",
     "SlotStatistics",
     "SnapshotInfo",
 ]
@@ -57,6 +65,20 @@ class GrammarRejected(InvalidRequest):
     """A grammar (or a JSON schema in it) that llama.cpp cannot convert or parse (400)."""
 
     default_code = "unsupported_schema"
+
+
+class SlotBusy(ServiceUnavailable):
+    """A slot action on a slot a request holds (503, as llama-server answers)."""
+
+    default_code = "slot_busy"
+
+
+@attrs.frozen(kw_only=True)
+class SlotFile:
+    """A slot saved to or restored from a file: its tokens and the file's size."""
+
+    n_tokens: int
+    n_bytes: int
 
 
 class EngineFailure(InternalError):
@@ -82,6 +104,21 @@ class RepackDecision:
 
 
 @attrs.frozen(kw_only=True)
+class FimTokens:
+    """The vocabulary's fill-in-the-middle tokens (llama.cpp's ``llama_vocab_fim_*``); ``None``: absent.
+
+    ``pre``, ``suf`` and ``mid`` frame the gap; ``rep`` (repository name) and
+    ``sep`` (file separator) frame the extra context files of repo-level FIM.
+    """
+
+    pre: int
+    suf: int
+    mid: int
+    rep: int | None = None
+    sep: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ModelInfo:
     """What is known about the loaded model (feeds ``/props``, ``/v1/models``)."""
 
@@ -97,6 +134,8 @@ class ModelInfo:
     description: str  # e.g. "llama ?B Q4_1"
     eog_token_ids: frozenset[int]
     repack: RepackDecision
+    n_batch: int = 2048  # tokens one llama_decode takes (the context's --batch-size)
+    fim: FimTokens | None = None  # None: the vocabulary has no fill-in-the-middle tokens
 
 
 @attrs.frozen(kw_only=True)
@@ -117,8 +156,36 @@ class CacheContents:
     snapshots: tuple[SnapshotInfo, ...] = ()
 
 
+class EmbeddingModel(Protocol):
+    """Token ids to embeddings, blocking (call from a worker thread); see ``engine/_embedder.py``."""
+
+    @property
+    def pooling(self) -> str:
+        """llama.cpp's pooling: ``none`` (a vector per token), ``mean``, ``cls``, ``last`` or ``rank``."""
+        ...
+
+    @property
+    def n_tokens(self) -> int:
+        """The most tokens one input may have."""
+        ...
+
+    @property
+    def n_embd(self) -> int:
+        """The length of each vector."""
+        ...
+
+    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Shape ``(n_embd,)`` when pooled, ``(len(tokens), n_embd)`` with ``none``."""
+        ...
+
+
 class Engine(Protocol):
     """What the service layer needs from a decode engine."""
+
+    @property
+    def embedder(self) -> EmbeddingModel | None:
+        """The embedding model (``--embeddings``), or None when embeddings are not served."""
+        ...
 
     @property
     def info(self) -> ModelInfo:
@@ -164,6 +231,35 @@ class Engine(Protocol):
         """Wait until no request runs or waits, then free the model; the engine is unusable afterwards."""
         ...
 
+    async def save_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """Write idle slot *slot_id*'s KV state and tokens to *path*.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+            EngineFailure: the file could not be written.
+
+        """
+        ...
+
+    async def restore_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """Replace idle slot *slot_id*'s KV state with the one saved in *path*.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+            EngineFailure: the file could not be read (the slot is then empty).
+
+        """
+        ...
+
+    async def erase_slot(self, slot_id: int) -> int:
+        """Empty idle slot *slot_id*'s KV sequence; return how many tokens it held.
+
+        Raises:
+            SlotBusy: a request holds the slot.
+
+        """
+        ...
+
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """The GBNF text a request's grammar becomes (checked: it will load when the request runs).
 
@@ -188,6 +284,8 @@ class SlotEngine(abc.ABC):
 
     # Events the producer may run ahead of the consumer (an engine may lift the bound).
     channel_buffer: float = _CHANNEL_BUFFER
+    # The embedding model, where the engine serves embeddings (see Engine.embedder).
+    embedder: EmbeddingModel | None = None
 
     def __init__(
         self,
@@ -338,6 +436,46 @@ class SlotEngine(abc.ABC):
         self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
     ) -> None:
         """Run one generation while *slot* is held."""
+
+    # ---- slot files: each action holds the idle slot, so no generation starts in it meanwhile ----
+
+    async def save_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """See :meth:`Engine.save_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._save_slot(slot, path)
+
+    async def restore_slot(self, slot_id: int, path: Path) -> SlotFile:
+        """See :meth:`Engine.restore_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._restore_slot(slot, path)
+
+    async def erase_slot(self, slot_id: int) -> int:
+        """See :meth:`Engine.erase_slot`."""
+        with self._holding(slot_id) as slot:
+            return await self._erase_slot(slot)
+
+    @contextlib.contextmanager
+    def _holding(self, slot_id: int) -> Iterator[Slot]:
+        self._check_usable()
+        slot = self._pool.try_hold(slot_id)
+        if slot is None:
+            raise SlotBusy(f"slot {slot_id} is busy with a request; retry once it is idle")
+        try:
+            yield slot
+        finally:
+            self._pool.release(slot)
+
+    @abc.abstractmethod
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """Write the held, idle *slot*'s state to *path*."""
+
+    @abc.abstractmethod
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """Load *path* into the held, idle *slot*."""
+
+    @abc.abstractmethod
+    async def _erase_slot(self, slot: Slot) -> int:
+        """Empty the held, idle *slot*; return the tokens it held."""
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the totals and of every slot."""

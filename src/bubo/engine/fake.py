@@ -10,11 +10,15 @@ works as on the real engine.  Never imports ``llama_cpp``.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import (
@@ -32,10 +36,10 @@ from bubo.domain.generation import (
 )
 
 from ._stops import GeneratedText
-from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine
+from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
 from .slots import Slot, common_prefix
 
-__all__ = ["FakeEngine", "fake_model_info"]
+__all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
 
 _PIECES = re.compile(r"\s*\S+|\s+")
 
@@ -70,6 +74,44 @@ class FakeScript:
     fail_after: int | None = None  # raise EngineFailure after this many pieces
 
 
+@attrs.define
+class FakeEmbedder:
+    """Embeddings without weights: each token id stands for a fixed random vector, pooled as llama.cpp pools.
+
+    Texts that share tokens get close vectors, as a real model's pooled states do.
+    """
+
+    pooling: str = "mean"
+    n_tokens: int = 512
+    n_embd: int = 64
+    inputs: list[tuple[int, ...]] = attrs.field(factory=list)  # every input embedded, in order
+
+    def _vector(self, token: int) -> npt.NDArray[np.float32]:
+        return np.random.default_rng(token).standard_normal(self.n_embd).astype(np.float32)
+
+    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Like :meth:`bubo.engine._embedder.Embedder.embed`."""
+        if not 0 < len(tokens) <= self.n_tokens:
+            raise EngineFailure(
+                f"an embedding input must have 1 to {self.n_tokens} tokens, not {len(tokens)}"
+            )
+        self.inputs.append(tuple(tokens))
+        rows: npt.NDArray[np.float32] = np.array([self._vector(token) for token in tokens], dtype=np.float32)
+        pooled: npt.NDArray[np.float32]
+        match self.pooling:
+            case "none":
+                pooled = rows
+            case "cls":
+                pooled = rows[0]
+            case "last":
+                pooled = rows[-1]
+            case "rank":
+                pooled = rows.mean(axis=0, dtype=np.float32)[:1]
+            case _:
+                pooled = rows.mean(axis=0, dtype=np.float32)
+        return pooled
+
+
 class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time."""
 
@@ -80,8 +122,10 @@ class FakeEngine(SlotEngine):
         *,
         n_slots: int = 1,
         similarity: float = 0.1,
+        embedder: FakeEmbedder | None = None,
     ) -> None:
         super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity)
+        self.embedder = embedder
         self.script = script or FakeScript()
         self.requests: list[GenerationRequest] = []
         self.slots_used: list[int] = []  # the slot each request ran in, in order
@@ -193,6 +237,27 @@ class FakeEngine(SlotEngine):
                 ),
             )
         )
+
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """The slot's tokens, as JSON (the fake has no KV state)."""
+        tokens = list(self._kv.get(slot.id, ()))
+        file = trio.Path(path)
+        await file.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
+
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
+        self._kv.pop(slot.id, None)
+        file = trio.Path(path)
+        try:
+            tokens = tuple(json.loads(await file.read_text(encoding="utf-8"))["fake_slot"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
+        self._kv[slot.id] = tokens
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
+
+    async def _erase_slot(self, slot: Slot) -> int:
+        return len(self._kv.pop(slot.id, ()))
 
     def _words(self, request: GenerationRequest) -> tuple[bytes, ...]:
         reply = self.script.reply(request) if callable(self.script.reply) else self.script.reply

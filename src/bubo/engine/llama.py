@@ -35,11 +35,21 @@ from bubo.domain.sampling import SamplingParams
 from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop, IdleJob
 from ._draft_policy import DraftOptions, DraftPolicy
+from ._embedder import Embedder
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
 from ._sampler import Sampler
 from ._sequence import Outcome, Sequence
-from .base import CacheContents, EngineFailure, GrammarRejected, ModelInfo, RepackDecision, SlotEngine
+from .base import (
+    CacheContents,
+    EngineFailure,
+    FimTokens,
+    GrammarRejected,
+    ModelInfo,
+    RepackDecision,
+    SlotEngine,
+    SlotFile,
+)
 from .slots import Slot
 from .stats import EngineCounters
 
@@ -75,6 +85,8 @@ class LlamaOptions:
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
+    embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
+    pooling: str | None = None  # the embeddings' pooling (none|mean|cls|last|rank); None: the model's
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
     # llama.cpp's CPU extra buffer types (AMX, CPU_REPACK); bubo.engine.probe decides
     repack: RepackDecision = attrs.field(
@@ -190,6 +202,8 @@ class LlamaEngine(SlotEngine):
                 description=description.value.decode(errors="replace"),
                 eog_token_ids=frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)),
                 repack=options.repack,
+                n_batch=context.n_batch,
+                fim=_fim_tokens(vocab),
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
@@ -197,6 +211,17 @@ class LlamaEngine(SlotEngine):
         )
         for slot, cache in zip(self.slots, context.caches, strict=True):
             slot.cached_tokens = cache.copy_tokens
+        if options.embeddings:
+            try:
+                self.embedder = Embedder(
+                    model,
+                    n_tokens=options.n_ubatch,
+                    n_threads=options.n_threads_batch or options.n_threads,
+                    pooling=options.pooling,
+                )
+            except BaseException:
+                context.close()
+                raise
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec*, checked by building (and freeing) a sampler with it.
@@ -327,6 +352,36 @@ class LlamaEngine(SlotEngine):
 
         self._loop.schedule_idle(IdleJob(run=warm_up, failed=failed))
 
+    # ---- slot files: run on the decode thread, between two steps of the other slots --------------
+
+    async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
+        cache = self._context.caches[slot.id]
+
+        def save() -> SlotFile:
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=cache.save_file(path))
+
+        return await trio.to_thread.run_sync(self._loop.call, save)
+
+    async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
+        cache = self._context.caches[slot.id]
+
+        def restore() -> SlotFile:
+            n_bytes = cache.load_file(path, self._context.n_ctx_seq)
+            slot.holds(len(cache.tokens))
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
+
+        return await trio.to_thread.run_sync(self._loop.call, restore)
+
+    async def _erase_slot(self, slot: Slot) -> int:
+        cache = self._context.caches[slot.id]
+
+        def erase() -> int:
+            n_tokens = len(cache.tokens)
+            cache.clear()
+            return n_tokens
+
+        return await trio.to_thread.run_sync(self._loop.call, erase)
+
     async def settle(self) -> None:
         """Return once the idle work queued so far (warm-ups) has run."""
         await trio.to_thread.run_sync(self._loop.wait_settled)
@@ -341,6 +396,8 @@ class LlamaEngine(SlotEngine):
         """Stop the decode thread, then free the context and the model."""
         self._loop.stop()
         self._context.close()
+        if isinstance(self.embedder, Embedder):
+            self.embedder.close()
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -362,3 +419,23 @@ def _meta(model: object, key: str) -> str:
     buffer = ctypes.create_string_buffer(256)
     size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
     return buffer.value.decode(errors="replace") if size >= 0 else ""
+
+
+def _fim_tokens(vocab: object) -> FimTokens | None:
+    """The vocabulary's fill-in-the-middle tokens, as llama.cpp found them (metadata or token texts)."""
+
+    def token(value: int) -> int | None:
+        return None if value < 0 else value  # LLAMA_TOKEN_NULL is -1
+
+    pre = token(llama_cpp.llama_vocab_fim_pre(vocab))
+    suf = token(llama_cpp.llama_vocab_fim_suf(vocab))
+    mid = token(llama_cpp.llama_vocab_fim_mid(vocab))
+    if pre is None or suf is None or mid is None:
+        return None
+    return FimTokens(
+        pre=pre,
+        suf=suf,
+        mid=mid,
+        rep=token(llama_cpp.llama_vocab_fim_rep(vocab)),
+        sep=token(llama_cpp.llama_vocab_fim_sep(vocab)),
+    )

@@ -168,6 +168,15 @@ class SlotPool:
         assert waiter.slot is not None
         return waiter.slot
 
+    def try_hold(self, slot_id: int) -> Slot | None:
+        """Hold the slot *slot_id* now if it is free (no generation gets it meanwhile), else None."""
+        if slot_id in self._held:
+            return None
+        self._held.add(slot_id)
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        return self.slots[slot_id]
+
     def release(self, slot: Slot) -> None:
         """Give *slot* back: the first waiter it can serve gets it."""
         self._held.discard(slot.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 
 import attrs
 import trio
@@ -35,6 +36,8 @@ class Runtime:
     memory_guard: MemoryGuard | None = None  # None: requests are not checked against memory
     max_queue: int | None = None  # requests that may wait for the slot; None: no bound
     workers: Workers = attrs.field(factory=Workers)  # heavy request work, off the event loop
+    spm_infill: bool = False  # /infill: suffix before prefix (--spm-infill)
+    slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from bubo.service.work import PREPARE_BYTES_PER_CHAR
 from . import translate, wire
 from .metrics import CONTENT_TYPE, render_metrics
 
-__all__ = ["blueprint"]
+__all__ = ["answer_completion", "blueprint", "check_id_slot"]
 
 blueprint = Blueprint("llamacpp", __name__)
 _converter = make_converter()
@@ -119,13 +119,25 @@ async def completion() -> Response:
     body = await structured_body(runtime, _converter, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
+    check_id_slot(runtime, body.id_slot)
+    prepared: PreparedGeneration = await prepare_completion(runtime, translate.completion_request(body))
+    return await answer_completion(runtime, body, prepared)
+
+
+def check_id_slot(runtime: Runtime, id_slot: int | None) -> None:
+    """400 unless *id_slot* is absent, -1 (any slot) or a slot's id."""
     n_slots = len(runtime.engine.statistics().slots)
-    if body.id_slot not in (None, -1) and not 0 <= body.id_slot < n_slots:
+    if id_slot not in (None, -1) and not 0 <= id_slot < n_slots:
         raise InvalidRequest(
-            f"id_slot must be -1 (any slot) or a slot id from 0 to {n_slots - 1}; got {body.id_slot}",
+            f"id_slot must be -1 (any slot) or a slot id from 0 to {n_slots - 1}; got {id_slot}",
             param="id_slot",
         )
-    prepared: PreparedGeneration = await prepare_completion(runtime, translate.completion_request(body))
+
+
+async def answer_completion(
+    runtime: Runtime, body: wire.CompletionRequest, prepared: PreparedGeneration
+) -> Response:
+    """Run *prepared* and answer as ``/completion`` does (``/infill`` answers the same way)."""
     stream = bool(body.stream)
     settings = translate.generation_settings(
         prepared.request, n_ctx=runtime.engine.info.n_ctx, model=body.model or runtime.model_id, stream=stream

@@ -1,0 +1,35 @@
+"""The ``input`` of an embeddings request, as OpenAI and llama-server accept it."""
+
+from __future__ import annotations
+
+from bubo.errors import InvalidRequest
+from bubo.service.embeddings import EmbeddingInput
+
+__all__ = ["embedding_inputs"]
+
+
+def embedding_inputs(value: object, param: str) -> list[EmbeddingInput]:
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids (400 otherwise)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(
+            f"{param} must be a string, token ids, or a non-empty list of either", param=param
+        )
+    if all(_is_token(item) for item in value):
+        return [tuple(value)]
+    inputs: list[EmbeddingInput] = []
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            inputs.append(item)
+        elif isinstance(item, list) and all(_is_token(token) for token in item):
+            inputs.append(tuple(item))
+        else:
+            raise InvalidRequest(
+                "each input must be a string or a list of token ids", param=f"{param}[{index}]"
+            )
+    return inputs
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

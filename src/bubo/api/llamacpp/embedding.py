@@ -1,0 +1,64 @@
+"""llama-server's ``POST /embedding`` (and ``/embeddings``): every pooling, ``embd_normalize``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from quart import Response
+
+from bubo.api._context import require_runtime, structured_body
+from bubo.api._converter import make_converter
+from bubo.api._embedding_inputs import embedding_inputs
+from bubo.api._json import json_response
+from bubo.errors import InvalidRequest
+from bubo.service.embeddings import embed, normalize, require_embedder
+
+from .routes import blueprint
+
+__all__ = ["EmbeddingRequest"]
+
+_converter = make_converter()
+EUCLIDEAN = 2
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingRequest:
+    """``content`` (or ``input``): a string, token ids, or a list of either."""
+
+    content: Any = None
+    input: Any = None
+    model: str | None = None
+    embd_normalize: int | None = None  # -1 none, 0 max-absolute (int16), 1 taxicab, 2 Euclidean, >2 p-norm
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingResult:
+    """One input's vectors: one when pooled, one per token with ``--pooling none`` (not normalized)."""
+
+    index: int
+    embedding: list[list[float]]
+
+
+@blueprint.post("/embedding")
+@blueprint.post("/embeddings")
+async def embedding() -> Response:
+    """A list of ``{index, embedding}``, one per input."""
+    runtime = require_runtime()
+    embedder = require_embedder(runtime)
+    body = await structured_body(runtime, _converter, EmbeddingRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    value, param = (body.input, "input") if body.input is not None else (body.content, "content")
+    if value is None:
+        raise InvalidRequest("content (or input) is required", code="missing_input", param="content")
+    results = await embed(runtime, embedding_inputs(value, param), param=param)
+    mode = EUCLIDEAN if body.embd_normalize is None else body.embd_normalize
+    answer = []
+    for index, result in enumerate(results):
+        if embedder.pooling == "none":
+            rows = result.vectors.tolist()
+        else:
+            rows = [normalize(result.vectors, mode).tolist()]
+        answer.append(EmbeddingResult(index=index, embedding=rows))
+    return json_response([attrs.asdict(item) for item in answer])

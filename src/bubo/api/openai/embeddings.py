@@ -1,0 +1,103 @@
+"""OpenAI's ``POST /v1/embeddings`` (``--embeddings``): float or base64 vectors, pooled by llama.cpp."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import attrs
+from quart import Response
+
+from bubo.api._context import require_runtime, structured_body
+from bubo.api._converter import make_converter
+from bubo.api._embedding_inputs import embedding_inputs
+from bubo.api._json import json_response
+from bubo.errors import InvalidRequest
+from bubo.service.embeddings import embed, normalize, require_embedder
+
+from .routes import blueprint
+
+__all__ = ["EmbeddingRequest"]
+
+_converter = make_converter()
+EUCLIDEAN = 2
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingRequest:
+    """``POST /v1/embeddings``; ``input`` is checked by :func:`embedding_inputs`."""
+
+    input: Any = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None
+    user: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingData:
+    """One input's vector."""
+
+    embedding: list[float] | str
+    index: int
+    object: str = "embedding"
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingUsage:
+    """Tokens embedded."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingList:
+    """The ``/v1/embeddings`` response."""
+
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    object: str = "list"
+
+
+@blueprint.post("/v1/embeddings")
+async def embeddings() -> Response:
+    """Pooled, Euclidean-normalized vectors, as llama-server's ``/v1/embeddings``."""
+    runtime = require_runtime()
+    embedder = require_embedder(runtime)
+    body = await structured_body(runtime, _converter, EmbeddingRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    if body.input is None:
+        raise InvalidRequest("input is required", code="missing_input", param="input")
+    inputs = embedding_inputs(body.input, "input")
+    if embedder.pooling == "none":
+        raise InvalidRequest(
+            "the server pools no embeddings (--pooling none gives a vector per token, which /v1/embeddings "
+            "cannot answer); use /embedding, or start the server with --pooling mean",
+            code="pooling_not_supported",
+        )
+    if body.dimensions is not None and body.dimensions != embedder.n_embd:
+        raise InvalidRequest(
+            f"this model's embeddings have {embedder.n_embd} dimensions; they cannot be shortened",
+            param="dimensions",
+        )
+    results = await embed(runtime, inputs, param="input")
+    as_base64 = body.encoding_format == "base64"
+    data = []
+    for index, result in enumerate(results):
+        vector = normalize(result.vectors, EUCLIDEAN)
+        encoded: list[float] | str = (
+            # little-endian float32, as OpenAI's SDK decodes it
+            base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii") if as_base64 else vector.tolist()
+        )
+        data.append(EmbeddingData(embedding=encoded, index=index))
+    n_tokens = sum(result.n_tokens for result in results)
+    return json_response(
+        EmbeddingList(
+            data=data,
+            model=body.model or runtime.model_id,
+            usage=EmbeddingUsage(prompt_tokens=n_tokens, total_tokens=n_tokens),
+        )
+    )

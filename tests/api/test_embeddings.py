@@ -1,0 +1,137 @@
+"""/v1/embeddings and /embedding over the fake engine's embedder: shapes, pooling, normalization, errors."""
+
+from __future__ import annotations
+
+import base64
+
+import attrs
+import numpy as np
+import pytest
+from tests.conftest import wait_until_ready
+
+from bubo.engine.fake import FakeEmbedder, FakeEngine
+from bubo.server import create_app
+
+
+async def _app_with(settings, make_runtime, script, embedder):
+    runtime = attrs.evolve(make_runtime(), engine=FakeEngine(script=script, embedder=embedder))
+    return create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+
+
+@pytest.fixture(name="embedder")
+def _embedder(request) -> FakeEmbedder:
+    return FakeEmbedder(pooling=getattr(request, "param", "mean"), n_tokens=16)
+
+
+@pytest.fixture(name="emb_app")
+async def _emb_app(settings, make_runtime, script, embedder):
+    app = await _app_with(settings, make_runtime, script, embedder)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app
+
+
+class TestOpenAI:
+    async def test_list_input(self, emb_app, embedder, tokenizer) -> None:
+        """One unit-length vector per input, in order, and usage counts the tokens."""
+        response = await emb_app.test_client().post(
+            "/v1/embeddings", json={"model": "bubo", "input": ["hello world", "good night"]}
+        )
+        assert response.status_code == 200
+        body = await response.get_json()
+        assert body["object"] == "list"
+        assert body["model"] == "bubo"
+        assert [item["index"] for item in body["data"]] == [0, 1]
+        assert {item["object"] for item in body["data"]} == {"embedding"}
+        first = np.array(body["data"][0]["embedding"])
+        assert first.shape == (embedder.n_embd,)
+        assert np.linalg.norm(first) == pytest.approx(1.0, abs=1e-5)
+        n_tokens = sum(len(tokenizer.encode(t, add_special=True)) for t in ("hello world", "good night"))
+        assert body["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+        expected = embedder.embed(tokenizer.encode("hello world", add_special=True))
+        assert first == pytest.approx(expected / np.linalg.norm(expected), abs=1e-5)
+
+    async def test_base64(self, emb_app) -> None:
+        """encoding_format base64: the same vector as little-endian float32."""
+        client = emb_app.test_client()
+        floats = await (await client.post("/v1/embeddings", json={"input": "hi"})).get_json()
+        packed = await (
+            await client.post("/v1/embeddings", json={"input": "hi", "encoding_format": "base64"})
+        ).get_json()
+        decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+        assert decoded == pytest.approx(floats["data"][0]["embedding"], abs=1e-6)
+
+    @pytest.mark.parametrize("value", [[5, 6, 7], [[5, 6, 7], [8, 9]]])
+    async def test_token_ids(self, emb_app, embedder, value) -> None:
+        """Token ids are embedded as given (no special tokens added)."""
+        response = await emb_app.test_client().post("/v1/embeddings", json={"input": value})
+        assert response.status_code == 200
+        expected = [tuple(v) for v in value] if isinstance(value[0], list) else [tuple(value)]
+        assert embedder.inputs == expected
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [
+            ({}, "input"),
+            ({"input": ""}, "input"),
+            ({"input": []}, "input"),
+            ({"input": ["a", ""]}, "input[1]"),
+            ({"input": ["a", 3.5]}, "input[1]"),
+            ({"input": [1, 999999]}, "input[1]"),
+            ({"input": "word " * 40}, "input"),
+            ({"input": "a", "encoding_format": "hex"}, "encoding_format"),
+            ({"input": "a", "dimensions": 3}, "dimensions"),
+        ],
+    )
+    async def test_bad_input(self, emb_app, body, param) -> None:
+        """Each bad field is a 400 naming it; an input over --ubatch-size tokens too."""
+        response = await emb_app.test_client().post("/v1/embeddings", json=body)
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == param
+
+    @pytest.mark.parametrize("embedder", ["none"], indirect=True)
+    async def test_unpooled_is_refused(self, emb_app) -> None:
+        """--pooling none gives a vector per token: /v1/embeddings cannot answer that (llama-server: 400)."""
+        response = await emb_app.test_client().post("/v1/embeddings", json={"input": "a"})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["code"] == "pooling_not_supported"
+
+    async def test_without_the_flag(self, app) -> None:
+        """Without --embeddings: 501, and the message says how to turn them on."""
+        for path in ("/v1/embeddings", "/embedding", "/embeddings"):
+            response = await app.test_client().post(path, json={"input": "a"})
+            assert response.status_code == 501
+            assert "--embeddings" in (await response.get_json())["error"]["message"]
+
+
+class TestLlamaServer:
+    async def test_pooled(self, emb_app, embedder, tokenizer) -> None:
+        """/embedding: [{index, embedding: [vector]}], Euclidean-normalized by default."""
+        response = await emb_app.test_client().post("/embedding", json={"content": "hello"})
+        body = await response.get_json()
+        assert [item["index"] for item in body] == [0]
+        (vector,) = body[0]["embedding"]
+        assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
+
+    @pytest.mark.parametrize(("mode", "norm"), [(-1, None), (1, 1), (2, 2), (3, 3)])
+    async def test_embd_normalize(self, emb_app, embedder, tokenizer, mode, norm) -> None:
+        """embd_normalize picks llama.cpp's norm; -1 leaves the vector as the model gave it."""
+        response = await emb_app.test_client().post(
+            "/embedding", json={"content": "hello", "embd_normalize": mode}
+        )
+        (vector,) = (await response.get_json())[0]["embedding"]
+        raw = embedder.embed(tokenizer.encode("hello", add_special=True))
+        expected = raw if norm is None else raw / np.linalg.norm(raw, ord=norm)
+        assert vector == pytest.approx(expected, abs=1e-5)
+
+    @pytest.mark.parametrize("embedder", ["none"], indirect=True)
+    async def test_unpooled(self, emb_app, tokenizer) -> None:
+        """--pooling none: one unnormalized vector per token."""
+        response = await emb_app.test_client().post("/embeddings", json={"input": ["one two three"]})
+        (item,) = await response.get_json()
+        assert len(item["embedding"]) == len(tokenizer.encode("one two three", add_special=True))
+
+    async def test_missing_content(self, emb_app) -> None:
+        response = await emb_app.test_client().post("/embedding", json={})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "content"

@@ -1,0 +1,147 @@
+"""POST /slots/{id}?action=save|restore|erase over the fake engine: fields, confinement, errors."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+import trio
+from dirty_equals import IsNumber
+from tests.conftest import wait_until_ready
+
+from bubo.engine.fake import FakeEngine, fake_model_info
+from bubo.server import create_app
+
+
+@pytest.fixture(name="slot_dir")
+def _slot_dir(tmp_path):
+    return tmp_path / "slots"
+
+
+async def _serve(settings, runtime):
+    return create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+
+
+@pytest.fixture(name="slot_app")
+async def _slot_app(settings, make_runtime, slot_dir):
+    runtime = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
+    app = await _serve(settings, runtime)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app
+
+
+async def _complete(client, prompt: str) -> dict:
+    response = await client.post("/completion", json={"prompt": prompt, "n_predict": 4, "id_slot": 0})
+    assert response.status_code == 200
+    return await response.get_json()
+
+
+class TestActions:
+    async def test_save_erase_restore(self, slot_app, fake_engine, slot_dir) -> None:
+        """save writes the slot's tokens; erase empties it; restore brings them back for the next request."""
+        client = slot_app.test_client()
+        first = await _complete(client, "The quick brown fox jumps over the lazy dog")
+        n_tokens = first["tokens_evaluated"]
+        saved = await client.post("/slots/0?action=save", json={"filename": "fox.bin"})
+        assert saved.status_code == 200
+        assert await saved.get_json() == {
+            "id_slot": 0, "filename": "fox.bin", "n_saved": n_tokens, "n_written": IsNumber,
+            "timings": {"save_ms": IsNumber},
+        }  # fmt: skip
+        assert (slot_dir / "fox.bin").is_file()
+        erased = await client.post("/slots/0?action=erase")
+        assert await erased.get_json() == {"id_slot": 0, "n_erased": n_tokens}
+        assert (await (await client.get("/slots")).get_json())[0]["n_prompt_tokens"] == 0
+        restored = await client.post("/slots/0?action=restore", json={"filename": "fox.bin"})
+        assert restored.status_code == 200
+        assert await restored.get_json() == {
+            "id_slot": 0, "filename": "fox.bin", "n_restored": n_tokens, "n_read": IsNumber,
+            "timings": {"restore_ms": IsNumber},
+        }  # fmt: skip
+        again = await _complete(client, "The quick brown fox jumps over the lazy dog and runs")
+        assert again["timings"]["cache_n"] == n_tokens
+
+    async def test_busy_slot(self, slot_app, script) -> None:
+        """A slot a request holds answers 503 slot_busy, as llama-server does."""
+        script.piece_delay = 0.05
+        client = slot_app.test_client()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_complete, client, "hello there")
+            await trio.sleep(0.02)
+            response = await client.post("/slots/0?action=erase")
+            assert response.status_code == 503
+            assert (await response.get_json())["error"]["code"] == "slot_busy"
+
+    async def test_without_slot_save_path(self, app) -> None:
+        """Without --slot-save-path every action is 501 (llama-server's 'not supported')."""
+        for action in ("save", "restore", "erase"):
+            response = await app.test_client().post(f"/slots/0?action={action}", json={"filename": "x"})
+            assert response.status_code == 501
+            assert "--slot-save-path" in (await response.get_json())["error"]["message"]
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        "filename",
+        ["../x", "/etc/passwd", "a/b", "..", ".", ".hidden", "x\\y", "x\x00", " x", "x" * 256, "", 7,
+         "x.bin.bubo.json"],
+    )  # fmt: skip
+    @pytest.mark.parametrize("action", ["save", "restore"])
+    async def test_file_names_stay_in_the_directory(
+        self, slot_app, slot_dir, tmp_path, action, filename
+    ) -> None:
+        """Only plain names inside --slot-save-path: traversal and absolute paths are 400 on filename."""
+        response = await slot_app.test_client().post(f"/slots/0?action={action}", json={"filename": filename})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "filename"
+        assert not (tmp_path / "x").exists()
+
+    @pytest.mark.parametrize("id_slot", ["1", "-1", "x", "01x", "99999999999999999999"])
+    async def test_bad_slot_id(self, slot_app, id_slot) -> None:
+        response = await slot_app.test_client().post(f"/slots/{id_slot}?action=erase")
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "id_slot"
+
+    async def test_bad_action(self, slot_app) -> None:
+        response = await slot_app.test_client().post("/slots/0?action=load", json={"filename": "x"})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "action"
+
+    async def test_missing_file(self, slot_app) -> None:
+        response = await slot_app.test_client().post("/slots/0?action=restore", json={"filename": "none.bin"})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "filename"
+
+    async def test_file_of_another_model(self, settings, make_runtime, slot_dir) -> None:
+        """A file saved by another model is refused with 400 slot_file_model_mismatch; the slot is untouched."""
+        other = attrs.evolve(fake_model_info(), description="other 7B", n_embd=4096)
+        saver = attrs.evolve(make_runtime(), engine=FakeEngine(info=other), slot_save_path=slot_dir)
+        app = await _serve(settings, saver)
+        async with app.test_app() as client_app:
+            await wait_until_ready(app)
+            client = client_app.test_client()
+            await _complete(client, "hello there")
+            assert (await client.post("/slots/0?action=save", json={"filename": "o.bin"})).status_code == 200
+        loader = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
+        app = await _serve(settings, loader)
+        async with app.test_app() as client_app:
+            await wait_until_ready(app)
+            response = await client_app.test_client().post(
+                "/slots/0?action=restore", json={"filename": "o.bin"}
+            )
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert error["code"] == "slot_file_model_mismatch"
+        assert "other 7B" in error["message"]
+
+    async def test_file_without_record(self, slot_app, slot_dir) -> None:
+        """A file this server did not save (no model record beside it) is refused."""
+        slot_dir.mkdir()
+        (slot_dir / "foreign.bin").write_text(json.dumps({"fake_slot": [1, 2]}))
+        response = await slot_app.test_client().post(
+            "/slots/0?action=restore", json={"filename": "foreign.bin"}
+        )
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["code"] == "slot_file_invalid"

@@ -1,0 +1,115 @@
+"""Slot files on the real engine: save, erase and restore run between decode steps of the other slots.
+
+Each slot has a KV cache of its own (``kv_unified=False``), so a greedy stream's
+tokens do not depend on what else runs, and any change would be the actions'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
+from bubo.domain.sampling import SamplingParams
+from bubo.engine import EngineFailure, SlotBusy
+from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+
+pytestmark = pytest.mark.llama
+
+GREEDY = SamplingParams(temperature=0.0)
+TEXT = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(name="engine", scope="module")
+def _engine(model_path: Path) -> Iterator[LlamaEngine]:
+    engine = load_llama_engine(
+        LlamaOptions(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, kv_unified=False)
+    )
+    yield engine
+    engine.close()
+
+
+async def generate(
+    engine: LlamaEngine, request: GenerationRequest
+) -> tuple[tuple[int, ...], GenerationFinished]:
+    tokens: list[int] = []
+    finished = None
+    async with engine.open_generation(request) as events:
+        async for event in events:
+            if isinstance(event, TokenGenerated):
+                tokens.append(event.token_id)
+            elif isinstance(event, GenerationFinished):
+                finished = event
+    assert finished is not None
+    return tuple(tokens), finished
+
+
+def greedy(prompt: tuple[int, ...], slot: int, max_new: int = 16) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, sampling=GREEDY, slot=slot)
+
+
+async def test_restore_continues_as_before_and_reuses_the_prefix(engine, tokenizer, tmp_path) -> None:
+    prompt = tuple(tokenizer.encode(TEXT))
+    before, _ = await generate(engine, greedy(prompt, slot=0))
+    saved = await engine.save_slot(0, tmp_path / "slot.bin")
+    assert saved.n_tokens == len(engine.slots[0].cached_tokens()) >= len(prompt)
+    assert await engine.erase_slot(0) == saved.n_tokens
+    assert engine.slots[0].cached_tokens() == []
+    restored = await engine.restore_slot(0, tmp_path / "slot.bin")
+    assert restored.n_tokens == saved.n_tokens
+    assert restored.n_bytes == saved.n_bytes == (tmp_path / "slot.bin").stat().st_size
+    after, finished = await generate(engine, greedy(prompt, slot=0))
+    assert after == before
+    assert finished.stats.cached_tokens == len(prompt) - 1
+    assert finished.stats.cache.hit
+
+
+async def test_actions_leave_a_running_stream_alone(engine, tokenizer, tmp_path) -> None:
+    """Save, erase and restore of slot 0 while slot 1 streams: slot 1's tokens are those it makes alone."""
+    prompt = tuple(tokenizer.encode(TEXT))
+    other = tuple(tokenizer.encode(TEXT.replace("lighthouse keeper", "baker")))
+    await generate(engine, greedy(prompt, slot=0))
+    alone, _ = await generate(engine, greedy(other, slot=1, max_new=64))
+    await engine.erase_slot(1)
+    actions = 0
+
+    async def act(stream_done: trio.Event) -> None:
+        nonlocal actions
+        while not stream_done.is_set():
+            await engine.save_slot(0, tmp_path / "busy.bin")
+            await engine.erase_slot(0)
+            await engine.restore_slot(0, tmp_path / "busy.bin")
+            actions += 1
+
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(act, done)
+        together, _ = await generate(engine, greedy(other, slot=1, max_new=64))
+        done.set()
+    assert together == alone
+    assert actions >= 1
+
+
+async def test_a_busy_slot_is_refused(engine, tokenizer, tmp_path) -> None:
+    prompt = tuple(tokenizer.encode(TEXT))
+    async with engine.open_generation(greedy(prompt, slot=0, max_new=8)) as events:
+        with pytest.raises(SlotBusy):
+            await engine.save_slot(0, tmp_path / "x.bin")
+        async for _ in events:
+            pass
+
+
+async def test_an_unreadable_file_empties_the_slot_and_it_serves_on(engine, tokenizer, tmp_path) -> None:
+    prompt = tuple(tokenizer.encode(TEXT))
+    await generate(engine, greedy(prompt, slot=0))
+    (tmp_path / "junk.bin").write_bytes(b"\x00" * 4096)
+    with pytest.raises(EngineFailure) as failure:
+        await engine.restore_slot(0, tmp_path / "junk.bin")
+    assert not failure.value.fatal
+    assert engine.slots[0].cached_tokens() == []
+    tokens, finished = await generate(engine, greedy(prompt, slot=0))
+    assert tokens
+    assert finished.stats.cached_tokens == 0
