@@ -79,12 +79,13 @@ class TestOpenAI:
             ({"input": ["a", 3.5]}, "input[1]"),
             ({"input": [1, 999999]}, "input[1]"),
             ({"input": "word " * 40}, "input"),
+            ({"input": ["a"] * 2049}, "input"),
             ({"input": "a", "encoding_format": "hex"}, "encoding_format"),
             ({"input": "a", "dimensions": 3}, "dimensions"),
         ],
     )
     async def test_bad_input(self, emb_app, body, param) -> None:
-        """Each bad field is a 400 naming it; an input over --ubatch-size tokens too."""
+        """Each bad field is a 400 naming it; an input over --ubatch-size tokens, or over 2048 inputs, too."""
         response = await emb_app.test_client().post("/v1/embeddings", json=body)
         assert response.status_code == 400
         assert (await response.get_json())["error"]["param"] == param

@@ -5,7 +5,10 @@ from __future__ import annotations
 from bubo.errors import InvalidRequest
 from bubo.service.embeddings import EmbeddingInput
 
-__all__ = ["embedding_inputs"]
+__all__ = ["MAX_EMBEDDING_INPUTS", "embedding_inputs"]
+
+MAX_EMBEDDING_INPUTS = 2048
+"""Inputs in one request, as OpenAI limits them: a longer list would hold a worker for everyone else."""
 
 
 def embedding_inputs(value: object, param: str) -> list[EmbeddingInput]:
@@ -18,6 +21,11 @@ def embedding_inputs(value: object, param: str) -> list[EmbeddingInput]:
         )
     if all(_is_token(item) for item in value):
         return [tuple(value)]
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"{param} holds {len(value)} inputs; at most {MAX_EMBEDDING_INPUTS} are accepted in one request",
+            param=param,
+        )
     inputs: list[EmbeddingInput] = []
     for index, item in enumerate(value):
         if isinstance(item, str):
