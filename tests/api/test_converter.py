@@ -10,6 +10,7 @@ import attrs
 import pytest
 
 from bubo.api._converter import make_converter, parse_json_object, structure
+from bubo.api.openai.wire import CompletionRequest
 from bubo.errors import InvalidRequest
 
 
@@ -193,6 +194,10 @@ class TestUnionResolution:
             structure(CONVERTER, value, str | list[int | str] | list[list[int]] | None)
         assert caught.value.message == message
 
+    def test_a_completion_prompt_may_be_a_list_of_one_token_list(self) -> None:
+        """/v1/completions documents a list holding token ids; its first declared array member does not refuse it."""
+        assert structure(CONVERTER, {"prompt": [[1, 2]]}, CompletionRequest).prompt == [[1, 2]]
+
     def test_exact_json_types_win_over_widening(self) -> None:
         """1 is an int and 1.5 a float in int | float; 2.0 is a float there, an int where only int is."""
         assert [structure(CONVERTER, v, float | int) for v in (1, 1.5, 2.0)] == [1, 1.5, 2.0]
@@ -289,6 +294,14 @@ class TestIntegerWidth:
         error = error_of({"count": value})
         assert error.param == "count"
         assert "expected an integer that fits in 64 bits" in error.message
+
+    def test_an_integer_too_large_for_a_number(self) -> None:
+        """A number field takes an integer only if it fits in a double."""
+        error = error_of({"ratio": 10**400})
+        assert (error.param, error.message) == (
+            "ratio",
+            "expected a finite number, got an integer of 401 digits @ $.ratio",
+        )
 
     @pytest.mark.parametrize("value", [2**63 - 1, -(2**63)])
     def test_the_64_bit_bounds(self, value: int) -> None:

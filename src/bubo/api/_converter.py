@@ -198,7 +198,14 @@ def _checked(tp: Any) -> Hook:
                 shown = digits if len(digits) <= 40 else f"{number:.3e}"
                 raise WireValueError(f"expected an integer that fits in 64 bits, got {shown}")
             return number
-        return float(value) if tp is float else value
+        if tp is float:
+            try:
+                return float(value)
+            except OverflowError:
+                raise WireValueError(
+                    f"expected a finite number, got an integer of {len(str(abs(value)))} digits"
+                ) from None
+        return value
 
     return structure
 
@@ -288,17 +295,21 @@ def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
     ``type``).  An unknown tag is an error at ``….type`` that lists the known ones;
     cattrs would send it to the default or fail with a bare ``KeyError``.
     """
-    tags: dict[Any, Any] = {}
-    default: Any = attrs.NOTHING
-    # by tag: equal unions in another order share one hook, and its errors list the tags alike
-    for member in sorted(get_args(union), key=lambda m: str(_type_tags(m))):
-        member_tags = [tag for tag in _type_tags(member) or () if tag is not None]
-        if len(member_tags) != 1:
+    tagged, defaults = [], []
+    for member in get_args(union):
+        member_tags = _type_tags(member) or ()
+        named = [tag for tag in member_tags if tag is not None]
+        if len(named) != 1:
             msg = f"{member.__name__} in {union} needs exactly one type tag"
             raise TypeError(msg)
-        tags[member] = member_tags[0]
-        if None in (_type_tags(member) or ()):
-            default = member
+        tagged.append((named[0], member))
+        defaults.extend([member] if None in member_tags else [])
+    if len(defaults) > 1:
+        msg = f"{union}: only one member may omit its type"
+        raise TypeError(msg)
+    default = defaults[0] if defaults else attrs.NOTHING
+    # in the tags' order: equal unions written in another order share one hook, and list the tags alike
+    tags = {member: tag for tag, member in sorted(tagged, key=lambda pair: json.dumps(pair[0]))}
     # configure_tagged_union registers the union's hook on a converter; this one only holds the
     # members' strict hooks, so the strategy's hook is read back without touching the main one.
     members = cattrs.Converter()
@@ -338,9 +349,9 @@ def _by_json_kind(union: Any, converter: cattrs.Converter) -> Hook:
     A value goes to the member of its own JSON type (an integer to ``int``, a
     number to ``float``), else to one that widens to it; several attrs classes
     form a tagged union; several array types are told apart by their first item.
-    A union no JSON value can be ambiguous in is refused when its hook is built.
+    A union where a JSON value could go to two members is refused when its hook is built.
     """
-    routes = _routes(union, get_args(union))
+    routes = _routes(union)
 
     def structure(value: Any, _: Any) -> Any:
         target = routes.get(_kind(value))
@@ -377,11 +388,11 @@ def _takers(kind: str, types: tuple[Any, ...]) -> list[Any]:
     return exact or [t for t in types if any(_WIDENED.get(m) == kind for m in _members(t))]
 
 
-def _routes(union: Any, members: tuple[Any, ...]) -> dict[str, Any]:
-    """For each JSON kind, the one type (a member, or a union of tagged members) that structures it."""
+def _routes(union: Any) -> dict[str, Any]:
+    """For each JSON kind, the one type (a member, a union of tagged members, arrays) that structures it."""
     routes: dict[str, Any] = {}
     for kind in _KIND_NAMES:
-        chosen = _takers(kind, members)
+        chosen = _takers(kind, get_args(union))
         if len(chosen) <= 1:
             routes.update({kind: chosen[0]} if chosen else {})
         elif all(_type_tags(m) is not None for m in chosen):
