@@ -310,13 +310,13 @@ def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
     default = defaults[0] if defaults else attrs.NOTHING
     # in the tags' order: equal unions written in another order share one hook, and list the tags alike
     tags = {member: tag for tag, member in sorted(tagged, key=lambda pair: json.dumps(pair[0]))}
-    # configure_tagged_union registers the union's hook on a converter; this one only holds the
-    # members' strict hooks, so the strategy's hook is read back without touching the main one.
-    members = cattrs.Converter()
+    # configure_tagged_union registers the union's hook on a converter: on one holding only the
+    # members' strict hooks, so the hook is read back without re-entering this factory.
+    registry = cattrs.Converter()
     for member in tags:
-        members.register_structure_hook(member, converter.get_structure_hook(member))
-    configure_tagged_union(union, members, tag_generator=tags.__getitem__, tag_name=TAG, default=default)
-    by_tag = members.get_structure_hook(union)
+        registry.register_structure_hook(member, converter.get_structure_hook(member))
+    configure_tagged_union(union, registry, tag_generator=tags.__getitem__, tag_name=TAG, default=default)
+    by_tag = registry.get_structure_hook(union)
     known: Any = Literal[tuple(tags.values())]
     check_tag = _literal_hook(known)
 
