@@ -24,6 +24,14 @@ json_values = st.recursive(
 
 USER = {"role": "user", "content": "Hi"}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# one Responses input item of each kind Bubo reads, a message's type omitted
+ITEMS = [
+    {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+    {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Call f."}]},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "Done."},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+]
 
 # A valid body for each POST route (the fake engine answers them).
 VALID: dict[str, dict[str, Any]] = {
@@ -32,7 +40,7 @@ VALID: dict[str, dict[str, Any]] = {
         "stream": False, "stop": ["x"], "response_format": {"type": "text"}, "logprobs": False,
     },
     "/v1/completions": {"model": "bubo", "prompt": "Hi", "max_tokens": 4, "stop": "x", "stream": False},
-    "/v1/responses": {"model": "bubo", "input": "Hi", "max_output_tokens": 4, "instructions": "Be brief."},
+    "/v1/responses": {"model": "bubo", "input": ITEMS, "max_output_tokens": 4, "instructions": "Be brief."},
     "/v1/messages": {
         "model": "bubo", "max_tokens": 4, "messages": [USER], "system": "Be brief.",
         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
@@ -67,10 +75,11 @@ def nested_breakage(draw: st.DrawFn, path: str, values: st.SearchStrategy[Any] =
     key = draw(st.sampled_from(containers))
     value = body[key]
     if isinstance(value, list):
-        item = dict(value[0]) if value and isinstance(value[0], dict) else {}
+        index = draw(st.integers(min_value=0, max_value=max(len(value) - 1, 0)))
+        item = dict(value[index]) if value and isinstance(value[index], dict) else {}
         if item:
             item[draw(st.sampled_from([*item, "extra"]))] = draw(values)
-        body[key] = [item, *value[1:]]
+        body[key] = [*value[:index], item, *value[index + 1 :]]
     else:
         inner = dict(value)
         inner[draw(st.sampled_from([*inner, "extra"]))] = draw(values)

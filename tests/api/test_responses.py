@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+import typing
+from typing import Any
 
+import httpx
+import openai
 import pytest
 from dirty_equals import IsInt, IsStr
 
@@ -19,6 +23,31 @@ from bubo.service.response_store import ResponseStore, StoredResponse
 from .._asgi import post_stream
 
 PATH = "/v1/responses"
+WEATHER = {
+    "type": "function",
+    "name": "weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def sent_by_sdk(**request: Any) -> dict[str, Any]:
+    """The JSON body the official openai SDK sends for ``client.responses.create(**request)``."""
+    sent: list[dict[str, Any]] = []
+
+    def capture(http_request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(http_request.content))
+        return httpx.Response(400, json={"error": {"message": "captured", "type": "invalid_request_error"}})
+
+    transport = httpx.MockTransport(capture)
+    with (
+        httpx.Client(transport=transport) as http,
+        openai.OpenAI(
+            api_key="unused", base_url="http://bubo.test/v1", max_retries=0, http_client=http
+        ) as sdk,
+        pytest.raises(openai.BadRequestError),
+    ):
+        sdk.responses.create(**request)
+    return sent[0]
 
 
 def events(raw: bytes) -> list[dict]:
@@ -105,7 +134,7 @@ class TestCreate:
         ("body", "code", "param"),
         [
             ({"model": "bubo"}, "missing_input", "input"),
-            ({"model": "bubo", "input": [{"type": "computer_call"}]}, "invalid_request", "input[0].type"),
+            ({"model": "bubo", "input": [{"type": "computer_call"}]}, "parse_error", "input[0].type"),
             ({"model": "bubo", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "unsupported_content", "input[0].content[0]"),
             ({"model": "bubo", "input": [{"type": "function_call", "name": "f"}]}, "parse_error", "input[0].call_id"),
             ({"model": "bubo", "input": "x", "tools": [{"type": "function"}]}, "parse_error", "tools[0].name"),
@@ -119,6 +148,121 @@ class TestCreate:
         assert response.status_code == 400
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == (code, param)
+
+
+class TestInputItems:
+    """Input items are structured by the converter: a union tagged by type, a message's type optional."""
+
+    CALL: typing.ClassVar = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"}
+    USER: typing.ClassVar = {"role": "user", "content": "Weather?"}
+
+    @pytest.mark.parametrize(
+        ("item", "message"),
+        [
+            ({"type": "function_call_output", "call_id": 7, "output": "Sunny"},
+             "expected a string, got integer @ $.input[3].call_id"),
+            ({"type": "function_call_output", "call_id": "c1", "output": {"text": "Sunny"}},
+             "expected a string or an array, got object @ $.input[3].output"),
+            ({"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": 1}]},
+             "expected a string, got integer @ $.input[3].output[0].text"),
+            ({"role": "user", "content": [{"type": "input_text", "text": ["a"]}]},
+             "expected a string, got array @ $.input[3].content[0].text"),
+            ({"role": "user", "content": "a", "type": "message", "status": 1},
+             "expected a string or null, got integer @ $.input[3].status"),
+            ({"role": "robot", "content": "a"},
+             'expected one of "user", "assistant", "system", "developer", got "robot" @ $.input[3].role'),
+            ({"type": "reasoning", "summary": "thinking"},
+             "expected an array or null, got string @ $.input[3].summary"),
+            ({"type": "reasoning", "content": [{"type": "summary_text", "text": False}]},
+             "expected a string, got boolean @ $.input[3].content[0].text"),
+            ({"type": "function_call", "call_id": "c2", "name": "f", "arguments": {"a": 1}},
+             "expected a string, got object @ $.input[3].arguments"),
+            ({"content": "no role"}, "required field missing @ $.input[3].role"),
+            ("Thanks", "expected an object, got string @ $.input[3]"),
+            ({"type": "computer_call", "call_id": "c2"},
+             ('expected one of "custom_tool_call", "custom_tool_call_output", "function_call", '
+              '"function_call_output", "item_reference", "message", "reasoning", got "computer_call" @ $.input[3].type')),
+        ],
+    )  # fmt: skip
+    async def test_a_wrong_value_in_an_item_names_its_path(self, app, item: object, message: str) -> None:
+        """A value of the wrong JSON type anywhere in an item is a 400 whose param is its JSON path."""
+        items = [
+            self.USER,
+            self.CALL,
+            {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+            item,
+        ]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": items})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["message"]) == ("parse_error", message)
+        assert error["param"] == message.rpartition(" @ $.")[2]
+
+    async def test_every_bad_item_is_reported(self, app) -> None:
+        """Each bad field of each item is in the message; param is the first."""
+        items = [{"role": "user"}, self.CALL, {"type": "function_call", "name": 5}]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": items, "top_p": "x"})
+        error = (await response.get_json())["error"]
+        assert error["param"] == "input[0].content"
+        assert error["message"].split("; ") == [
+            "required field missing @ $.input[0].content",
+            "required field missing @ $.input[2].call_id",
+            "expected a string, got integer @ $.input[2].name",
+            "required field missing @ $.input[2].arguments",
+            "expected a number or null, got string @ $.top_p",
+        ]
+
+    @pytest.mark.parametrize(
+        "item", [{"role": "user", "content": "Hi"}, {"type": None, "role": "user", "content": "Hi"}]
+    )
+    async def test_a_message_may_omit_its_type(self, app, fake_engine: FakeEngine, tokenizer, item) -> None:
+        """An item without type (or with type null) is a message."""
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": [item]})
+        assert response.status_code == 200
+        assert "user\nHi" in tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+
+    async def test_an_item_reference_is_refused_by_name(self, app) -> None:
+        """Bubo keeps no items by id: a reference is a 400 at its id that says what to send instead."""
+        items = [self.USER, {"type": "item_reference", "id": "msg_1"}]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": items})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", "input[1].id")
+        assert "previous_response_id" in error["message"]
+
+    async def test_what_the_openai_sdk_sends_back_is_accepted(
+        self, thinking_app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """An agent's next turn through the official SDK: the earlier output items as the SDK holds them
+        (reasoning, function_call), the call's output, and messages of each shape, accepted and rendered in order.
+        """
+        client = thinking_app.test_client()
+        script.reply = '<think>Look it up.</think><tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        first = await client.post(
+            PATH, json={"model": "bubo", "input": "Weather in Oslo?", "tools": [WEATHER]}
+        )
+        output = openai.types.responses.Response.model_validate(await first.get_json()).output
+        assert [item.type for item in output] == ["reasoning", "function_call"]
+        call_id = output[1].call_id  # type: ignore[union-attr]
+        body = sent_by_sdk(
+            model="bubo",
+            tools=[WEATHER],
+            input=[
+                {"role": "user", "content": "Weather in Oslo?"},
+                *output,
+                {"type": "function_call_output", "call_id": call_id, "output": "Sunny, 21 C"},
+                {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                 "content": [{"type": "output_text", "text": "It is sunny.", "annotations": []}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks!"}]},
+            ],
+        )  # fmt: skip
+        script.reply = "You are welcome."
+        response = await client.post(PATH, json=body)
+        assert response.status_code == 200, await response.get_json()
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        order = ["Weather in Oslo?", '"city": "Oslo"', "Sunny, 21 C", "It is sunny.", "Thanks!"]
+        positions = [prompt.index(fragment) for fragment in order]
+        assert positions == sorted(positions)
 
 
 class TestStreaming:

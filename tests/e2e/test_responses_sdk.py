@@ -97,3 +97,35 @@ def test_unknown_previous_response_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.responses.create(model="bubo", input="x", previous_response_id="resp_nope")
     assert caught.value.code == "response_not_found"
+
+
+def test_input_items_an_agent_sends_back(client: openai.OpenAI) -> None:
+    """The SDK's input items as an agent sends them (its earlier output objects, a call and its output,
+    messages of each shape) are accepted, and the conversation reaches the model.
+    """
+    first = client.responses.create(
+        model="bubo", instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16
+    )
+    weather = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}
+    second = client.responses.create(
+        model="bubo",
+        instructions=INSTRUCTIONS,
+        temperature=0,
+        max_output_tokens=16,
+        tools=[weather],  # type: ignore[list-item]
+        input=[
+            {"role": "user", "content": QUESTION},
+            *first.output,  # type: ignore[list-item]
+            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "And the weather?"}],
+            },
+        ],
+    )
+    assert second.status in ("completed", "incomplete")
+    assert second.usage is not None
+    assert first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens

@@ -22,7 +22,6 @@ from bubo.errors import InvalidRequest, UnsupportedContent
 from . import wire
 
 __all__ = [
-    "ITEM_TYPES",
     "Conversation",
     "answered",
     "assistant_message",
@@ -38,14 +37,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ITEM_TYPES: dict[str, type[Any]] = {
-    "message": wire.MessageItem,
-    "function_call": wire.FunctionCallItem,
-    "function_call_output": wire.FunctionCallOutputItem,
-    "custom_tool_call": wire.CustomToolCallItem,
-    "custom_tool_call_output": wire.CustomToolCallOutputItem,
-    "reasoning": wire.ReasoningItem,
-}
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
@@ -67,7 +58,7 @@ def responses_request(
     """The domain request for ``POST /v1/responses``, continuing *previous* turns.
 
     Raises:
-        InvalidRequest: no input, an unknown item type, unsupported content,
+        InvalidRequest: no input, an item reference, unsupported content,
             ``max_output_tokens`` below 1 or over 32 bits, a sampler setting out of range.
 
     """
@@ -77,9 +68,7 @@ def responses_request(
         raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
     check_token_limit(body.max_output_tokens, "max_output_tokens")
     items = (
-        [Message(role="user", content=body.input)]
-        if isinstance(body.input, str)
-        else _messages(converter, body.input)
+        [Message(role="user", content=body.input)] if isinstance(body.input, str) else _messages(body.input)
     )
     history = (*previous, *items)
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
@@ -140,19 +129,10 @@ def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
     raise InvalidRequest(f"text.format type {spec.get('type')!r} is not supported", param="text.format.type")
 
 
-def _messages(converter: cattrs.Converter, items: list[dict[str, Any]]) -> list[Message]:
+def _messages(items: Sequence[wire.InputItem]) -> list[Message]:
     out: list[Message] = []
     reasoning: list[str] = []
-    for index, raw in enumerate(items):
-        path = f"$.input[{index}]"
-        kind = raw.get("type", "message")
-        cls = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
-        if cls is None:
-            known = ", ".join(ITEM_TYPES)
-            raise InvalidRequest(
-                f"input item type {kind!r} is not supported; use one of {known}", param=f"input[{index}].type"
-            )
-        item: object = structure(converter, raw, cls, path=path)
+    for index, item in enumerate(items):
         match item:
             case wire.ReasoningItem():
                 reasoning.extend(part.text for part in (item.content or item.summary or ()))
@@ -175,6 +155,12 @@ def _messages(converter: cattrs.Converter, items: list[dict[str, Any]]) -> list[
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
                 output = _text(item.output, f"input[{index}].output")
                 out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
+            case wire.ItemReference():
+                raise InvalidRequest(
+                    "item references are not supported: Bubo keeps no items by id; "
+                    "send the item itself, or continue a stored response with previous_response_id",
+                    param=f"input[{index}].id",
+                )
     return out
 
 

@@ -1,9 +1,10 @@
 """OpenAI Responses wire models, fields in the API reference's order.
 
 https://platform.openai.com/docs/api-reference/responses/create
-``input`` items and ``tools`` arrive as plain objects and are structured one
-by one in :mod:`.translate`, because a message item may omit its ``type`` and
-agents send tool types Bubo skips rather than rejects.
+``input`` items are a union tagged by ``type`` (:data:`InputItem`); a message
+may omit its ``type``, so :class:`MessageItem` is the union's default.
+``tools`` arrive as plain objects and are structured one by one in
+:mod:`.translate`, because agents send tool types Bubo skips rather than rejects.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ InputContent = InputText | OutputTextIn | RefusalIn | InputImage | InputFile
 
 @attrs.frozen(kw_only=True)
 class MessageItem:
-    """A message; ``type`` may be omitted."""
+    """A message: the SDK's easy input message, input message or output message; ``type`` may be omitted."""
 
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputContent]
@@ -135,6 +136,26 @@ class ReasoningItem:
     summary: list[ReasoningPart] | None = None
     content: list[ReasoningPart] | None = None
     encrypted_content: str | None = None
+    status: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ItemReference:
+    """An earlier item named by its ``id``; Bubo keeps no items by id and refuses it."""
+
+    type: Literal["item_reference"]
+    id: str
+
+
+InputItem = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
+    | ReasoningItem
+    | ItemReference
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -170,7 +191,7 @@ class ResponsesRequest:
     """``POST /v1/responses``."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | list[InputItem] | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
     metadata: dict[str, str] | None = None
