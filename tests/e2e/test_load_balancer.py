@@ -152,7 +152,9 @@ def cluster_of_two(directory: Path) -> Iterator[Cluster]:
                 bubo_command(), "serve", "--port", str(port), "-c", "1024", "-np", "2",
                 "--shutdown-timeout", "120",
             ]  # fmt: skip
-            replicas.append(start_server(command, port, directory / f"replica-{n}.log", {"BUBO_THREADS": "1"}))
+            replicas.append(
+                start_server(command, port, directory / f"replica-{n}.log", {"BUBO_THREADS": "1"})
+            )
         prefix = directory / "nginx"
         prefix.mkdir()
         cluster = start_nginx(prefix, replicas)
@@ -179,10 +181,15 @@ def chat(client: httpx.Client, key: str, messages: list[dict[str, str]]) -> http
 
 
 class TestAffinity:
-    def test_second_turn_lands_on_the_first_turns_replica_and_reuses_its_cache(self, cluster: Cluster) -> None:
+    def test_second_turn_lands_on_the_first_turns_replica_and_reuses_its_cache(
+        self, cluster: Cluster
+    ) -> None:
         """The same turn sent under a conversation id of the other replica is a cache miss there."""
         keys = cluster.keys_by_replica()
-        system = {"role": "system", "content": f"You are a helpful assistant ({uuid.uuid4().hex}). {HANDBOOK}"}
+        system = {
+            "role": "system",
+            "content": f"You are a helpful assistant ({uuid.uuid4().hex}). {HANDBOOK}",
+        }
         with httpx.Client(base_url=cluster.url, timeout=120) as client:
             home, elsewhere = keys.values()
             first = chat(client, home[0], [system, {"role": "user", "content": "Hello?"}])
@@ -233,7 +240,10 @@ def test_a_replica_taken_down_is_drained_without_failed_requests(tmp_path: Path)
         def ask(key: str) -> None:
             body = {"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
             response = httpx.post(
-                cluster.url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": key}, timeout=120
+                cluster.url + "/v1/chat/completions",
+                json=body,
+                headers={"X-Conversation-Id": key},
+                timeout=120,
             )
             statuses.append(response.status_code)
             answered_by.append([a.strip() for a in response.headers["X-Bubo-Upstream"].split(",")])
@@ -246,7 +256,11 @@ def test_a_replica_taken_down_is_drained_without_failed_requests(tmp_path: Path)
 
         stream_body = {"prompt": "List:", "n_predict": 160, "ignore_eos": True, "stream": True}
         with httpx.stream(
-            "POST", cluster.url + "/completion", json=stream_body, headers={"X-Conversation-Id": ours[0]}, timeout=300
+            "POST",
+            cluster.url + "/completion",
+            json=stream_body,
+            headers={"X-Conversation-Id": ours[0]},
+            timeout=300,
         ) as stream:
             assert stream.status_code == 200
             assert cluster.replica_at(stream) is draining
