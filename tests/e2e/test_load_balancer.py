@@ -222,6 +222,22 @@ class TestAffinity:
                     assert cluster.replica_at(response).base_url == base_url
 
 
+def test_a_stream_reaches_the_client_while_it_is_generated(cluster: Cluster) -> None:
+    """nginx holds nothing back: the first event arrives while the replica is still generating."""
+    body = {"prompt": "Count:", "n_predict": 200, "ignore_eos": True, "stream": True}
+    headers = {"X-Conversation-Id": f"stream-{uuid.uuid4().hex}"}
+    with httpx.stream("POST", cluster.url + "/completion", json=body, headers=headers, timeout=120) as stream:
+        replica = cluster.replica_at(stream)
+        lines = stream.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        processing = httpx.get(replica.base_url + "/metrics", timeout=30).text
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert first["stop"] is False
+    assert "llamacpp:requests_processing 1.0" in processing
+    assert events[-1]["stop"] is True
+    assert events[-1]["tokens_predicted"] == 200
+
+
 def test_a_replica_taken_down_is_drained_without_failed_requests(tmp_path: Path) -> None:
     """SIGTERM one replica while it generates: its requests finish, new ones go to the other, no error.
 
