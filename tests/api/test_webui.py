@@ -14,7 +14,8 @@ from bubo.api import webui
 from bubo.cli import _flag_values, _parser
 from bubo.config import load_settings
 from bubo.server import create_app
-from tests.conftest import wait_until_ready
+
+from ..conftest import wait_until_ready
 
 ASSET_PATHS = ["/", "/webui/app.js", "/webui/style.css", "/webui/icon.svg", "/webui/vendor/marked.umd.js",
                "/webui/vendor/purify.min.js"]  # fmt: skip

@@ -84,7 +84,8 @@ def _page(browser: Browser, errors: list[str]) -> Iterator[Page]:
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     yield page
     context.close()
-    assert not [e for e in errors if "401" not in e and "400" not in e], errors  # refused requests are expected
+    refused = ("status of 400", "status of 401")  # requests the tests make fail on purpose
+    assert not [e for e in errors if not any(r in e for r in refused)], errors
 
 
 def open_page(page: Page, server: Server) -> None:
@@ -261,7 +262,10 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     conversation = {
         "id": "hostile",
         "title": "",
-        "messages": [{"role": "user", "content": "<b>not bold</b>"}, {"role": "assistant", "content": hostile}],
+        "messages": [
+            {"role": "user", "content": "<b>not bold</b>"},
+            {"role": "assistant", "content": hostile},
+        ],
     }
     page.evaluate(
         "c => { localStorage.setItem('bubo.conversations', JSON.stringify([c]));"

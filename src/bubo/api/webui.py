@@ -33,7 +33,9 @@ _TYPES = {
 _FILES = ("index.html", "app.js", "style.css", "icon.svg", "vendor/marked.umd.js", "vendor/purify.min.js")
 _ROOT = files("bubo.api").joinpath("_webui")
 
-ASSETS: MappingProxyType[str, bytes] = MappingProxyType({name: _ROOT.joinpath(name).read_bytes() for name in _FILES})
+ASSETS: MappingProxyType[str, bytes] = MappingProxyType(
+    {name: _ROOT.joinpath(name).read_bytes() for name in _FILES}
+)
 """The page's files by path under ``/webui/`` (read once: about 110 KB in all)."""
 
 SECURITY_HEADERS: MappingProxyType[str, str] = MappingProxyType(
