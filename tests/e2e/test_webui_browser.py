@@ -8,9 +8,11 @@ browser download.  A missing browser fails the run.  Screenshots land in ``test-
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from .conftest import Server, free_port, hypercorn_command, start_server, stop_s
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 ROOT = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).with_name("harness_server.py")
 KEY = "webui-test-key"
 # How long the page may take for what the model does (a whole answer on two busy cores), not a latency claim.
 ANSWER_MS = 120_000
@@ -84,7 +87,7 @@ def _page(browser: Browser, errors: list[str]) -> Iterator[Page]:
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     yield page
     context.close()
-    refused = ("status of 400", "status of 401")  # requests the tests make fail on purpose
+    refused = ("status of 400", "status of 401", "status of 503")  # requests the tests make fail on purpose
     assert not [e for e in errors if not any(r in e for r in refused)], errors
 
 
@@ -104,8 +107,29 @@ def answer_done(page: Page) -> None:
     expect(page.locator("article.assistant .regenerate")).to_be_visible(timeout=ANSWER_MS)
 
 
+def store_conversation(page: Page, server: Server, messages: list[dict]) -> None:
+    """Put one conversation in the page's localStorage, as an earlier visit would have, and reload."""
+    conversation = {"id": "stored", "title": "", "messages": messages}
+    page.evaluate(
+        "c => { localStorage.setItem('bubo.conversations', JSON.stringify([c]));"
+        " localStorage.setItem('bubo.current', c.id); }",
+        conversation,
+    )
+    page.reload()
+    open_page(page, server)
+
+
 def slots(server: Server) -> list[dict]:
     return httpx.get(f"{server.base_url}/slots", timeout=10).json()
+
+
+def wait_until_idle(server: Server) -> float:
+    """Poll /slots (at most 30 s) until no slot is processing; the seconds it took."""
+    start = time.monotonic()
+    while any(slot["is_processing"] for slot in slots(server)):
+        assert time.monotonic() < start + 30, slots(server)
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 def test_the_page_comes_from_this_server_alone(page: Page, server: Server, artifacts: Path) -> None:
@@ -163,13 +187,8 @@ def test_stop_ends_the_generation_on_the_server(page: Page, server: Server, arti
     expect(page.locator("article.assistant .content")).not_to_have_text("", timeout=ANSWER_MS)
     assert any(slot["is_processing"] for slot in slots(server)), "the answer ended before Stop"
     page.keyboard.press("Escape")
-    stopped = time.monotonic()
+    print(f"slot idle {wait_until_idle(server):.2f} s after Esc")  # noqa: T201 - the measurement
     expect(page.locator("article.assistant .note")).to_have_text("stopped")
-    deadline = time.monotonic() + 30
-    while any(slot["is_processing"] for slot in slots(server)):
-        assert time.monotonic() < deadline, slots(server)
-        time.sleep(0.05)
-    print(f"slot idle {time.monotonic() - stopped:.2f} s after Esc")  # noqa: T201 - the measurement
     expect(page.locator("#send")).to_be_enabled()
     expect(page.locator("#stop")).to_be_hidden()
     page.screenshot(path=artifacts / "stopped.png")
@@ -177,11 +196,8 @@ def test_stop_ends_the_generation_on_the_server(page: Page, server: Server, arti
     page.click("article.assistant .regenerate")  # the same question again, stopped with the button
     expect(page.locator("article.assistant .content")).not_to_have_text("", timeout=ANSWER_MS)
     page.click("#stop")
+    print(f"slot idle {wait_until_idle(server):.2f} s after Stop")  # noqa: T201
     expect(page.locator("article.assistant .note")).to_have_text("stopped")
-    deadline = time.monotonic() + 30
-    while any(slot["is_processing"] for slot in slots(server)):
-        assert time.monotonic() < deadline, slots(server)
-        time.sleep(0.05)
 
 
 def test_conversations_are_kept_across_reloads(page: Page, server: Server) -> None:
@@ -259,21 +275,8 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
         "**bold** <img src=x onerror=\"window.pwned='img'\"> <script>window.pwned='script'</script>"
         "<a href=\"javascript:window.pwned='link'\">link</a>\n\n```js\nalert(1)\n```"
     )
-    conversation = {
-        "id": "hostile",
-        "title": "",
-        "messages": [
-            {"role": "user", "content": "<b>not bold</b>"},
-            {"role": "assistant", "content": hostile},
-        ],
-    }
-    page.evaluate(
-        "c => { localStorage.setItem('bubo.conversations', JSON.stringify([c]));"
-        " localStorage.setItem('bubo.current', c.id); }",
-        conversation,
-    )
-    page.reload()
-    open_page(page, server)
+    messages = [{"role": "user", "content": "<b>not bold</b>"}, {"role": "assistant", "content": hostile}]
+    store_conversation(page, server, messages)
     content = page.locator("article.assistant .content")
     expect(content.locator("strong")).to_have_text("bold")
     expect(content.locator("pre code")).to_have_text("alert(1)\n")
@@ -286,6 +289,38 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     expect(page.locator("article.user .content")).to_have_text("<b>not bold</b>")  # the user's text is text
     page.wait_for_function("[...document.images].every(image => image.complete)")
     errors[:] = [e for e in errors if "status of 404" not in e]  # the image /x, loaded without its handler
+
+
+def test_reasoning_and_tool_calls_are_shown(page: Page, server: Server, artifacts: Path) -> None:
+    """Reasoning folds into a block of its own; each tool call shows its name and arguments, as text."""
+    open_page(page, server)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city":"<Paris>"}'},
+    }
+    store_conversation(
+        page,
+        server,
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning": "The user wants the weather.",
+                "tool_calls": [call],
+            },
+        ],
+    )
+    answer = page.locator("article.assistant")
+    reasoning = answer.locator("details.reasoning")
+    expect(reasoning.locator("summary")).to_have_text("Reasoning")
+    expect(reasoning.locator(".text")).to_be_hidden()  # folded once the answer is complete
+    reasoning.locator("summary").click()
+    expect(reasoning.locator(".text")).to_have_text("The user wants the weather.")
+    expect(answer.locator("details.tool-calls summary")).to_have_text("Tool calls (1)")
+    expect(answer.locator("details.tool-calls pre")).to_have_text('get_weather({"city":"<Paris>"})')
+    page.screenshot(path=artifacts / "reasoning-tool-calls.png")
 
 
 def test_phone_width(browser: Browser, server: Server, artifacts: Path) -> None:
@@ -338,3 +373,57 @@ def test_a_server_with_a_key_asks_for_it(page: Page, keyed_server: Server, artif
     page.reload()  # the same tab keeps the key
     expect(page.locator("#model")).to_contain_text("tokens context", timeout=30_000)
     expect(overlay).to_be_hidden()
+
+
+@pytest.fixture(name="busy_server", scope="module")
+def _busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """The harness (harness_server.py) with one slot and no queue; its memory reading comes from a file."""
+    control = tmp_path_factory.mktemp("webui-control")
+    port = free_port()
+    server = start_server(
+        [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
+        port,
+        tmp_path_factory.mktemp("webui-harness") / "harness.log",
+        env={"BUBO_PARALLEL": "1", "BUBO_MAX_QUEUE": "0", "BUBO_MEMORY_LOW_WATER_MIB": "16"},
+    )
+    yield server, control
+    stop_server(server)
+
+
+def test_a_full_queue_is_shown_as_a_message(
+    page: Page, busy_server: tuple[Server, Path], artifacts: Path
+) -> None:
+    """While another client holds the only slot and nothing may wait, sending reads as 503 queue_full."""
+    server, _control = busy_server
+    open_page(page, server)
+    hold = {"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/completion", json=hold, timeout=120) as held:
+        assert held.status_code == 200
+        next(line for line in held.iter_lines() if line.startswith("data: "))  # the slot is generating
+        page.fill("#draft", "Hello")
+        page.press("#draft", "Enter")
+        error = page.locator("#error")
+        expect(error).to_contain_text("The server is busy: its queue is full (503 queue_full). Try again in")
+        page.screenshot(path=artifacts / "error-queue-full.png")
+    print(f"slot idle {wait_until_idle(server):.2f} s after the holding client left")  # noqa: T201
+    expect(page.locator("article.user .content")).to_have_text("Hello")
+
+
+def test_memory_pressure_is_shown_as_a_message(page: Page, busy_server: tuple[Server, Path]) -> None:
+    """Below the server's low-water mark a generation is refused; the page says why and when to retry."""
+    server, control = busy_server
+    open_page(page, server)
+    reading = control / "memory.json"
+    reading.write_text(json.dumps({"available_bytes": 10 * 1024 * 1024, "limit_bytes": 16_000 * 1024 * 1024}))
+    try:
+        page.fill("#draft", "Hello")
+        page.press("#draft", "Enter")
+        expect(page.locator("#error")).to_contain_text(
+            "The server is low on memory (503 memory_pressure). Try again in 5 s."
+        )
+    finally:
+        reading.unlink()
+    set_setting(page, "#max-tokens", "4")
+    page.click("#send")  # memory is back: the same question goes through
+    answer_done(page)
+    expect(page.locator("#error")).to_be_hidden()

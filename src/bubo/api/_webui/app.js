@@ -96,6 +96,7 @@
     if (status === 401) return "The server refused the API key (401). Enter the key again.";
     if (code === "queue_full") return `The server is busy: its queue is full (503 queue_full).${wait}\n${message}`;
     if (code === "memory_pressure") return `The server is low on memory (503 memory_pressure).${wait}\n${message}`;
+    if (code === "insufficient_memory") return `The server has too little memory for this request now (503 insufficient_memory).${wait}\n${message}`;
     if (code === "not_ready") return `The model is not ready yet (503 not_ready).${wait}\n${message}`;
     return `Error ${status}${code ? ` ${code}` : ""}${param}: ${message || "the request failed"}`;
   }
