@@ -280,7 +280,10 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     content = page.locator("article.assistant .content")
     expect(content.locator("strong")).to_have_text("bold")
     expect(content.locator("pre code")).to_have_text("alert(1)\n")
-    expect(content.locator("pre .copy")).to_have_text("Copy")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    content.locator("pre .copy").click()
+    expect(content.locator("pre .copy")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "alert(1)\n"
     assert content.locator("script").count() == 0
     assert content.locator("[onerror]").count() == 0
     assert content.locator("a[href^='javascript']").count() == 0
