@@ -337,8 +337,15 @@ def test_phone_width(browser: Browser, server: Server, artifacts: Path) -> None:
         expect(page.locator("#new-chat")).not_to_be_in_viewport()
         page.screenshot(path=artifacts / "phone.png")
         page.click("#toggle-sidebar")
+        expect(page.locator("#sidebar")).to_have_css("transform", "none")  # slid in completely
         expect(page.locator("#new-chat")).to_be_in_viewport()
         page.screenshot(path=artifacts / "phone-conversations.png")
+        page.mouse.click(370, 400)  # beside the list: it folds away again
+        expect(page.locator("#new-chat")).not_to_be_in_viewport()
+        page.click("#toggle-sidebar")
+        expect(page.locator("#sidebar")).to_have_css("transform", "none")
+        page.keyboard.press("Escape")
+        expect(page.locator("#new-chat")).not_to_be_in_viewport()
     finally:
         context.close()
 

@@ -512,6 +512,8 @@
       if (event.key === "Escape" && state.controller) {
         event.preventDefault();
         stop();
+      } else if (event.key === "Escape") {
+        $("sidebar").classList.remove("open");
       }
     });
     $("stop").addEventListener("click", stop);
@@ -526,6 +528,9 @@
       $("draft").focus();
     });
     $("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
+    $("chat").addEventListener("click", (event) => {
+      if (!event.target.closest("#toggle-sidebar")) $("sidebar").classList.remove("open"); // phone width: fold it
+    });
     $("key-form").addEventListener("submit", (event) => {
       event.preventDefault();
       sessionStorage.setItem(API_KEY, $("key-input").value);
