@@ -9,6 +9,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+import trio
 
 from bubo.api import webui
 from bubo.cli import _flag_values, _parser
@@ -76,6 +77,23 @@ class TestPage:
             assert reference.startswith("/webui/")
             assert (await app.test_client().get(reference)).status_code == 200
         assert not any(re.match(r"on[a-z]+$", name) for _t, a in parser.tags for name in a)  # no handlers
+
+    async def test_the_page_is_served_while_the_model_loads(self, make_runtime) -> None:
+        """First paint waits for no model: the page answers while the API still says 503 not_ready."""
+        release = trio.Event()
+
+        def slow_load(_settings, _progress):
+            trio.from_thread.run(release.wait)
+            return make_runtime()
+
+        app = create_app(load_settings({}, environ={}), load=slow_load, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            client = test_app.test_client()
+            for path in ASSET_PATHS:
+                assert (await client.get(path)).status_code == 200, path
+            assert (await client.get("/v1/models")).status_code == 503
+            release.set()
+            await wait_until_ready(app)
 
     def test_the_page_weighs_under_300_kb(self) -> None:
         """Everything the browser downloads, uncompressed."""
