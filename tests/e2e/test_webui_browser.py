@@ -30,6 +30,8 @@ HARNESS = Path(__file__).with_name("harness_server.py")
 KEY = "webui-test-key"
 # How long the page may take for what the model does (a whole answer on two busy cores), not a latency claim.
 ANSWER_MS = 120_000
+# Playwright's 5 s default for each expectation is short for a server and a browser sharing two busy cores.
+expect.set_options(timeout=30_000)
 TOKEN_COUNT = re.compile(r"[1-9]\d* / 2048 tokens")  # the draft counted against the context
 # Records each distinct text of the newest assistant message, as the page shows it while streaming.
 WATCH_STREAM = """() => {
@@ -394,7 +396,12 @@ def _busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ser
         [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
         port,
         tmp_path_factory.mktemp("webui-harness") / "harness.log",
-        env={"BUBO_PARALLEL": "1", "BUBO_MAX_QUEUE": "0", "BUBO_MEMORY_LOW_WATER_MIB": "16"},
+        env={
+            "BUBO_PARALLEL": "1",
+            "BUBO_MAX_QUEUE": "0",
+            "BUBO_MEMORY_LOW_WATER_MIB": "16",
+            "BUBO_DEVICE_RECOVERY": "on",
+        },
     )
     yield server, control
     stop_server(server)
@@ -437,3 +444,21 @@ def test_memory_pressure_is_shown_as_a_message(page: Page, busy_server: tuple[Se
     page.click("#send")  # memory is back: the same question goes through
     answer_done(page)
     expect(page.locator("#error")).to_be_hidden()
+
+
+def test_an_error_inside_the_stream_is_shown(page: Page, busy_server: tuple[Server, Path]) -> None:
+    """A failure after the answer began (the engine lost mid-decode) ends the answer with the server's error."""
+    server, control = busy_server
+    open_page(page, server)
+    switch = control / "decode-fails"
+    switch.touch()
+    try:
+        page.fill("#draft", "Hello")
+        page.press("#draft", "Enter")
+        expect(page.locator("#error")).to_contain_text("Error device_lost:")
+    finally:
+        switch.unlink()
+    deadline = time.monotonic() + 60  # the server reloads the model (--device-recovery) for later tests
+    while httpx.get(f"{server.base_url}/ready", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)

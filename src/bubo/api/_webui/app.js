@@ -98,7 +98,7 @@
     if (code === "memory_pressure") return `The server is low on memory (503 memory_pressure).${wait}\n${message}`;
     if (code === "insufficient_memory") return `The server has too little memory for this request now (503 insufficient_memory).${wait}\n${message}`;
     if (code === "not_ready") return `The model is not ready yet (503 not_ready).${wait}\n${message}`;
-    return `Error ${status}${code ? ` ${code}` : ""}${param}: ${message || "the request failed"}`;
+    return `Error${status ? ` ${status}` : ""}${code ? ` ${code}` : ""}${param}: ${message || "the request failed"}`;
   }
 
   function headers(json = true) {
@@ -386,7 +386,7 @@
       for await (const data of events(response)) {
         if (data === "[DONE]") break;
         const chunk = JSON.parse(data);
-        if (chunk.error) throw new ApiError(chunk.error.status || 500, chunk, null);
+        if (chunk.error) throw new ApiError(null, chunk, null); // after the headers: no status, only the code
         const choice = chunk.choices && chunk.choices[0];
         if (!choice) continue;
         const delta = choice.delta || {};
