@@ -8,6 +8,7 @@ browser download.  A missing browser fails the run.  Screenshots land in ``test-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -59,9 +60,9 @@ def chromium_path() -> str:
 def _artifacts(request: pytest.FixtureRequest) -> Path:
     folder = Path(os.environ.get("BUBO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "webui"
     folder.mkdir(parents=True, exist_ok=True)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"web UI screenshots: {folder}")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\nweb UI screenshots: {folder}")  # noqa: T201 - where to look, even when the run passes
     return folder
 
 
