@@ -8,6 +8,8 @@ two cores) in its cache: later sessions and CI runs reuse it.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -19,6 +21,27 @@ nox.options.sessions = ["tests"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 
+# Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
+# (tests/e2e/test_load_balancer.py) and the chat page in a headless browser (test_webui_browser.py).
+DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium"}
+
+
+def _install_debian_packages(session: nox.Session) -> None:
+    """apt-get the packages whose program is missing (with sudo unless root); the tests fail without them."""
+    missing = [
+        package
+        for program, package in DEBIAN_PACKAGES.items()
+        if shutil.which(program) is None and not Path("/usr/sbin", program).exists()
+    ]
+    if not missing:
+        return
+    as_root = [] if os.geteuid() == 0 else ["sudo"]
+    session.run(*as_root, "apt-get", "update", "-qq", external=True)
+    session.run(
+        *as_root, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing,
+        external=True, env={"DEBIAN_FRONTEND": "noninteractive"},
+    )  # fmt: skip
+
 
 @nox.session
 def tests(session: nox.Session) -> None:
@@ -27,6 +50,7 @@ def tests(session: nox.Session) -> None:
     Prints a branch-coverage summary of the package (files fully covered are left out); the servers
     the end-to-end tests start are separate processes and are not measured.
     """
+    _install_debian_packages(session)
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
     session.run(
         "pytest",

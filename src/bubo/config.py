@@ -97,6 +97,7 @@ class ServerSettings:
     device_recovery: bool = False  # reload the model after the engine was lost
     memory_guard: bool = True
     memory_low_water_mib: int = attrs.field(default=256, validator=_non_negative)
+    webui: bool = True  # the chat page at / (bubo/api/webui.py)
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -294,6 +295,9 @@ OPTIONS: tuple[Option, ...] = (
            "refuse requests the machine has no memory for: 503 now, 507 never (on)", "on|off"),
     Option(("--memory-low-water-mib",), ("server", "memory_low_water_mib"), _int,
            "below this much available memory every generation gets 503 memory_pressure (256)", "MIB"),
+    Option(("--webui",), ("server", "webui"), _switch,
+           "serve the built-in chat page at / (on; its files need no API key); off: / is 404", "on|off",
+           off_flags=("--no-webui",)),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
            "model id to serve (default: derived from the model file name)", "NAME"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,

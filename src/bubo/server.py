@@ -24,7 +24,7 @@ from quart_cors import cors
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from bubo.api import anthropic, debug, llamacpp, openai, ops, responses
+from bubo.api import anthropic, debug, llamacpp, openai, ops, responses, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
@@ -109,6 +109,8 @@ def create_app(
 
     for blueprint in (ops, openai, anthropic, responses, llamacpp, debug):
         app.register_blueprint(blueprint.blueprint)
+    if settings.server.webui:
+        app.register_blueprint(webui.blueprint)
     if settings.server.cors_origins:
         origins = settings.server.cors_origins
         app = cors(
@@ -204,10 +206,12 @@ async def _check_api_key() -> None:
     """With ``--api-key``, every route needs it; compared in constant time.
 
     A CORS preflight is the exception: browsers send it without credentials,
-    and refusing it would block the real request that carries the key.
+    and refusing it would block the real request that carries the key.  So
+    are the chat page's static files: they hold nothing secret, and the page
+    they make asks for the key (bubo/api/webui.py).
     """
     expected = api_context().api_key
-    if expected is None or _is_preflight():
+    if expected is None or _is_preflight() or webui.is_public(request.blueprint):
         return
     supplied = _supplied_key()
     if supplied is None or not hmac.compare_digest(supplied.encode(), expected.encode()):
