@@ -59,7 +59,9 @@ def nginx_binary() -> str:
     """nginx from the system package (/usr/sbin is not on every user's PATH)."""
     found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        pytest.fail("nginx is not installed (`.ci/run` installs Debian's package: apt-get install nginx)")
+        pytest.fail(
+            "nginx is not installed (`nox -s tests` installs Debian's package: apt-get install nginx)"
+        )
     return found
 
 

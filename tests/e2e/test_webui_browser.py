@@ -1,6 +1,6 @@
 """The chat page in a real headless Chromium against a real Bubo with the default model.
 
-The browser is Debian's ``chromium`` (``apt-get install chromium``; ``.ci/run`` installs it), found on
+The browser is Debian's ``chromium`` (``apt-get install chromium``; ``nox -s tests`` installs it), found on
 PATH or at ``$BUBO_CHROMIUM``, driven through Playwright's Python API with ``executable_path``: no
 browser download.  A missing browser fails the run.  Screenshots land in ``test-artifacts/webui/`` (or
 ``$BUBO_TEST_ARTIFACTS/webui/``); the run prints where.
