@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from bubo.domain.sampling import SAMPLER_NAMES, LogitBias, SamplingOverrides
+from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, LogitBias, SamplingOverrides
 from bubo.errors import InvalidRequest
 
 __all__ = [
@@ -72,32 +72,6 @@ when the request starts."""
 MAX_DRY_BREAKER_CHARS = 40
 """llama.cpp reads at most this many characters of a sequence breaker (it truncates longer ones)."""
 
-# llama.cpp's other spellings of the stages (``--samplers`` takes them; so does Bubo on the wire)
-_SAMPLER_ALIASES = {
-    "top-k": "top_k",
-    "top-p": "top_p",
-    "nucleus": "top_p",
-    "top-n-sigma": "top_n_sigma",
-    "typical-p": "typ_p",
-    "typical": "typ_p",
-    "typ-p": "typ_p",
-    "typ": "typ_p",
-    "typical_p": "typ_p",
-    "min-p": "min_p",
-    "temp": "temperature",
-}
-# llama-server's one-letter form (``--sampler-seq``, or ``samplers`` as a string)
-_SAMPLER_LETTERS = {
-    "e": "penalties",
-    "d": "dry",
-    "s": "top_n_sigma",
-    "k": "top_k",
-    "y": "typ_p",
-    "p": "top_p",
-    "m": "min_p",
-    "x": "xtc",
-    "t": "temperature",
-}
 
 
 def _shown(value: float) -> str:
@@ -164,15 +138,15 @@ def sampler_order(samplers: Sequence[str] | str, param: str) -> tuple[str, ...]:
             f"{param} names {len(samplers)} stages; at most {MAX_SAMPLERS} are supported", param=param
         )
     if isinstance(samplers, str):
-        unknown = next((letter for letter in samplers if letter not in _SAMPLER_LETTERS), None)
+        unknown = next((letter for letter in samplers if letter not in SAMPLER_LETTERS), None)
         if unknown is not None:
             raise InvalidRequest(
-                f"{param}: {unknown!r} is not a sampler letter; use {''.join(_SAMPLER_LETTERS)}", param=param
+                f"{param}: {unknown!r} is not a sampler letter; use {''.join(SAMPLER_LETTERS)}", param=param
             )
-        return tuple(_SAMPLER_LETTERS[letter] for letter in samplers)
+        return tuple(SAMPLER_LETTERS[letter] for letter in samplers)
     order = []
     for index, name in enumerate(samplers):
-        stage = name if name in SAMPLER_NAMES else _SAMPLER_ALIASES.get(name)
+        stage = name if name in SAMPLER_NAMES else SAMPLER_ALIASES.get(name)
         if stage is None:
             raise InvalidRequest(
                 f"{name!r} is not a sampler; use {', '.join(SAMPLER_NAMES)}", param=f"{param}[{index}]"

@@ -13,6 +13,8 @@ import attrs
 __all__ = [
     "DEFAULT_DRY_SEQUENCE_BREAKERS",
     "DEFAULT_SAMPLERS",
+    "SAMPLER_ALIASES",
+    "SAMPLER_LETTERS",
     "SAMPLER_NAMES",
     "GenerationDefaults",
     "LogitBias",
@@ -29,6 +31,34 @@ SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "
 
 DEFAULT_SAMPLERS = SAMPLER_NAMES
 """llama-server's default order (``--samplers``)."""
+
+SAMPLER_ALIASES = {
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "nucleus": "top_p",
+    "top-n-sigma": "top_n_sigma",
+    "typical-p": "typ_p",
+    "typical": "typ_p",
+    "typical_p": "typ_p",
+    "typ-p": "typ_p",
+    "typ": "typ_p",
+    "min-p": "min_p",
+    "temp": "temperature",
+}
+"""llama.cpp's other spellings of the stages."""
+
+SAMPLER_LETTERS = {
+    "e": "penalties",
+    "d": "dry",
+    "s": "top_n_sigma",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "m": "min_p",
+    "x": "xtc",
+    "t": "temperature",
+}
+"""llama.cpp's one-letter form of the stages (``--sampler-seq``; ``samplers`` as a string)."""
 
 DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import math
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import llama_cpp
@@ -27,11 +29,87 @@ from bubo.domain.sampling import SamplingParams
 
 from .base import EngineFailure
 
-__all__ = ["Sampler"]
+__all__ = ["DryStages", "Sampler"]
 
 _MIROSTAT_M = 100  # candidates Mirostat 1.0 estimates its s_hat from (llama.cpp's value)
 # stages that only ever drop tokens less likely than the most likely one: no effect on a greedy choice
 _KEEP_THE_MOST_LIKELY = frozenset({"top_n_sigma", "top_k", "top_p", "min_p", "temperature"})
+
+
+# (multiplier, base, allowed length, last n, sequence breakers): what a DRY stage is built from
+DryKey = tuple[float, float, int, int, tuple[str, ...]]
+
+
+class DryStages:
+    """DRY stages built once per setting and cloned per request; thread-safe.
+
+    Building one matches every sequence breaker against the whole vocabulary:
+    measured on SmolLM2 (49,152 tokens), 8 ms for ``"e"`` but 0.3 s for
+    ``"ee"`` and 0.5 s for 40 ``"e"``.  :meth:`prepare` does that on the
+    request's worker thread, before the request queues, so the decode thread
+    (which every running generation waits on) only clones.  The most recently
+    used :data:`CAPACITY` settings are kept.
+    """
+
+    CAPACITY = 16
+
+    def __init__(self, vocab: object) -> None:
+        self._vocab = vocab
+        self._lock = threading.Lock()
+        self._built: OrderedDict[DryKey, object] = OrderedDict()
+
+    def prepare(self, key: DryKey) -> None:
+        """Build the stage for *key* unless it is kept already."""
+        with self._lock:
+            if key in self._built:
+                self._built.move_to_end(key)
+                return
+        stage = _dry(self._vocab, key)  # the costly part, outside the lock
+        with self._lock:
+            if key in self._built:  # another thread built it meanwhile
+                llama_cpp.llama_sampler_free(stage)
+                return
+            self._built[key] = stage
+            while len(self._built) > self.CAPACITY:
+                _, oldest = self._built.popitem(last=False)
+                llama_cpp.llama_sampler_free(oldest)
+
+    def clone(self, key: DryKey) -> object:
+        """A fresh stage for *key* (built now if it is not kept)."""
+        self.prepare(key)
+        with self._lock:  # under the lock: another thread may evict (free) the one cloned
+            prototype = self._built.get(key)
+            if prototype is None:  # evicted between the two steps by a burst of other settings
+                return _dry(self._vocab, key)
+            return llama_cpp.llama_sampler_clone(prototype)
+
+    def close(self) -> None:
+        """Free every kept stage."""
+        with self._lock:
+            for stage in self._built.values():
+                llama_cpp.llama_sampler_free(stage)
+            self._built.clear()
+
+
+def dry_key(params: SamplingParams, n_ctx: int) -> DryKey | None:
+    """What the DRY stage of *params* is built from, or None when it is neutral (left out)."""
+    last_n = n_ctx if params.dry_penalty_last_n < 0 else params.dry_penalty_last_n
+    if params.dry_multiplier == 0.0 or params.dry_base < 1.0 or last_n == 0:
+        return None
+    return (
+        params.dry_multiplier,
+        params.dry_base,
+        params.dry_allowed_length,
+        last_n,
+        params.dry_sequence_breakers,
+    )
+
+
+def _dry(vocab: object, key: DryKey) -> object:
+    multiplier, base, allowed_length, last_n, breakers = key
+    encoded = [breaker.encode() for breaker in breakers]
+    array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
+    return llama_cpp.llama_sampler_init_dry(vocab, multiplier, base, allowed_length, last_n, array, len(encoded))
 
 
 class Sampler:
@@ -45,11 +123,14 @@ class Sampler:
         n_ctx: int = 0,
         vocab: object = None,
         grammar: str | None = None,
+        dry: DryStages | None = None,
     ) -> None:
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._params = params
         self._n_vocab = n_vocab
         self._vocab = vocab
+        self._dry_stages = dry
+        self._n_ctx = n_ctx
         self._penalties = None
         self._dry = None
         self._grammar = None
@@ -124,21 +205,11 @@ class Sampler:
         return stage
 
     def _dry_stage(self) -> object | None:
-        params = self._params
-        if params.dry_multiplier == 0.0 or params.dry_base < 1.0 or self.dry_last_n == 0:
+        key = dry_key(self._params, self._n_ctx)
+        if key is None:
             return None
-        breakers = [breaker.encode() for breaker in params.dry_sequence_breakers]
-        array = (ctypes.c_char_p * max(len(breakers), 1))(*breakers)
-        stage = llama_cpp.llama_sampler_init_dry(
-            self._vocab,
-            params.dry_multiplier,
-            params.dry_base,
-            params.dry_allowed_length,
-            self.dry_last_n,
-            array,
-            len(breakers),
-        )
-        self._dry = self._dry or stage
+        stage = _dry(self._vocab, key) if self._dry_stages is None else self._dry_stages.clone(key)
+        self._dry = self._dry or stage  # the first one is shown the prompt
         return stage
 
     def _top_n_sigma_stage(self) -> object | None:

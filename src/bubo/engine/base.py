@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
+from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
 from .slots import Slot, SlotPool
@@ -171,6 +172,10 @@ class Engine(Protocol):
             GrammarRejected: the spec cannot be converted or parsed.
 
         """
+        ...
+
+    def prepare_sampling(self, sampling: SamplingParams) -> None:
+        """Do now, on the calling (worker) thread, the costly part of building *sampling*'s chain."""
         ...
 
     def cache_contents(self) -> CacheContents:
@@ -373,6 +378,9 @@ class SlotEngine(abc.ABC):
     @abc.abstractmethod
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec* (see :meth:`Engine.compile_grammar`)."""
+
+    def prepare_sampling(self, sampling: SamplingParams) -> None:
+        """Nothing to prepare unless a subclass says so (see :meth:`Engine.prepare_sampling`)."""
 
     @abc.abstractmethod
     def close(self) -> None:

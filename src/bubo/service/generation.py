@@ -115,7 +115,7 @@ def bias_chars(options: GenerationOptions) -> int:
 def generation_request(
     runtime: Runtime, rendered: RenderedPrompt, options: GenerationOptions, *, prompt_param: str
 ) -> GenerationRequest:
-    """The engine request for a rendered prompt, after the context check.
+    """The engine request for a rendered prompt, after the context check (run it on a worker thread).
 
     Raises:
         InvalidRequest: an empty prompt or a bad logit bias.
@@ -131,10 +131,12 @@ def generation_request(
     max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
     if runtime.memory_guard is not None:
         runtime.memory_guard.admit(min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx)
+    sampling = _sampling(runtime, options)
+    runtime.engine.prepare_sampling(sampling)  # on this worker thread, not the decode thread
     return GenerationRequest(
         prompt_tokens=rendered.tokens,
         max_new_tokens=max_tokens if max_tokens >= 0 else None,
-        sampling=_sampling(runtime, options),
+        sampling=sampling,
         stop=options.stop,
         ignore_eos=options.ignore_eos,
         n_probs=options.n_probs,
