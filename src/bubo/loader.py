@@ -20,6 +20,7 @@ from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
+from bubo.service.generation import schema_grammar
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import Runtime
 from bubo.service.work import Workers
@@ -91,11 +92,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     tool_parser = model.tool_call_parser
     if tool_parser == "auto":
         tool_parser = format_for_template(template.source)
-    default_grammar = None
-    if model.grammar_file is not None:
-        default_grammar = engine.compile_grammar(
-            GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
-        )
+    default = _default_grammar(settings)
+    default_grammar = None if default is None else engine.compile_grammar(default)
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
     logger.info(
@@ -124,6 +122,23 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         max_queue=settings.server.max_queue,
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
     )
+
+
+def _default_grammar(settings: Settings) -> GrammarSpec | None:
+    """What ``--grammar-file``, ``--grammar`` or ``--json-schema`` (at most one is set) constrain answers to.
+
+    Raises:
+        bubo.errors.InvalidRequest: the schema asks for what the grammar cannot enforce (``param`` the flag).
+
+    """
+    model = settings.model
+    if model.grammar_file is not None:
+        return GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
+    if model.grammar is not None:
+        return GrammarSpec(rules=model.grammar)
+    if model.json_schema is not None:
+        return schema_grammar(model.json_schema, "--json-schema")
+    return None
 
 
 def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> MemoryGuard | None:
