@@ -10,7 +10,7 @@ import attrs
 import pytest
 from quart_trio import QuartTrio
 
-from bubo.api._numbers import MAX_DRY_SEQUENCE_BREAKERS
+from bubo.api._numbers import MAX_DRY_SEQUENCE_BREAKERS, MAX_SAMPLERS
 from bubo.config import Settings, load_settings
 from bubo.domain.sampling import SamplingParams
 from bubo.engine.fake import FakeEngine
@@ -96,7 +96,7 @@ class TestFields:
             ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
             ({"samplers": ["top_k", "nope"]}, "samplers[1]"),
             ({"samplers": "kq"}, "samplers"),
-            ({"samplers": ["top_k"] * 65}, "samplers"),
+            ({"samplers": ["top_k"] * (MAX_SAMPLERS + 1)}, "samplers"),
             ({"samplers": [1]}, "samplers[0]"),
         ],
     )
