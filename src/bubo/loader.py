@@ -18,6 +18,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
+from bubo.errors import InvalidRequest
 from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
@@ -54,6 +55,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     Raises:
         bubo.model.GGUFError: the file is not a readable GGUF.
         bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
+        bubo.errors.InvalidRequest: the default grammar or JSON schema cannot constrain answers (``param``
+            names the flag).
 
     """
     model = settings.model
@@ -85,6 +88,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         timeout_s=model.repack_probe_timeout,
         cache=VerdictCache(settings.cache_dir / "repack") if settings.cache_dir is not None else None,
     )
+    default = _default_grammar(settings)  # before the model loads: a bad schema fails fast
     tokenizer = _tokenizer(metadata, path)
     template = _template(metadata, settings, tokenizer)
     engine = load_llama_engine(attrs.evolve(options, repack=repack), on_progress=_ProgressLog(on_progress))
@@ -92,8 +96,11 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     tool_parser = model.tool_call_parser
     if tool_parser == "auto":
         tool_parser = format_for_template(template.source)
-    default = _default_grammar(settings)
-    default_grammar = None if default is None else engine.compile_grammar(default)
+    try:
+        default_grammar = None if default is None else engine.compile_grammar(default)
+    except BaseException:
+        engine.close()
+        raise
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
     logger.info(
@@ -137,7 +144,10 @@ def _default_grammar(settings: Settings) -> GrammarSpec | None:
     if model.grammar is not None:
         return GrammarSpec(rules=model.grammar)
     if model.json_schema is not None:
-        return schema_grammar(model.json_schema, "--json-schema")
+        try:
+            return schema_grammar(model.json_schema, "--json-schema")
+        except InvalidRequest as error:  # the log line names the flag
+            raise InvalidRequest(f"--json-schema: {error.message}", code=error.code, param=error.param) from None
     return None
 
 
