@@ -269,7 +269,7 @@ def _json_object(text: str) -> dict[str, Any]:
     except ValueError as error:
         raise ValueError(f"not JSON: {error}") from None
     if not isinstance(value, dict):
-        raise ValueError("a JSON schema is a JSON object")
+        raise ValueError("a JSON schema is a JSON object")  # noqa: TRY004 - a parser's refusal is a ValueError
     return value
 
 
@@ -292,7 +292,7 @@ class Option:
 
     flags: tuple[str, ...]
     dest: tuple[str, ...]  # path into Settings, e.g. ("model", "ctx_size")
-    parse: Callable[[str], Any]
+    parse: Callable[[Any], Any]  # the text (a repeatable option: the list of texts) to the value
     help: str
     metavar: str | None = None
     off_flags: tuple[str, ...] = ()
@@ -447,7 +447,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--dry-penalty-last-n",), ("generation", "sampling", "dry_penalty_last_n"),
            _within(_int, -1, 2**31 - 1), "tokens DRY looks back on (-1: the context, 0: off)", "N"),
     Option(("--dry-sequence-breaker",), ("generation", "sampling", "dry_sequence_breakers"), _breakers,
-           "a DRY sequence breaker; repeat the flag for several; replaces the defaults \\n : \" *; "
+           'a DRY sequence breaker; repeat the flag for several; replaces the defaults \\n : " *; '
            "none: no breakers", "TEXT", repeatable=True),
     Option(("--samplers",), ("generation", "sampling", "samplers"), _samplers,
            "the samplers in order, separated by ; (default "
@@ -501,12 +501,7 @@ def load_settings(
         except ValueError as error:
             raise ConfigError(f"{source}: {error}") from None
         _assign(tree, option.dest, value)
-    constraints = [name for name in ("grammar_file", "grammar", "json_schema") if name in tree.get("model", {})]
-    if len(constraints) > 1:
-        flags = {"grammar_file": "--grammar-file", "grammar": "--grammar", "json_schema": "--json-schema"}
-        raise ConfigError(
-            f"{flags[constraints[0]]} and {flags[constraints[1]]} both constrain every answer; give one of them"
-        )
+    _check_one_constraint(tree.get("model", {}))
     try:
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
@@ -521,6 +516,14 @@ def load_settings(
     if settings.cache_dir is None:
         settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))
     return settings
+
+
+def _check_one_constraint(model: Mapping[str, Any]) -> None:
+    """At most one of ``--grammar-file``, ``--grammar`` and ``--json-schema`` (or ``-jf``) is given."""
+    flags = {"grammar_file": "--grammar-file", "grammar": "--grammar", "json_schema": "--json-schema"}
+    given = [flag for name, flag in flags.items() if name in model]
+    if len(given) > 1:
+        raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
 
 
 def _long(option: Option) -> str:

@@ -147,7 +147,9 @@ def _default_grammar(settings: Settings) -> GrammarSpec | None:
         try:
             return schema_grammar(model.json_schema, "--json-schema")
         except InvalidRequest as error:  # the log line names the flag
-            raise InvalidRequest(f"--json-schema: {error.message}", code=error.code, param=error.param) from None
+            raise InvalidRequest(
+                f"--json-schema: {error.message}", code=error.code, param=error.param
+            ) from None
     return None
 
 

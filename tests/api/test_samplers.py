@@ -40,7 +40,11 @@ EXPECTED = {**FIELDS, "dry_sequence_breakers": ("\n", "###")}
 ROUTES = {
     "/completion": {"prompt": "Hi", "n_predict": 2},
     "/v1/completions": {"model": "bubo", "prompt": "Hi", "max_tokens": 2},
-    "/v1/chat/completions": {"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    "/v1/chat/completions": {
+        "model": "bubo",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2,
+    },
 }
 
 
@@ -100,7 +104,9 @@ class TestFields:
             ({"samplers": [1]}, "samplers[0]"),
         ],
     )
-    async def test_bad_values_are_a_400_naming_the_field(self, app, fake_engine, route, fields, param) -> None:
+    async def test_bad_values_are_a_400_naming_the_field(
+        self, app, fake_engine, route, fields, param
+    ) -> None:
         """A value out of range, an unknown sampler or an empty breaker list: 400 with the field as param."""
         response = await app.test_client().post(route, json={**ROUTES[route], **fields})
         assert response.status_code == 400
@@ -123,16 +129,18 @@ class TestShown:
 
     async def test_props_show_the_server_defaults(self, flagged_app) -> None:
         """/props' default_generation_settings.params show the sampler flags the server was started with."""
-        params = (await (await flagged_app.test_client().get("/props")).get_json())["default_generation_settings"][
-            "params"
-        ]
+        params = (await (await flagged_app.test_client().get("/props")).get_json())[
+            "default_generation_settings"
+        ]["params"]
         assert {name: params[name] for name in FLAG_VALUES} == FLAG_VALUES
         assert params["samplers"] == ["penalties", "top_k", "typ_p", "temperature"]
         assert params["dry_sequence_breakers"] == ["\n", "::"]
 
     async def test_a_request_overrides_the_flags(self, flagged_app, fake_engine) -> None:
         """The flags are defaults: a request's own value wins, the rest keep the flags'."""
-        await flagged_app.test_client().post("/completion", json={"prompt": "Hi", "n_predict": 1, "mirostat": 0})
+        await flagged_app.test_client().post(
+            "/completion", json={"prompt": "Hi", "n_predict": 1, "mirostat": 0}
+        )
         sampling = fake_engine.requests[-1].sampling
         assert (sampling.mirostat, sampling.typical_p, sampling.dry_multiplier) == (0, 0.7, 0.6)
 

@@ -215,14 +215,14 @@ class TestSamplerFlags:
     )
     def test_the_samplers_order(self, argv: list[str], order: tuple[str, ...]) -> None:
         """--samplers takes names separated by ';', --sampler-seq (--sampling-seq) one letter each."""
-        from bubo.cli import _flag_values, _parser  # noqa: PLC0415 - the command line's own reading
+        from bubo.cli import _flag_values, _parser
 
         values = _flag_values(_parser().parse_args(["serve", *argv]))
         assert load_settings(values, environ={}).generation.sampling.samplers == order
 
     def test_dry_sequence_breakers_repeat_and_none_clears_them(self) -> None:
         """Each --dry-sequence-breaker adds one, replacing the defaults; 'none' alone leaves none."""
-        from bubo.cli import _flag_values, _parser  # noqa: PLC0415
+        from bubo.cli import _flag_values, _parser
 
         def breakers(*argv: str) -> tuple[str, ...]:
             values = _flag_values(_parser().parse_args(["serve", *argv]))
@@ -237,7 +237,10 @@ class TestSamplerFlags:
         [
             ({"BUBO_MIROSTAT": "3"}, "BUBO_MIROSTAT: expected 0 to 2, got '3'"),
             ({"BUBO_TYPICAL": "1.5"}, "BUBO_TYPICAL: expected 0 to 1, got '1.5'"),
-            ({"BUBO_DRY_PENALTY_LAST_N": "-2"}, "BUBO_DRY_PENALTY_LAST_N: expected -1 to 2.14748e+09, got '-2'"),
+            (
+                {"BUBO_DRY_PENALTY_LAST_N": "-2"},
+                "BUBO_DRY_PENALTY_LAST_N: expected -1 to 2.14748e+09, got '-2'",
+            ),
             ({"BUBO_SAMPLERS": "top_k;nope"}, "BUBO_SAMPLERS: 'nope' is not a sampler"),
             ({"BUBO_SAMPLER_SEQ": "kq"}, "BUBO_SAMPLER_SEQ: expected letters of edskypmxt, got 'kq'"),
             ({"BUBO_JSON_SCHEMA": "[1]"}, "BUBO_JSON_SCHEMA: a JSON schema is a JSON object"),

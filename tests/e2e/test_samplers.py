@@ -69,7 +69,16 @@ def test_props_show_the_flags(http: httpx.Client) -> None:
     params = http.get("/props").json()["default_generation_settings"]["params"]
     assert (params["dry_multiplier"], params["typical_p"]) == (0.8, 0.95)
     assert params["dry_sequence_breakers"] == ["\n", "###"]
-    assert params["samplers"] == ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    assert params["samplers"] == [
+        "penalties",
+        "dry",
+        "top_k",
+        "typ_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+    ]
 
 
 def test_the_default_schema_constrains_completion(http: httpx.Client) -> None:
@@ -77,7 +86,7 @@ def test_the_default_schema_constrains_completion(http: httpx.Client) -> None:
     content = http.post("/completion", json={"prompt": PROMPT, "n_predict": 48, "seed": 3}).json()["content"]
     answer = json.loads(content)
     assert set(answer) == {"answer"}
-    assert len(answer["answer"]) <= 12  # noqa: PLR2004 - the schema's maxLength
+    assert len(answer["answer"]) <= 12
 
 
 def test_completion_samplers_and_its_own_grammar(http: httpx.Client) -> None:
@@ -116,7 +125,9 @@ def test_chat_takes_the_samplers_in_extra_body(server: Server) -> None:
             )
             for seed in (1, 2)
         ]
-        assert {answer.choices[0].message.content for answer in answers} == {greedy.choices[0].message.content}
+        assert {answer.choices[0].message.content for answer in answers} == {
+            greedy.choices[0].message.content
+        }
 
 
 def test_bad_values_are_a_400_and_the_server_stays_up(server: Server, http: httpx.Client) -> None:

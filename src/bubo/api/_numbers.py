@@ -63,8 +63,8 @@ _RANGES = (
 )
 
 MAX_SAMPLERS = 16
-"""The most stages ``samplers`` may name: llama-server's default has nine; each runs on the decode thread for
-every token (up to 0.9 ms a stage over a 49k vocabulary: sixteen delay every stream by up to 15 ms a token)."""
+"""The most stages ``samplers`` may name: llama-server's default has nine; each runs on the decode thread
+for every token (up to 0.9 ms a stage over a 49k vocabulary: sixteen delay every stream by up to 15 ms)."""
 
 MAX_DRY_SEQUENCE_BREAKERS = 16
 """The most ``dry_sequence_breakers`` a request may send (llama-server's default has four): llama.cpp matches
@@ -72,7 +72,6 @@ each against the whole vocabulary, up to 0.5 s a breaker of a worker thread's ti
 
 MAX_DRY_BREAKER_CHARS = 40
 """llama.cpp reads at most this many characters of a sequence breaker (it truncates longer ones)."""
-
 
 
 def _shown(value: float) -> str:
@@ -157,7 +156,7 @@ def sampler_order(samplers: Sequence[str] | str, param: str) -> tuple[str, ...]:
 
 
 def _breakers(breakers: Sequence[str]) -> tuple[str, ...]:
-    """``dry_sequence_breakers``: 1 to :data:`MAX_DRY_SEQUENCE_BREAKERS` non-empty strings (llama-server's rule).
+    """``dry_sequence_breakers``: 1 to :data:`MAX_DRY_SEQUENCE_BREAKERS` non-empty strings (as llama-server).
 
     Raises:
         InvalidRequest: ``param`` ``dry_sequence_breakers`` (with the index of a bad one).
@@ -173,7 +172,9 @@ def _breakers(breakers: Sequence[str]) -> tuple[str, ...]:
         )
     for index, breaker in enumerate(breakers):
         if not breaker or "\0" in breaker:
-            raise InvalidRequest("a sequence breaker is a non-empty string without NUL", param=f"{param}[{index}]")
+            raise InvalidRequest(
+                "a sequence breaker is a non-empty string without NUL", param=f"{param}[{index}]"
+            )
     return tuple(breaker[:MAX_DRY_BREAKER_CHARS] for breaker in breakers)
 
 

@@ -109,7 +109,9 @@ def _dry(vocab: object, key: DryKey) -> object:
     multiplier, base, allowed_length, last_n, breakers = key
     encoded = [breaker.encode() for breaker in breakers]
     array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
-    return llama_cpp.llama_sampler_init_dry(vocab, multiplier, base, allowed_length, last_n, array, len(encoded))
+    return llama_cpp.llama_sampler_init_dry(
+        vocab, multiplier, base, allowed_length, last_n, array, len(encoded)
+    )
 
 
 class Sampler:
@@ -131,8 +133,8 @@ class Sampler:
         self._vocab = vocab
         self._dry_stages = dry
         self._n_ctx = n_ctx
-        self._penalties = None
-        self._dry = None
+        self._penalties: object | None = None  # the first stage of each kind, shown the prompt
+        self._dry: object | None = None
         self._grammar = None
         # -1 means the whole context, as in llama-server; llama.cpp itself reads any negative as 0 (off)
         self.repeat_last_n = n_ctx if params.repeat_last_n < 0 else params.repeat_last_n
@@ -152,18 +154,28 @@ class Sampler:
                 slot.token = token
                 slot.bias = bias
             add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
+        if params.mirostat != 0:
+            self._add_mirostat()
+        else:
+            self._add_stages()
+
+    def _add_mirostat(self) -> None:
+        """``temp`` and Mirostat (1.0 or 2.0), in place of the stages and the draw."""
+        params = self._params
+        self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         if params.mirostat == 1:
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(
-                llama_cpp.llama_sampler_init_mirostat(
-                    n_vocab, self._seed, params.mirostat_tau, params.mirostat_eta, _MIROSTAT_M
-                )
+            stage = llama_cpp.llama_sampler_init_mirostat(
+                self._n_vocab, self._seed, params.mirostat_tau, params.mirostat_eta, _MIROSTAT_M
             )
-            return
-        if params.mirostat == 2:
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(llama_cpp.llama_sampler_init_mirostat_v2(self._seed, params.mirostat_tau, params.mirostat_eta))
-            return
+        else:
+            stage = llama_cpp.llama_sampler_init_mirostat_v2(
+                self._seed, params.mirostat_tau, params.mirostat_eta
+            )
+        self._add(stage)
+
+    def _add_stages(self) -> None:
+        """The stages ``samplers`` names, in its order, then the draw (or the greedy choice)."""
+        params = self._params
         stages: dict[str, Callable[[], object | None]] = {
             "penalties": self._penalties_stage,
             "dry": self._dry_stage,
@@ -180,21 +192,23 @@ class Sampler:
                 continue
             stage = stages[name]()
             if stage is not None:
-                add(stage)
+                self._add(stage)
         if params.greedy:
-            add(llama_cpp.llama_sampler_init_greedy())
+            self._add(llama_cpp.llama_sampler_init_greedy())
         else:
-            add(llama_cpp.llama_sampler_init_dist(self._seed))
+            self._add(llama_cpp.llama_sampler_init_dist(self._seed))
 
     # ---- the stages: each None when neutral ----------------------------------------------------
 
     def _penalties_stage(self) -> object | None:
         params = self._params
         if self.repeat_last_n == 0 or (
-            params.repeat_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
+            params.repeat_penalty == 1.0
+            and params.frequency_penalty == 0.0
+            and params.presence_penalty == 0.0
         ):
             return None
-        stage = llama_cpp.llama_sampler_init_penalties(
+        stage: object = llama_cpp.llama_sampler_init_penalties(
             self._n_vocab,
             self.repeat_last_n,
             params.repeat_penalty,
@@ -234,9 +248,12 @@ class Sampler:
 
     def _xtc_stage(self) -> object | None:
         params = self._params
-        if params.xtc_probability <= 0.0 or params.xtc_threshold > 0.5:  # noqa: PLR2004 - llama.cpp's own bound
+        if params.xtc_probability <= 0.0 or params.xtc_threshold > 0.5:
             return None
-        return llama_cpp.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, 1, self._seed)
+        stage: object = llama_cpp.llama_sampler_init_xtc(
+            params.xtc_probability, params.xtc_threshold, 1, self._seed
+        )
+        return stage
 
     def _temperature_stage(self) -> object:
         params = self._params

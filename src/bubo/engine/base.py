@@ -379,7 +379,7 @@ class SlotEngine(abc.ABC):
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec* (see :meth:`Engine.compile_grammar`)."""
 
-    def prepare_sampling(self, sampling: SamplingParams) -> None:
+    def prepare_sampling(self, sampling: SamplingParams) -> None:  # noqa: B027 - optional: most have nothing to do
         """Nothing to prepare unless a subclass says so (see :meth:`Engine.prepare_sampling`)."""
 
     @abc.abstractmethod

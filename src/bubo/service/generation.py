@@ -99,7 +99,7 @@ def schema_grammar(schema: Mapping[str, Any], param: str) -> GrammarSpec:
     """The grammar of a whole answer that is a JSON value of *schema* (``json_schema``, ``--json-schema``).
 
     Raises:
-        InvalidRequest: the schema asks for what the grammar cannot enforce or too much; ``param`` below *param*.
+        InvalidRequest: the schema asks for what no grammar enforces, or too much; ``param`` below *param*.
 
     """
     check_schema(schema, param)

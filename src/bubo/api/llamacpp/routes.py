@@ -271,7 +271,8 @@ async def props() -> Response:
             ),
             default_generation_settings=wire.DefaultGenerationSettings(
                 params=wire.SamplingDefaults(
-                    **translate.sampler_settings(runtime.defaults.sampling), n_predict=runtime.defaults.n_predict
+                    **translate.sampler_settings(runtime.defaults.sampling),
+                    n_predict=runtime.defaults.n_predict,
                 ),
                 n_ctx=info.n_ctx,
             ),

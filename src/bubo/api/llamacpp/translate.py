@@ -141,8 +141,11 @@ def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
 
 
 def sampler_settings(sampling: SamplingParams) -> dict[str, Any]:
-    """The fields of :class:`wire.SamplerSettings` for *sampling*: the one mapping ``generation_settings``
-    and ``/props`` share."""
+    """The fields of :class:`wire.SamplerSettings` for *sampling*.
+
+    The one mapping from the domain to the wire's sampler fields: ``generation_settings`` and ``/props``
+    both use it.
+    """
     return {
         "temperature": sampling.temperature,
         "dynatemp_range": sampling.dynatemp_range,
