@@ -11,11 +11,12 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
 from bubo._logging import configure_logging
-from bubo.config import OPTIONS, ConfigError, Settings, load_settings
+from bubo.config import OPTIONS, ConfigError, Option, Settings, load_settings
 from bubo.domain.addresses import is_loopback
 
 __all__ = ["main", "warn_if_exposed"]
@@ -45,8 +46,7 @@ def _parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             metavar=option.metavar,
             help=f"{option.help} [{option.env}]",
-            nargs="?" if option.is_switch else None,  # a bare switch means "on"
-            const="on" if option.is_switch else None,
+            **_action(option),
         )
         if option.off_flags:
             serve.add_argument(
@@ -60,7 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_values(args: argparse.Namespace) -> dict[str, str]:
+def _action(option: Option) -> dict[str, Any]:
+    """How argparse reads *option*: a bare switch means "on"; a repeatable one collects each value."""
+    if option.is_switch:
+        return {"nargs": "?", "const": "on"}
+    if option.repeatable:
+        return {"action": "append"}
+    return {}
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
     """The flags given on the command line, by option key (absent ones fall back to ``BUBO_*``)."""
     return {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
 

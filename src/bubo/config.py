@@ -11,6 +11,7 @@ flag and the variable.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ import attrs
 import cattrs
 
 from bubo.domain.addresses import is_loopback
-from bubo.domain.sampling import GenerationDefaults
+from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
@@ -129,6 +130,8 @@ class ModelSettings:
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
     tool_call_parser: str = "auto"  # auto: chosen from the chat template
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
+    grammar: str | None = None  # the same, given as text (--grammar)
+    json_schema: dict[str, Any] | None = None  # a default JSON schema instead (-j, -jf)
     repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
     spm_infill: bool = False  # /infill puts the suffix before the prefix (SPM order)
@@ -227,20 +230,79 @@ def _text(text: str) -> str:
     return text
 
 
+def _within(parse: Callable[[str], Any], lowest: float, highest: float) -> Callable[[str], Any]:
+    def parse_within(text: str) -> Any:
+        value = parse(text)
+        if not lowest <= value <= highest:
+            raise ValueError(f"expected {lowest:g} to {highest:g}, got {text!r}")
+        return value
+
+    return parse_within
+
+
+def _samplers(text: str) -> tuple[str, ...]:
+    """``--samplers``: llama.cpp's stage names (or their other spellings), separated by ``;``."""
+    order = []
+    for name in (part.strip() for part in text.split(";")):
+        stage = name if name in SAMPLER_NAMES else SAMPLER_ALIASES.get(name)
+        if stage is None:
+            raise ValueError(f"{name!r} is not a sampler; use {';'.join(SAMPLER_NAMES)}")
+        order.append(stage)
+    return tuple(order)
+
+
+def _sampler_letters(text: str) -> tuple[str, ...]:
+    """``--sampler-seq``: one letter per stage (``edskypmxt``)."""
+    unknown = [letter for letter in text if letter not in SAMPLER_LETTERS]
+    if unknown or not text:
+        raise ValueError(f"expected letters of {''.join(SAMPLER_LETTERS)}, got {text!r}")
+    return tuple(SAMPLER_LETTERS[letter] for letter in text)
+
+
+def _breakers(texts: Sequence[str]) -> tuple[str, ...]:
+    """``--dry-sequence-breaker``, once per breaker; ``none`` alone: no breakers."""
+    if list(texts) == ["none"]:
+        return ()
+    if not all(texts):
+        raise ValueError("a sequence breaker must not be empty")
+    return tuple(texts)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError("a JSON schema is a JSON object")  # noqa: TRY004 - a parser's refusal is a ValueError
+    return value
+
+
+def _json_object_file(text: str) -> dict[str, Any]:
+    path = _existing_file(text)
+    try:
+        return _json_object(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {text}: {error}") from None
+
+
 @attrs.frozen
 class Option:
     """One setting: its flags, environment variable, destination and parser.
 
     A switch (``parse`` is the on/off parser) may be given as a bare flag, meaning ``on``.
     ``off_flags`` are bare flags that mean ``off`` (llama-server's ``--no-…`` spellings).
+    A repeatable option's parser takes the list of its values.
     """
 
     flags: tuple[str, ...]
     dest: tuple[str, ...]  # path into Settings, e.g. ("model", "ctx_size")
-    parse: Callable[[str], Any]
+    parse: Callable[[Any], Any]  # the text (a repeatable option: the list of texts) to the value
     help: str
     metavar: str | None = None
     off_flags: tuple[str, ...] = ()
+    repeatable: bool = False  # each use adds a value; parse takes them all (the variable holds one)
+    variant: str = ""  # tells apart two options with one destination (--samplers and --sampler-seq)
 
     @property
     def is_switch(self) -> bool:
@@ -256,7 +318,7 @@ class Option:
     @property
     def key(self) -> str:
         """The argparse destination name."""
-        return "__".join(self.dest)
+        return "__".join((*self.dest, self.variant) if self.variant else self.dest)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -379,6 +441,45 @@ OPTIONS: tuple[Option, ...] = (
            "default frequency penalty (0.0)", "X"),
     Option(("-s", "--seed"), ("generation", "sampling", "seed"), _int,
            "default sampling seed (default: random per request)", "N"),
+    Option(("--dynatemp-range",), ("generation", "sampling", "dynatemp_range"), _float,
+           "dynamic temperature: sample at temperature ± this, by the entropy (0.0: off)", "X"),
+    Option(("--dynatemp-exp",), ("generation", "sampling", "dynatemp_exponent"), _float,
+           "dynamic temperature exponent (1.0)", "X"),
+    Option(("--typical", "--typical-p"), ("generation", "sampling", "typical_p"), _within(_float, 0, 1),
+           "default locally typical sampling p (1.0: off)", "P"),
+    Option(("--top-nsigma", "--top-n-sigma"), ("generation", "sampling", "top_n_sigma"), _float,
+           "default top-n-sigma: keep tokens within N standard deviations of the top logit (-1: off)", "N"),
+    Option(("--xtc-probability",), ("generation", "sampling", "xtc_probability"), _within(_float, 0, 1),
+           "default XTC probability of removing the top choices (0.0: off)", "P"),
+    Option(("--xtc-threshold",), ("generation", "sampling", "xtc_threshold"), _within(_float, 0, 1),
+           "default XTC threshold: tokens at least this likely are top choices (0.1)", "P"),
+    Option(("--mirostat",), ("generation", "sampling", "mirostat"), _within(_int, 0, 2),
+           "default Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0; it replaces the other samplers (0)", "N"),
+    Option(("--mirostat-lr",), ("generation", "sampling", "mirostat_eta"), _float,
+           "default Mirostat learning rate, eta (0.1)", "X"),
+    Option(("--mirostat-ent",), ("generation", "sampling", "mirostat_tau"), _float,
+           "default Mirostat target entropy, tau (5.0)", "X"),
+    Option(("--dry-multiplier",), ("generation", "sampling", "dry_multiplier"), _float,
+           "default DRY (don't repeat yourself) multiplier (0.0: off)", "X"),
+    Option(("--dry-base",), ("generation", "sampling", "dry_base"), _float, "default DRY base (1.75)", "X"),
+    Option(("--dry-allowed-length",), ("generation", "sampling", "dry_allowed_length"),
+           _within(_int, 0, 2**31 - 1), "repeats this long are not penalised by DRY (2)", "N"),
+    Option(("--dry-penalty-last-n",), ("generation", "sampling", "dry_penalty_last_n"),
+           _within(_int, -1, 2**31 - 1), "tokens DRY looks back on (-1: the context, 0: off)", "N"),
+    Option(("--dry-sequence-breaker",), ("generation", "sampling", "dry_sequence_breakers"), _breakers,
+           'a DRY sequence breaker; repeat the flag for several; replaces the defaults \\n : " *; '
+           "none: no breakers", "TEXT", repeatable=True),
+    Option(("--samplers",), ("generation", "sampling", "samplers"), _samplers,
+           "the samplers in order, separated by ; (default "
+           "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)", "NAMES"),
+    Option(("--sampler-seq", "--sampling-seq"), ("generation", "sampling", "samplers"), _sampler_letters,
+           "the samplers in order, one letter each (edskypmxt)", "LETTERS", variant="letters"),
+    Option(("--grammar",), ("model", "grammar"), _text,
+           "a GBNF grammar that constrains every request that sets no constraint of its own", "GBNF"),
+    Option(("-j", "--json-schema"), ("model", "json_schema"), _json_object,
+           "a JSON schema that constrains every request that sets no constraint of its own", "SCHEMA"),
+    Option(("-jf", "--json-schema-file"), ("model", "json_schema"), _json_object_file,
+           "the same, read from a file", "PATH", variant="file"),
     Option(("--log-level",), ("log_level",), _choice("debug", "info", "warning", "error"),
            "logging level (default info)", "LEVEL"),
 )  # fmt: skip
@@ -393,11 +494,11 @@ def options_table() -> list[str]:
 
 
 def load_settings(
-    cli_values: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+    cli_values: Mapping[str, str | list[str]] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Build :class:`Settings` from ``BUBO_*`` variables overridden by flag values.
 
-    *cli_values* maps :attr:`Option.key` to the flag's text.
+    *cli_values* maps :attr:`Option.key` to the flag's text (a repeatable one's: the list of them).
 
     Raises:
         ConfigError: a value does not parse or is out of range, or no model can be found.
@@ -413,11 +514,14 @@ def load_settings(
             text, source = environ[option.env], option.env
         else:
             continue
+        if option.repeatable and isinstance(text, str):
+            text = [text]
         try:
             value = option.parse(text)
         except ValueError as error:
             raise ConfigError(f"{source}: {error}") from None
         _assign(tree, option.dest, value)
+    _check_one_constraint(tree.get("model", {}))
     try:
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
@@ -432,6 +536,14 @@ def load_settings(
     if settings.cache_dir is None:
         settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))
     return settings
+
+
+def _check_one_constraint(model: Mapping[str, Any]) -> None:
+    """At most one of ``--grammar-file``, ``--grammar`` and ``--json-schema`` (or ``-jf``) is given."""
+    flags = {"grammar_file": "--grammar-file", "grammar": "--grammar", "json_schema": "--json-schema"}
+    given = [flag for name, flag in flags.items() if name in model]
+    if len(given) > 1:
+        raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
 
 
 def _long(option: Option) -> str:

@@ -18,8 +18,10 @@ from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
+from bubo.errors import InvalidRequest
 from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
 from bubo.parsers.registry import format_for_template
+from bubo.service.generation import schema_grammar
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import Runtime
 from bubo.service.work import Workers
@@ -53,6 +55,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     Raises:
         bubo.model.GGUFError: the file is not a readable GGUF.
         bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
+        bubo.errors.InvalidRequest: the default grammar or JSON schema cannot constrain answers (``param``
+            names the flag).
 
     """
     model = settings.model
@@ -86,6 +90,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         timeout_s=model.repack_probe_timeout,
         cache=VerdictCache(settings.cache_dir / "repack") if settings.cache_dir is not None else None,
     )
+    default = _default_grammar(settings)  # before the model loads: a bad schema fails fast
     tokenizer = _tokenizer(metadata, path)
     template = _template(metadata, settings, tokenizer)
     engine = load_llama_engine(attrs.evolve(options, repack=repack), on_progress=_ProgressLog(on_progress))
@@ -93,11 +98,11 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     tool_parser = model.tool_call_parser
     if tool_parser == "auto":
         tool_parser = format_for_template(template.source)
-    default_grammar = None
-    if model.grammar_file is not None:
-        default_grammar = engine.compile_grammar(
-            GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
-        )
+    try:
+        default_grammar = None if default is None else engine.compile_grammar(default)
+    except BaseException:
+        engine.close()
+        raise
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
     logger.info(
@@ -128,6 +133,28 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         spm_infill=model.spm_infill,
         slot_save_path=model.slot_save_path,
     )
+
+
+def _default_grammar(settings: Settings) -> GrammarSpec | None:
+    """What ``--grammar-file``, ``--grammar`` or ``--json-schema`` (at most one is set) constrain answers to.
+
+    Raises:
+        bubo.errors.InvalidRequest: the schema asks for what the grammar cannot enforce (``param`` the flag).
+
+    """
+    model = settings.model
+    if model.grammar_file is not None:
+        return GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
+    if model.grammar is not None:
+        return GrammarSpec(rules=model.grammar)
+    if model.json_schema is not None:
+        try:
+            return schema_grammar(model.json_schema, "--json-schema")
+        except InvalidRequest as error:  # the log line names the flag
+            raise InvalidRequest(
+                f"--json-schema: {error.message}", code=error.code, param=error.param
+            ) from None
+    return None
 
 
 def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> MemoryGuard | None:

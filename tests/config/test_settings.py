@@ -181,3 +181,84 @@ class TestExposure:
         assert settings.server.cors_origins == ("http://localhost:3000", "https://x.dev")
         with pytest.raises(ConfigError, match="not an origin"):
             load_settings({}, environ={"BUBO_CORS_ORIGINS": "localhost:3000"})
+
+
+class TestSamplerFlags:
+    def test_llama_server_spellings(self) -> None:
+        """The sampler flags take llama-server's names; --mirostat-lr is eta and --mirostat-ent is tau."""
+        sampling = load_settings(
+            {},
+            environ={
+                "BUBO_TYPICAL": "0.9",
+                "BUBO_MIROSTAT": "2",
+                "BUBO_MIROSTAT_LR": "0.2",
+                "BUBO_MIROSTAT_ENT": "3",
+                "BUBO_TOP_NSIGMA": "1.5",
+                "BUBO_DRY_MULTIPLIER": "0.8",
+            },
+        ).generation.sampling
+        assert (sampling.typical_p, sampling.mirostat, sampling.mirostat_eta, sampling.mirostat_tau) == (
+            0.9,
+            2,
+            0.2,
+            3.0,
+        )
+        assert (sampling.top_n_sigma, sampling.dry_multiplier) == (1.5, 0.8)
+
+    @pytest.mark.parametrize(
+        ("argv", "order"),
+        [
+            (["--samplers", "top_k;temp;typical"], ("top_k", "temperature", "typ_p")),
+            (["--sampler-seq", "edkt"], ("penalties", "dry", "top_k", "temperature")),
+            (["--sampling-seq", "m"], ("min_p",)),
+        ],
+    )
+    def test_the_samplers_order(self, argv: list[str], order: tuple[str, ...]) -> None:
+        """--samplers takes names separated by ';', --sampler-seq (--sampling-seq) one letter each."""
+        from bubo.cli import _flag_values, _parser
+
+        values = _flag_values(_parser().parse_args(["serve", *argv]))
+        assert load_settings(values, environ={}).generation.sampling.samplers == order
+
+    def test_dry_sequence_breakers_repeat_and_none_clears_them(self) -> None:
+        """Each --dry-sequence-breaker adds one, replacing the defaults; 'none' alone leaves none."""
+        from bubo.cli import _flag_values, _parser
+
+        def breakers(*argv: str) -> tuple[str, ...]:
+            values = _flag_values(_parser().parse_args(["serve", *argv]))
+            return load_settings(values, environ={}).generation.sampling.dry_sequence_breakers
+
+        assert breakers() == ("\n", ":", '"', "*")
+        assert breakers("--dry-sequence-breaker", "###", "--dry-sequence-breaker", "\n") == ("###", "\n")
+        assert breakers("--dry-sequence-breaker", "none") == ()
+
+    @pytest.mark.parametrize(
+        ("environ", "message"),
+        [
+            ({"BUBO_MIROSTAT": "3"}, "BUBO_MIROSTAT: expected 0 to 2, got '3'"),
+            ({"BUBO_TYPICAL": "1.5"}, "BUBO_TYPICAL: expected 0 to 1, got '1.5'"),
+            (
+                {"BUBO_DRY_PENALTY_LAST_N": "-2"},
+                "BUBO_DRY_PENALTY_LAST_N: expected -1 to 2.14748e+09, got '-2'",
+            ),
+            ({"BUBO_SAMPLERS": "top_k;nope"}, "BUBO_SAMPLERS: 'nope' is not a sampler"),
+            ({"BUBO_SAMPLER_SEQ": "kq"}, "BUBO_SAMPLER_SEQ: expected letters of edskypmxt, got 'kq'"),
+            ({"BUBO_JSON_SCHEMA": "[1]"}, "BUBO_JSON_SCHEMA: a JSON schema is a JSON object"),
+            (
+                {"BUBO_GRAMMAR": 'root ::= "a"', "BUBO_JSON_SCHEMA": "{}"},
+                "--grammar and --json-schema both constrain every answer",
+            ),
+        ],
+    )
+    def test_bad_values(self, environ: dict[str, str], message: str) -> None:
+        """A bad sampler or constraint flag is one clear line naming it."""
+        with pytest.raises(ConfigError) as error:
+            load_settings({}, environ=environ)
+        assert str(error.value).startswith(message)
+
+    def test_json_schema_file(self, tmp_path: Path) -> None:
+        """-jf reads the schema from a file, as -j takes it inline."""
+        schema = tmp_path / "schema.json"
+        schema.write_text('{"type": "object"}')
+        settings = load_settings({"model__json_schema__file": str(schema)}, environ={})
+        assert settings.model.json_schema == {"type": "object"}

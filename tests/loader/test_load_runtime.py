@@ -8,6 +8,7 @@ import pytest
 
 from bubo.config import load_settings
 from bubo.domain.messages import ChatPrompt, Message
+from bubo.errors import InvalidRequest
 from bubo.loader import load_runtime
 from bubo.service.prompt import render_chat
 
@@ -84,3 +85,34 @@ def test_template_printing_bos_does_not_double_it(tmp_path: Path) -> None:
         assert rendered.tokens == (bos, *runtime.tokenizer.encode("hi"))
     finally:
         runtime.engine.close()
+
+
+@pytest.mark.parametrize(
+    ("values", "admits"),
+    [
+        ({"model__grammar": 'root ::= "yes" | "no"'}, '"yes" | "no"'),
+        ({"model__json_schema": '{"type": "object", "properties": {"answer": {"const": "yes"}}}'}, "answer"),
+    ],
+)
+def test_a_default_constraint_from_a_flag(model_path: Path, values: dict[str, str], admits: str) -> None:
+    """--grammar and --json-schema become the GBNF that constrains requests that set none."""
+    runtime = load_runtime(load_settings({"model__ctx_size": "256", **values}, environ={}), lambda _: None)
+    try:
+        assert runtime.default_grammar is not None
+        assert admits in runtime.default_grammar
+    finally:
+        runtime.engine.close()
+
+
+def test_a_default_schema_beyond_the_limits_stops_the_start(model_path: Path) -> None:
+    """A --json-schema the grammar cannot enforce is refused at start, naming the flag."""
+    with pytest.raises(InvalidRequest) as error:
+        load_runtime(
+            load_settings(
+                {"model__ctx_size": "256", "model__json_schema": '{"type": "string", "pattern": "(a"}'},
+                environ={},
+            ),
+            lambda _: None,
+        )
+    assert error.value.param.startswith("--json-schema")
+    assert str(error.value).startswith("--json-schema: ")

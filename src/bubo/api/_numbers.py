@@ -12,10 +12,11 @@ their clients never meet these bounds.  Non-finite numbers never get this far
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import attrs
 
-from bubo.domain.sampling import LogitBias, SamplingOverrides
+from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, LogitBias, SamplingOverrides
 from bubo.errors import InvalidRequest
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "check_bias",
     "check_sampling",
     "check_token_limit",
+    "sampler_order",
     "sampling_overrides",
     "token_id",
 ]
@@ -45,7 +47,31 @@ _RANGES = (
     ("repeat_last_n", -1, True, INT32_MAX),
     ("presence_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
     ("frequency_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("dynatemp_range", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("dynatemp_exponent", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("typical_p", 0.0, True, 1.0),
+    ("xtc_probability", 0.0, True, 1.0),
+    ("xtc_threshold", 0.0, True, 1.0),
+    ("top_n_sigma", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("mirostat", 0, True, 2),  # 0 off, 1 Mirostat, 2 Mirostat 2.0
+    ("mirostat_tau", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("mirostat_eta", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("dry_multiplier", -FLOAT32_MAX, True, FLOAT32_MAX),
+    ("dry_base", -FLOAT32_MAX, True, FLOAT32_MAX),  # below 1 turns DRY off, as in llama.cpp
+    ("dry_allowed_length", 0, True, INT32_MAX),
+    ("dry_penalty_last_n", -1, True, INT32_MAX),
 )
+
+MAX_SAMPLERS = 16
+"""The most stages ``samplers`` may name: llama-server's default has nine; each runs on the decode thread
+for every token (up to 0.9 ms a stage over a 49k vocabulary: sixteen delay every stream by up to 15 ms)."""
+
+MAX_DRY_SEQUENCE_BREAKERS = 16
+"""The most ``dry_sequence_breakers`` a request may send (llama-server's default has four): llama.cpp matches
+each against the whole vocabulary, up to 0.5 s a breaker of a worker thread's time."""
+
+MAX_DRY_BREAKER_CHARS = 40
+"""llama.cpp reads at most this many characters of a sequence breaker (it truncates longer ones)."""
 
 
 def _shown(value: float) -> str:
@@ -86,9 +112,70 @@ def sampling_overrides(body: object, logit_bias: LogitBias) -> SamplingOverrides
     fields = {
         field.name: getattr(body, field.name)
         for field in attrs.fields(SamplingOverrides)
-        if field.name != "logit_bias"
+        if field.name not in ("logit_bias", "samplers", "dry_sequence_breakers")
     }
-    return check_sampling(SamplingOverrides(**fields, logit_bias=logit_bias))
+    samplers: list[str] | str | None = getattr(body, "samplers")  # noqa: B009 - the bodies share no type
+    breakers: list[str] | None = getattr(body, "dry_sequence_breakers")  # noqa: B009
+    return check_sampling(
+        SamplingOverrides(
+            **fields,
+            logit_bias=logit_bias,
+            samplers=None if samplers is None else sampler_order(samplers, "samplers"),
+            dry_sequence_breakers=None if breakers is None else _breakers(breakers),
+        )
+    )
+
+
+def sampler_order(samplers: Sequence[str] | str, param: str) -> tuple[str, ...]:
+    """``samplers`` as llama.cpp's stage names: a list of names (or their aliases), or a string of letters.
+
+    Raises:
+        InvalidRequest: an unknown name or letter, or too many; ``param`` *param* (with the index).
+
+    """
+    if len(samplers) > MAX_SAMPLERS:
+        raise InvalidRequest(
+            f"{param} names {len(samplers)} stages; at most {MAX_SAMPLERS} are supported", param=param
+        )
+    if isinstance(samplers, str):
+        unknown = next((letter for letter in samplers if letter not in SAMPLER_LETTERS), None)
+        if unknown is not None:
+            raise InvalidRequest(
+                f"{param}: {unknown!r} is not a sampler letter; use {''.join(SAMPLER_LETTERS)}", param=param
+            )
+        return tuple(SAMPLER_LETTERS[letter] for letter in samplers)
+    order = []
+    for index, name in enumerate(samplers):
+        stage = name if name in SAMPLER_NAMES else SAMPLER_ALIASES.get(name)
+        if stage is None:
+            raise InvalidRequest(
+                f"{name!r} is not a sampler; use {', '.join(SAMPLER_NAMES)}", param=f"{param}[{index}]"
+            )
+        order.append(stage)
+    return tuple(order)
+
+
+def _breakers(breakers: Sequence[str]) -> tuple[str, ...]:
+    """``dry_sequence_breakers``: 1 to :data:`MAX_DRY_SEQUENCE_BREAKERS` non-empty strings (as llama-server).
+
+    Raises:
+        InvalidRequest: ``param`` ``dry_sequence_breakers`` (with the index of a bad one).
+
+    """
+    param = "dry_sequence_breakers"
+    if not breakers:
+        raise InvalidRequest(f"{param} must be a non-empty array of strings", param=param)
+    if len(breakers) > MAX_DRY_SEQUENCE_BREAKERS:
+        raise InvalidRequest(
+            f"{param} has {len(breakers)} strings; at most {MAX_DRY_SEQUENCE_BREAKERS} are supported",
+            param=param,
+        )
+    for index, breaker in enumerate(breakers):
+        if not breaker or "\0" in breaker:
+            raise InvalidRequest(
+                "a sequence breaker is a non-empty string without NUL", param=f"{param}[{index}]"
+            )
+    return tuple(breaker[:MAX_DRY_BREAKER_CHARS] for breaker in breakers)
 
 
 def check_token_limit(value: int | None, param: str) -> int | None:

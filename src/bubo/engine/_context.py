@@ -1,7 +1,8 @@
 """One llama.cpp context: one KV sequence per slot, batched decoding, logits, tokenizing.
 
 Only the engine's decode thread calls into it (and the start-up probe, before
-that thread exists).
+that thread exists); its :class:`DryStages` alone is thread-safe, for the
+request workers that prepare them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._kv import SequenceCache, SnapshotStore
+from ._sampler import DryStages
 from .base import EngineFailure
 from .stats import EngineCounters
 
@@ -59,6 +61,7 @@ class LlamaContext:
         self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ctx)  # what one sequence may hold
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_batch: int = llama_cpp.llama_n_batch(ctx)
+        self.dry = DryStages(self.vocab)
         memory = llama_cpp.llama_get_memory(ctx)
         self.caches = tuple(
             SequenceCache(ctx, memory, snapshots, seq_id) for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
@@ -133,8 +136,9 @@ class LlamaContext:
         return tuple(out[: max(count, 0)])
 
     def close(self) -> None:
-        """Free the batch and the context."""
+        """Free the batch, the kept DRY stages and the context."""
         if self.ctx is not None:
+            self.dry.close()
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)
             self.ctx = None

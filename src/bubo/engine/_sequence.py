@@ -136,6 +136,7 @@ class Sequence:
             n_ctx=context.n_ctx_seq,
             vocab=context.vocab,
             grammar=request.grammar,
+            dry=context.dry,
         )
         self._sampler.remember(prompt)
         if self._policy is not None:

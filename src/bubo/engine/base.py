@@ -31,6 +31,7 @@ import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
+from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
 from .slots import Slot, SlotPool
@@ -267,6 +268,10 @@ class Engine(Protocol):
             GrammarRejected: the spec cannot be converted or parsed.
 
         """
+        ...
+
+    def prepare_sampling(self, sampling: SamplingParams) -> None:
+        """Do now, on the calling (worker) thread, the costly part of building *sampling*'s chain."""
         ...
 
     def cache_contents(self) -> CacheContents:
@@ -519,6 +524,9 @@ class SlotEngine(abc.ABC):
     @abc.abstractmethod
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec* (see :meth:`Engine.compile_grammar`)."""
+
+    def prepare_sampling(self, sampling: SamplingParams) -> None:  # noqa: B027 - optional: most have nothing to do
+        """Nothing to prepare unless a subclass says so (see :meth:`Engine.prepare_sampling`)."""
 
     @abc.abstractmethod
     def close(self) -> None:

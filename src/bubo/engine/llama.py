@@ -38,7 +38,7 @@ from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore
-from ._sampler import Sampler
+from ._sampler import Sampler, dry_key
 from ._sequence import Outcome, Sequence
 from .base import (
     CacheContents,
@@ -237,6 +237,15 @@ class LlamaEngine(SlotEngine):
         except EngineFailure:
             raise GrammarRejected("llama.cpp could not parse the grammar") from None
         return gbnf
+
+    def prepare_sampling(self, sampling: SamplingParams) -> None:
+        """Build *sampling*'s DRY stage now if it has one (the decode thread then only clones it)."""
+        if sampling.mirostat != 0 or "dry" not in sampling.samplers:
+            return
+        context = self._context
+        key = dry_key(sampling, context.n_ctx_seq)
+        if key is not None:
+            context.dry.prepare(key)
 
     def check_decode(self, batch: int = 64) -> None:
         """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).

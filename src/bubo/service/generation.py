@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -53,6 +54,7 @@ __all__ = [
     "generation_request",
     "open_output",
     "prepare_completion",
+    "schema_grammar",
 ]
 
 # What a client told that the queue is full should wait before trying again, in seconds.
@@ -76,8 +78,7 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
         planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
     elif request.output_format is not None:
         output = request.output_format
-        check_schema(output.schema, output.param)
-        planned = output_grammar(output.schema, starts_inside=False, may_think=False), output.param
+        planned = schema_grammar(output.schema, output.param), output.param
 
     def prepare() -> PreparedGeneration:
         rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
@@ -92,6 +93,17 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     checked = request.output_format if request.grammar is None else None  # the answer is checked against it
     plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
     return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)
+
+
+def schema_grammar(schema: Mapping[str, Any], param: str) -> GrammarSpec:
+    """The grammar of a whole answer that is a JSON value of *schema* (``json_schema``, ``--json-schema``).
+
+    Raises:
+        InvalidRequest: the schema asks for what no grammar enforces, or too much; ``param`` below *param*.
+
+    """
+    check_schema(schema, param)
+    return output_grammar(schema, starts_inside=False, may_think=False)
 
 
 async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> str:
@@ -115,7 +127,7 @@ def bias_chars(options: GenerationOptions) -> int:
 def generation_request(
     runtime: Runtime, rendered: RenderedPrompt, options: GenerationOptions, *, prompt_param: str
 ) -> GenerationRequest:
-    """The engine request for a rendered prompt, after the context check.
+    """The engine request for a rendered prompt, after the context check (run it on a worker thread).
 
     Raises:
         InvalidRequest: an empty prompt or a bad logit bias.
@@ -131,10 +143,12 @@ def generation_request(
     max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
     if runtime.memory_guard is not None:
         runtime.memory_guard.admit(min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx)
+    sampling = _sampling(runtime, options)
+    runtime.engine.prepare_sampling(sampling)  # on this worker thread, not the decode thread
     return GenerationRequest(
         prompt_tokens=rendered.tokens,
         max_new_tokens=max_tokens if max_tokens >= 0 else None,
-        sampling=_sampling(runtime, options),
+        sampling=sampling,
         stop=options.stop,
         ignore_eos=options.ignore_eos,
         n_probs=options.n_probs,

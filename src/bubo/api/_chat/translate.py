@@ -80,6 +80,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             sampling=sampling(body),
             stop=stop(body.stop),
             n_probs=n_probs,
+            ignore_eos=bool(body.ignore_eos),
         ),
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,

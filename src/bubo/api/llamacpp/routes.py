@@ -261,7 +261,6 @@ async def props() -> Response:
     if "model" in request.args:
         runtime.check_model(request.args["model"])
     info = runtime.engine.info
-    sampling = runtime.defaults.sampling
     template = runtime.template
     caps = template.capabilities
     return json_response(
@@ -284,16 +283,8 @@ async def props() -> Response:
             ),
             default_generation_settings=wire.DefaultGenerationSettings(
                 params=wire.SamplingDefaults(
+                    **translate.sampler_settings(runtime.defaults.sampling),
                     n_predict=runtime.defaults.n_predict,
-                    temperature=sampling.temperature,
-                    top_k=sampling.top_k,
-                    top_p=sampling.top_p,
-                    min_p=sampling.min_p,
-                    repeat_penalty=sampling.repeat_penalty,
-                    repeat_last_n=sampling.repeat_last_n,
-                    presence_penalty=sampling.presence_penalty,
-                    frequency_penalty=sampling.frequency_penalty,
-                    seed=0xFFFFFFFF if sampling.seed is None else sampling.seed,
                 ),
                 n_ctx=info.n_ctx,
             ),

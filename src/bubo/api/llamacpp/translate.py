@@ -11,13 +11,20 @@ from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.output import Done
 from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPiece
-from bubo.domain.sampling import BANNED, LogitBias
+from bubo.domain.sampling import BANNED, LogitBias, SamplingParams
 from bubo.engine import SlotStatistics
 from bubo.errors import InvalidRequest
 
 from . import wire
 
-__all__ = ["completion_request", "completion_result", "probabilities", "slot", "token_piece"]
+__all__ = [
+    "completion_request",
+    "completion_result",
+    "probabilities",
+    "sampler_settings",
+    "slot",
+    "token_piece",
+]
 
 _STOP_TYPES = {
     StopCause.EOS: "eos",
@@ -133,24 +140,49 @@ def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
     ]
 
 
+def sampler_settings(sampling: SamplingParams) -> dict[str, Any]:
+    """The fields of :class:`wire.SamplerSettings` for *sampling*.
+
+    The one mapping from the domain to the wire's sampler fields: ``generation_settings`` and ``/props``
+    both use it.
+    """
+    return {
+        "temperature": sampling.temperature,
+        "dynatemp_range": sampling.dynatemp_range,
+        "dynatemp_exponent": sampling.dynatemp_exponent,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "top_n_sigma": sampling.top_n_sigma,
+        "xtc_probability": sampling.xtc_probability,
+        "xtc_threshold": sampling.xtc_threshold,
+        "typical_p": sampling.typical_p,
+        "repeat_last_n": sampling.repeat_last_n,
+        "repeat_penalty": sampling.repeat_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "dry_multiplier": sampling.dry_multiplier,
+        "dry_base": sampling.dry_base,
+        "dry_allowed_length": sampling.dry_allowed_length,
+        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
+        "mirostat": sampling.mirostat,
+        "mirostat_tau": sampling.mirostat_tau,
+        "mirostat_eta": sampling.mirostat_eta,
+        "seed": 0xFFFFFFFF if sampling.seed is None else sampling.seed,
+        "samplers": list(sampling.samplers),
+    }
+
+
 def generation_settings(
     request: GenerationRequest, *, n_ctx: int, model: str, stream: bool
 ) -> wire.GenerationSettings:
     """The settings the generation ran with."""
-    sampling = request.sampling
     return wire.GenerationSettings(
+        **sampler_settings(request.sampling),
         n_ctx=n_ctx,
         n_predict=-1 if request.max_new_tokens is None else request.max_new_tokens,
         model=model,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        min_p=sampling.min_p,
-        repeat_penalty=sampling.repeat_penalty,
-        repeat_last_n=sampling.repeat_last_n,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        seed=0xFFFFFFFF if sampling.seed is None else sampling.seed,
         stop=list(request.stop),
         n_probs=request.n_probs or 0,
         ignore_eos=request.ignore_eos,

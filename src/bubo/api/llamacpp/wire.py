@@ -47,6 +47,22 @@ class CompletionRequest:
     id_slot: int | None = None
     grammar: str | None = None  # GBNF for the whole answer
     json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
+    # llama.cpp's other samplers (llama-server's names)
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    typical_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
 
 
 @attrs.frozen(kw_only=True)
@@ -91,21 +107,42 @@ class Probability:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationSettings:
+class SamplerSettings:
+    """The sampler fields ``generation_settings`` and ``/props``' defaults share (llama-server's names)."""
+
+    temperature: float
+    dynatemp_range: float
+    dynatemp_exponent: float
+    top_k: int
+    top_p: float
+    min_p: float
+    top_n_sigma: float
+    xtc_probability: float
+    xtc_threshold: float
+    typical_p: float
+    repeat_last_n: int
+    repeat_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    dry_multiplier: float
+    dry_base: float
+    dry_allowed_length: int
+    dry_penalty_last_n: int
+    dry_sequence_breakers: list[str]
+    mirostat: int
+    mirostat_tau: float
+    mirostat_eta: float
+    seed: int
+    samplers: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationSettings(SamplerSettings):
     """The settings a completion actually ran with."""
 
     n_ctx: int
     n_predict: int
     model: str
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    repeat_penalty: float
-    repeat_last_n: int
-    presence_penalty: float
-    frequency_penalty: float
-    seed: int
     stop: list[str]
     n_probs: int
     ignore_eos: bool
@@ -184,19 +221,10 @@ class Detokenized:
 
 
 @attrs.frozen(kw_only=True)
-class SamplingDefaults:
+class SamplingDefaults(SamplerSettings):
     """``default_generation_settings.params`` of ``/props``."""
 
     n_predict: int
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    repeat_penalty: float
-    repeat_last_n: int
-    presence_penalty: float
-    frequency_penalty: float
-    seed: int
 
 
 @attrs.frozen(kw_only=True)

@@ -50,6 +50,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             sampling=sampling(body),
             stop=stop(body.stop),
             n_probs=n_probs,
+            ignore_eos=bool(body.ignore_eos),
         ),
         output_format=output_format,
         grammar=grammar,

@@ -48,6 +48,23 @@ class CompletionRequest:
     repeat_last_n: int | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    # llama.cpp's other samplers and ignore_eos, as llama-server takes them here
+    ignore_eos: bool | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    typical_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
 
 
 # ---- responses -----------------------------------------------------------------------------
