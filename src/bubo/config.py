@@ -130,6 +130,7 @@ class ModelSettings:
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
+    context_shift: bool = False  # go on past the end of the context by dropping old tokens
 
 
 @attrs.frozen(kw_only=True)
@@ -340,6 +341,11 @@ OPTIONS: tuple[Option, ...] = (
            off_flags=("-nr", "--no-repack")),
     Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
            "seconds the repack probe may take before repacking is turned off (120)", "S"),
+    # context shift
+    Option(("--context-shift",), ("model", "context_shift"), _switch,
+           "a generation that reaches the end of its context drops the oldest half of its tokens after "
+           "the request's n_keep and goes on, reported as truncated (off: it stops there)", "on|off",
+           off_flags=("--no-context-shift",)),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),

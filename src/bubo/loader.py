@@ -76,6 +76,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=model.cache_ram,
         drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
+        context_shift=model.context_shift,
     )
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(

@@ -32,6 +32,7 @@ class TestCompletion:
                 "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0, "repeat_last_n": 64,
                 "presence_penalty": 0.0, "frequency_penalty": 0.0, "seed": 4294967295, "stop": [],
                 "n_probs": 0, "ignore_eos": False, "stream": False,
+                "n_keep": 0, "n_indent": 0, "cache_prompt": True, "logit_bias": [],
             },
             "prompt": "Count:",
             "has_new_line": False,

@@ -105,6 +105,7 @@ class Completion:
     parts: tuple[OutputPart, ...]
     logprobs: tuple[TokenLogprob, ...]
     done: Done
+    token_ids: tuple[int, ...] = ()  # the answer's tokens (those of its text deltas)
 
     @property
     def text(self) -> str:

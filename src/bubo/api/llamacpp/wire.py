@@ -18,11 +18,11 @@ from bubo.api._usage import Timings, Usage
 class CompletionRequest:
     """``POST /completion``; ``max_tokens`` is accepted as an alias of ``n_predict``.
 
-    ``cache_prompt`` is accepted and always true in effect: the slot's KV prefix
-    is reused whenever it matches.
+    ``prompt`` is one prompt (text, token ids, or both mixed) or several (an
+    array of texts and of such arrays): then each is answered, side by side.
     """
 
-    prompt: str | list[int | str] | None = None
+    prompt: str | list[int | str | list[int | str]] | None = None
     model: str | None = None
     n_predict: int | None = None
     max_tokens: int | None = None
@@ -47,6 +47,10 @@ class CompletionRequest:
     id_slot: int | None = None
     grammar: str | None = None  # GBNF for the whole answer
     json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
+    # context shift, indentation, and which result fields to send
+    n_keep: int | None = None
+    n_indent: int | None = None
+    response_fields: list[str] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -110,6 +114,19 @@ class GenerationSettings:
     n_probs: int
     ignore_eos: bool
     stream: bool
+    # context shift, indentation, cache reuse and the resolved logit bias
+    n_keep: int = 0
+    n_indent: int = 0
+    cache_prompt: bool = True
+    logit_bias: list[LogitBiasEntry] = attrs.field(factory=list)
+
+
+@attrs.frozen(kw_only=True)
+class LogitBiasEntry:
+    """One resolved ``logit_bias`` entry of ``generation_settings`` (``bias`` null: the token is banned)."""
+
+    token: int
+    bias: float | None
 
 
 @attrs.frozen(kw_only=True)
