@@ -216,6 +216,9 @@ class ChatCompletionRequest:
     continue_final_message: bool | None = None
     grammar: str | None = None  # llama-server: GBNF for the whole answer
     json_schema: dict[str, Any] | None = None  # llama-server: a schema for the whole answer
+    # llama-server: streamed prompt progress and per-chunk timings
+    return_progress: bool | None = None
+    timings_per_token: bool | None = None
 
 
 @attrs.frozen(kw_only=True)

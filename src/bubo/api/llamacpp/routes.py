@@ -16,6 +16,7 @@ from bubo.api._context import api_context, request_timeline, require_runtime, st
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
+from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import sse_frame, sse_response
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
@@ -58,6 +59,7 @@ class _CompletionStream:
         tokens: bool = False,
         fields: list[str] | None = None,
         index: int = 0,
+        timings_per_token: bool = False,
     ) -> None:
         self._settings = settings
         self._prompt = prompt
@@ -66,6 +68,7 @@ class _CompletionStream:
         self._tokens = tokens
         self._fields = fields
         self._index = index
+        self._live = LiveTimings() if timings_per_token else None
         self._predicted = 0
         self._evaluated = 0
         self._slot = 0  # the slot evaluating the prompt (known from its first progress event)
@@ -75,9 +78,13 @@ class _CompletionStream:
         return ()
 
     def _chunk(self, chunk: wire.CompletionChunk) -> list[bytes]:
+        if self._live is not None:
+            chunk = attrs.evolve(chunk, timings=self._live.now())
         return [sse_frame(dumps(unstructure(chunk)))]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        if self._live is not None:
+            self._live.saw(event)
         match event:
             case PromptProgress() if self._progress:
                 self._evaluated = event.total
@@ -90,12 +97,7 @@ class _CompletionStream:
                         id_slot=event.slot_id,
                         tokens_predicted=0,
                         tokens_evaluated=event.total,
-                        prompt_progress=wire.PromptProgress(
-                            total=event.total,
-                            cache=event.cached,
-                            processed=event.processed,
-                            time_ms=round(event.elapsed_ms, 3),
-                        ),
+                        prompt_progress=progress(event),
                     )
                 )
             case PromptProgress():
@@ -245,6 +247,7 @@ async def completion() -> Response:
                 tokens=bool(body.return_tokens),
                 fields=body.response_fields,
                 index=index,
+                timings_per_token=bool(body.timings_per_token),
             )
             for index, (s, p) in enumerate(zip(settings, prepared, strict=True))
         ]

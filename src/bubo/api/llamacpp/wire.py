@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
 
 # ---- requests ------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ class CompletionRequest:
     n_keep: int | None = None
     n_indent: int | None = None
     response_fields: list[str] | None = None
+    timings_per_token: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -154,16 +156,6 @@ class CompletionResult:
 
 
 @attrs.frozen(kw_only=True)
-class PromptProgress:
-    """``prompt_progress`` of a streamed chunk (``return_progress``)."""
-
-    total: int
-    cache: int
-    processed: int
-    time_ms: float
-
-
-@attrs.frozen(kw_only=True)
 class CompletionChunk:
     """A partial ``/completion`` stream chunk."""
 
@@ -175,7 +167,8 @@ class CompletionChunk:
     tokens_predicted: int
     tokens_evaluated: int
     completion_probabilities: list[Probability] | None = None
-    prompt_progress: PromptProgress | None = None
+    prompt_progress: Progress | None = None
+    timings: Timings | None = None  # timings_per_token
 
 
 @attrs.frozen(kw_only=True)
