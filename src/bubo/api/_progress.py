@@ -11,7 +11,7 @@ import time
 import attrs
 
 from bubo.domain.generation import GenerationStats, PromptProgress
-from bubo.domain.output import OutputEvent, TextDelta
+from bubo.domain.output import OutputEvent, ReasoningDelta, TextDelta
 
 from ._usage import Timings, timings
 
@@ -56,7 +56,7 @@ class LiveTimings:
                 self._total, self._cached, self._prompt_ms = event.total, event.cached, event.elapsed_ms
                 if event.cached + event.processed >= event.total:
                     self._generating_since = time.perf_counter()
-            case TextDelta(token_ids=token_ids):
+            case TextDelta(token_ids=token_ids) | ReasoningDelta(token_ids=token_ids):
                 self._generated += len(token_ids)
 
     def now(self) -> Timings:

@@ -56,6 +56,7 @@ class _Pipeline:
         )
         self.called_tools = False
         self.reasoning_tokens = 0
+        self._unassigned: list[int] = []  # tokens whose text the parsers still hold
         checked = plan.schema is not None or plan.checked_tools
         self.check = (
             AnswerCheck(schema=plan.schema, param=plan.schema_param, tools=plan.checked_tools)
@@ -83,6 +84,19 @@ class _Pipeline:
             self.reasoning_tokens += 1
         if event.logprob is not None:
             events = _attach_logprob(events, event)
+        return self._assign_tokens(events, event.token_id)
+
+    def _assign_tokens(self, events: list[OutputEvent], token_id: int) -> list[OutputEvent]:
+        """Put the ids of the tokens not yet shown on the first text this token released (if any)."""
+        self._unassigned.append(token_id)
+        deltas = [i for i, e in enumerate(events) if isinstance(e, TextDelta | ReasoningDelta)]
+        if not deltas:
+            return events
+        # a text that holds a logprob holds its token
+        marked = [i for i in deltas if isinstance(events[i], TextDelta) and events[i].token_ids]
+        index = marked[0] if marked else deltas[0]
+        events[index] = attrs.evolve(events[index], token_ids=tuple(self._unassigned))  # type: ignore[arg-type]
+        self._unassigned.clear()
         return events
 
     def finish(self) -> list[OutputEvent]:
