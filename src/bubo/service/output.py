@@ -91,15 +91,23 @@ class _Pipeline:
         return self._assign_tokens(events, event.token_id)
 
     def _assign_tokens(self, events: list[OutputEvent], token_id: int) -> list[OutputEvent]:
-        """Put the ids of the tokens not yet shown on the first text this token released (if any)."""
+        """Put the ids of the tokens not yet shown on the first text this token released (if any).
+
+        A text that holds the token's logprob holds its id already: it takes them.
+        """
         self._unassigned.append(token_id)
-        deltas = [i for i, e in enumerate(events) if isinstance(e, TextDelta | ReasoningDelta)]
-        if not deltas:
+        target: int | None = None
+        for index, event in enumerate(events):
+            if isinstance(event, TextDelta) and event.token_ids:
+                target = index
+                break
+            if target is None and isinstance(event, TextDelta | ReasoningDelta):
+                target = index
+        if target is None:
             return events
-        # a text that holds a logprob holds its token
-        marked = [i for i in deltas if isinstance(events[i], TextDelta) and events[i].token_ids]
-        index = marked[0] if marked else deltas[0]
-        events[index] = attrs.evolve(events[index], token_ids=tuple(self._unassigned))  # type: ignore[arg-type]
+        delta = events[target]
+        assert isinstance(delta, TextDelta | ReasoningDelta)
+        events[target] = attrs.evolve(delta, token_ids=tuple(self._unassigned))
         self._unassigned.clear()
         return events
 
@@ -107,7 +115,8 @@ class _Pipeline:
         """The reasoning parser's events; with ``reasoning_in_content``, its reasoning plus the raw text."""
         if not self._reasoning_in_content:
             return parsed
-        return [e for e in parsed if isinstance(e, ReasoningDelta)] + [TextDelta(text=raw)]
+        kept: list[OutputEvent] = [e for e in parsed if isinstance(e, ReasoningDelta)]
+        return [*kept, TextDelta(text=raw)]
 
     def finish(self) -> list[OutputEvent]:
         parsed = self._reasoning.finish() if self._reasoning else []

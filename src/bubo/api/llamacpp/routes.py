@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, cast
 
@@ -184,7 +184,7 @@ async def _side_by_side(
             except Exception as error:  # noqa: BLE001 - reported in the stream by its reader
                 await sender.send((index, error))
 
-    async def merged() -> AsyncIterator[OutputEvent]:
+    async def merged() -> AsyncGenerator[OutputEvent, None]:
         async for index, item in receive:
             if isinstance(item, Exception):
                 raise item
