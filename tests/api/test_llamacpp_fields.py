@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -179,3 +180,37 @@ class TestSeveralPrompts:
         response = await app.test_client().post("/completion", json={"prompt": ["a", "word " * 5000]})
         assert response.status_code == 400
         assert fake_engine.requests == []
+
+
+class TestPostSamplingProbs:
+    async def test_the_flag_reaches_the_engine(self, app, fake_engine: FakeEngine) -> None:
+        await app.test_client().post(
+            "/completion", json={"prompt": "x", "n_probs": 2, "post_sampling_probs": True}
+        )
+        assert fake_engine.requests[-1].post_sampling_probs is True
+
+    async def test_probabilities_replace_log_probabilities(self, app, script: FakeScript) -> None:
+        script.reply = " one two"
+        client = app.test_client()
+        raw = await (await client.post("/completion", json={"prompt": "x", "n_probs": 2})).get_json()
+        post = await (
+            await client.post("/completion", json={"prompt": "x", "n_probs": 2, "post_sampling_probs": True})
+        ).get_json()
+        before, after = raw["completion_probabilities"][0], post["completion_probabilities"][0]
+        assert set(after) == {"id", "token", "bytes", "prob", "top_probs"}
+        assert after["prob"] == pytest.approx(math.exp(before["logprob"]))
+        assert [set(t) for t in after["top_probs"]] == [{"id", "token", "bytes", "prob"}] * len(
+            after["top_probs"]
+        )
+
+    async def test_streamed_chunks_carry_them_too(self, app, script: FakeScript) -> None:
+        script.reply = " one two"
+        chunks = events(
+            await (
+                await app.test_client().post(
+                    "/completion",
+                    json={"prompt": "x", "n_probs": 1, "post_sampling_probs": True, "stream": True},
+                )
+            ).get_data()
+        )
+        assert all("prob" in c["completion_probabilities"][0] for c in chunks[:-1])

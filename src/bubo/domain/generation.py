@@ -104,6 +104,7 @@ class GenerationRequest:
     n_keep: int = 0
     cache_prompt: bool = True
     n_indent: int = 0
+    post_sampling_probs: bool = False  # n_probs' probabilities after the sampler chain, not the raw softmax
 
 
 @attrs.frozen(kw_only=True)

@@ -44,6 +44,7 @@ class GenerationOptions:
     n_keep: int = 0
     cache_prompt: bool = True
     n_indent: int = 0
+    post_sampling_probs: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -25,6 +25,7 @@ limit it then ends at the model's training context, as in llama-server.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -117,6 +118,7 @@ class Sequence:
         self._shifts = 0
         self._discarded = 0  # tokens the shifts dropped from the sequence
         self._indent = _IndentLimit(request.n_indent)
+        self._candidates: tuple[int, list[tuple[int, float]]] | None = None  # the last sample's, post chain
 
     # ---- what the loop asks ------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class Sequence:
             self.finish(StopCause.LIMIT)
             return
         assert self._sampler is not None
-        self._begin(self._sampler.sample(self._context.ctx, index + n_tokens - 1), index + n_tokens - 1)
+        self._begin(self._sample(index + n_tokens - 1), index + n_tokens - 1)
 
     def _prompt_took(self, now: float) -> None:
         self._prompt_done = now
@@ -277,7 +279,7 @@ class Sequence:
         self._drafted += len(draft)
         self.slot.drafted(len(draft))
         for position, proposed in enumerate(draft):
-            sampled = sampler.sample(self._context.ctx, index + position)
+            sampled = self._sample(index + position)
             if sampled != proposed:
                 cache.truncate(base + 1 + position)
                 self._begin(sampled, index + position)
@@ -293,7 +295,7 @@ class Sequence:
                     self._begin(self._next(index + 1 + position), index + 1 + position)
                 return
         at = index + len(draft)
-        self._begin(sampler.sample(self._context.ctx, at), at)
+        self._begin(self._sample(at), at)
 
     def _next(self, index: int) -> int:
         """The next token: an inserted one if the grammar admits it, else one sampled at *index*."""
@@ -305,7 +307,17 @@ class Sequence:
                 sampler.accept(inserted)
                 return inserted
             self._forced.clear()  # the grammar forbids the end marker here: give up the budget
-        return sampler.sample(self._context.ctx, index)
+        return self._sample(index)
+
+    def _sample(self, index: int) -> int:
+        """A token sampled from the logits at *index*; with post-sampling probabilities, they are kept."""
+        sampler = self._sampler
+        assert sampler is not None
+        if not self.request.post_sampling_probs or self.request.n_probs is None:
+            return sampler.sample(self._context.ctx, index)
+        token, candidates = sampler.sample_candidates(self._context.ctx, index, self._context.n_vocab)
+        self._candidates = (token, candidates)
+        return token
 
     def _next_draft(self) -> list[int]:
         """Tokens worth verifying after the current one, within the limit and the context."""
@@ -335,6 +347,8 @@ class Sequence:
         else:
             if self.request.n_probs is not None:
                 logprob = self._logprob(token, at, self.request.n_probs)
+                if self._candidates is not None and self._candidates[0] == token:
+                    logprob = self._post_sampling(token, self._candidates[1], self.request.n_probs)
             released, cut = self._indent.feed(text.feed(self._pieces[token]))
             cause = StopCause.LIMIT if cut else self._exhausted()
             if cause is not None and text.matched is None and not cut:
@@ -387,6 +401,19 @@ class Sequence:
         self._discarded += n_discard
         self._shifts += 1
         self.slot.holds(len(self.cache.tokens))
+
+    def _post_sampling(self, token: int, candidates: list[tuple[int, float]], n_top: int) -> TokenLogprob:
+        """Log-probabilities after the sampler chain (llama-server's ``post_sampling_probs``)."""
+        chosen = next((p for t, p in candidates if t == token), 0.0)
+        top = tuple(
+            TopLogprob(token_id=t, piece=self._pieces[t], logprob=math.log(p)) for t, p in candidates[:n_top]
+        )
+        return TokenLogprob(
+            token_id=token,
+            piece=self._pieces[token],
+            logprob=math.log(chosen) if chosen > 0 else -math.inf,
+            top=top,
+        )
 
     def _logprob(self, token: int, at: int, n_top: int) -> TokenLogprob:
         """Log-probabilities from the raw logits (llama-server's pre-sampling probs)."""

@@ -143,6 +143,7 @@ def generation_request(
         n_keep=options.n_keep,
         cache_prompt=options.cache_prompt,
         n_indent=options.n_indent,
+        post_sampling_probs=options.post_sampling_probs,
     )
 
 

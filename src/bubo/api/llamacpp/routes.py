@@ -42,6 +42,18 @@ MAX_PROMPTS = 64
 """The most prompts one ``/completion`` request holds (each is a generation of its own)."""
 
 
+@attrs.frozen(kw_only=True)
+class _StreamOptions:
+    """What a ``/completion`` stream's chunks carry, as the request asks."""
+
+    n_probs: bool
+    progress: bool = False  # return_progress
+    tokens: bool = False  # return_tokens
+    fields: list[str] | None = None  # response_fields
+    timings_per_token: bool = False
+    post_sampling: bool = False  # post_sampling_probs
+
+
 class _CompletionStream:
     """One prompt's ``/completion`` chunks: one per token, then the full result; no ``[DONE]``.
 
@@ -50,25 +62,17 @@ class _CompletionStream:
     """
 
     def __init__(
-        self,
-        settings: wire.GenerationSettings,
-        prompt: str,
-        *,
-        n_probs: bool,
-        progress: bool,
-        tokens: bool = False,
-        fields: list[str] | None = None,
-        index: int = 0,
-        timings_per_token: bool = False,
+        self, settings: wire.GenerationSettings, prompt: str, options: _StreamOptions, *, index: int = 0
     ) -> None:
         self._settings = settings
         self._prompt = prompt
-        self._n_probs = n_probs
-        self._progress = progress
-        self._tokens = tokens
-        self._fields = fields
+        self._n_probs = options.n_probs
+        self._progress = options.progress
+        self._tokens = options.tokens
+        self._fields = options.fields
+        self._post_sampling = options.post_sampling
         self._index = index
-        self._live = LiveTimings() if timings_per_token else None
+        self._live = LiveTimings() if options.timings_per_token else None
         self._predicted = 0
         self._evaluated = 0
         self._slot = 0  # the slot evaluating the prompt (known from its first progress event)
@@ -116,7 +120,11 @@ class _CompletionStream:
                         id_slot=self._slot,
                         tokens_predicted=self._predicted,
                         tokens_evaluated=self._evaluated,
-                        completion_probabilities=translate.probabilities(entries) if self._n_probs else None,
+                        completion_probabilities=(
+                            translate.probabilities(entries, post_sampling=self._post_sampling)
+                            if self._n_probs
+                            else None
+                        ),
                     )
                 )
             case Done():
@@ -125,7 +133,7 @@ class _CompletionStream:
                     done=event,
                     settings=self._settings,
                     prompt=self._prompt,
-                    logprobs=None,
+                    probabilities=None,
                     has_new_line=self._has_new_line,
                     index=self._index,
                 )
@@ -237,18 +245,18 @@ async def completion() -> Response:
     ]
     n_probs = bool(prepared[0].request.n_probs)
     outputs = [open_output(runtime, p, request_timeline()) for p in prepared]
+    post_sampling = bool(body.post_sampling_probs)
     if stream:
+        options = _StreamOptions(
+            n_probs=n_probs,
+            progress=bool(body.return_progress),
+            tokens=bool(body.return_tokens),
+            fields=body.response_fields,
+            timings_per_token=bool(body.timings_per_token),
+            post_sampling=post_sampling,
+        )
         streams = [
-            _CompletionStream(
-                s,
-                p.prompt.text,
-                n_probs=n_probs,
-                progress=bool(body.return_progress),
-                tokens=bool(body.return_tokens),
-                fields=body.response_fields,
-                index=index,
-                timings_per_token=bool(body.timings_per_token),
-            )
+            _CompletionStream(s, p.prompt.text, options, index=index)
             for index, (s, p) in enumerate(zip(settings, prepared, strict=True))
         ]
         if len(outputs) == 1:
@@ -262,7 +270,9 @@ async def completion() -> Response:
                 done=c.done,
                 settings=s,
                 prompt=p.prompt.text,
-                logprobs=c.logprobs if n_probs else None,
+                probabilities=(
+                    translate.probabilities(c.logprobs, post_sampling=post_sampling) if n_probs else None
+                ),
                 has_new_line="\n" in c.text,
                 tokens=c.token_ids if body.return_tokens else (),
                 index=index,

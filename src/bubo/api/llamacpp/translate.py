@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,6 +105,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
             n_keep=-1 if body.n_keep is not None and body.n_keep < 0 else body.n_keep or 0,
             cache_prompt=body.cache_prompt is not False,
             n_indent=body.n_indent or 0,
+            post_sampling_probs=bool(body.post_sampling_probs),
         ),
         output_format=output_format,
         grammar=grammar,
@@ -153,8 +155,27 @@ def token_piece(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
-def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
-    """``completion_probabilities`` entries."""
+def probabilities(entries: Sequence[TokenLogprob], *, post_sampling: bool = False) -> wire.Probabilities:
+    """``completion_probabilities`` entries; after the sampler chain, as probabilities (``prob``)."""
+    if post_sampling:
+        return [
+            wire.PostProbability(
+                id=e.token_id,
+                token=e.piece.decode("utf-8", errors="replace"),
+                bytes=list(e.piece),
+                prob=math.exp(e.logprob),
+                top_probs=[
+                    wire.TopPostProbability(
+                        id=t.token_id,
+                        token=t.piece.decode("utf-8", errors="replace"),
+                        bytes=list(t.piece),
+                        prob=math.exp(t.logprob),
+                    )
+                    for t in e.top
+                ],
+            )
+            for e in entries
+        ]
     return [
         wire.Probability(
             id=e.token_id,
@@ -213,7 +234,7 @@ def completion_result(
     done: Done,
     settings: wire.GenerationSettings,
     prompt: str,
-    logprobs: Sequence[TokenLogprob] | None,
+    probabilities: wire.Probabilities | None,
     has_new_line: bool,
     tokens: Sequence[int] = (),
     index: int = 0,
@@ -241,7 +262,7 @@ def completion_result(
         tokens_cached=stats.prompt_tokens + stats.completion_tokens,
         timings=timings(stats),
         usage=usage(stats),
-        completion_probabilities=probabilities(logprobs) if logprobs is not None else None,
+        completion_probabilities=probabilities,
     )
 
 

@@ -53,6 +53,7 @@ class CompletionRequest:
     n_indent: int | None = None
     response_fields: list[str] | None = None
     timings_per_token: bool | None = None
+    post_sampling_probs: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +95,30 @@ class Probability:
     bytes: list[int]
     logprob: float
     top_logprobs: list[TopProbability]
+
+
+@attrs.frozen(kw_only=True)
+class TopPostProbability:
+    """One candidate token after the sampler chain (``post_sampling_probs``)."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    prob: float
+
+
+@attrs.frozen(kw_only=True)
+class PostProbability:
+    """One generated token's probability after the sampler chain, and the candidates it left."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    prob: float
+    top_probs: list[TopPostProbability]
+
+
+Probabilities = list[Probability] | list[PostProbability]
 
 
 @attrs.frozen(kw_only=True)
@@ -152,7 +177,7 @@ class CompletionResult:
     tokens_cached: int
     timings: Timings
     usage: Usage
-    completion_probabilities: list[Probability] | None = None
+    completion_probabilities: Probabilities | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -166,7 +191,7 @@ class CompletionChunk:
     id_slot: int
     tokens_predicted: int
     tokens_evaluated: int
-    completion_probabilities: list[Probability] | None = None
+    completion_probabilities: Probabilities | None = None
     prompt_progress: Progress | None = None
     timings: Timings | None = None  # timings_per_token
 

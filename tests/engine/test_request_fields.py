@@ -1,10 +1,12 @@
-"""Context shift (llama-server's ``--context-shift``), ``n_keep``, ``cache_prompt`` and ``n_indent``.
+"""Context shift (llama-server's ``--context-shift``), ``n_keep``, ``cache_prompt``, ``n_indent``
+and ``post_sampling_probs``.
 
 Each runs on the real default model with a small context, one slot.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +140,37 @@ class TestIndent:
         assert finished.cause is StopCause.LIMIT
         assert free_text.startswith(text)
         assert len(text) < len(free_text)
+
+
+class TestPostSamplingProbs:
+    """n_probs after the sampler chain: the distribution each token was drawn from."""
+
+    async def logprobs(self, engine: LlamaEngine, tokenizer, sampling: SamplingParams, **fields: object):
+        prompt = tuple(tokenizer.encode("The capital of France is"))
+        request = GenerationRequest(
+            prompt_tokens=prompt,
+            max_new_tokens=4,
+            sampling=sampling,
+            n_probs=5,
+            **fields,  # type: ignore[arg-type]
+        )
+        async with engine.open_generation(request) as events:
+            return [event.logprob async for event in events if isinstance(event, TokenGenerated)]
+
+    async def test_top_k_leaves_at_most_k_candidates_summing_to_one(self, plain, tokenizer) -> None:
+        sampling = SamplingParams(top_k=2, top_p=1.0, min_p=0.0, seed=7)
+        for entry in await self.logprobs(plain, tokenizer, sampling, post_sampling_probs=True):
+            assert 1 <= len(entry.top) <= 2
+            assert sum(math.exp(t.logprob) for t in entry.top) == pytest.approx(1.0, abs=1e-3)
+            assert entry.token_id in [t.token_id for t in entry.top]
+
+    async def test_greedy_is_certain(self, plain, tokenizer) -> None:
+        for entry in await self.logprobs(plain, tokenizer, GREEDY, post_sampling_probs=True):
+            assert entry.logprob == 0.0
+            assert [t.token_id for t in entry.top] == [entry.token_id]
+
+    async def test_without_it_the_raw_softmax_has_every_candidate(self, plain, tokenizer) -> None:
+        sampling = SamplingParams(top_k=2, top_p=1.0, min_p=0.0, seed=7)
+        for entry in await self.logprobs(plain, tokenizer, sampling):
+            assert len(entry.top) == 5
+            assert entry.logprob < 0.0
