@@ -346,9 +346,12 @@ class Sequence:
             released = self._indent.feed(text.finish())[0]
         else:
             if self.request.n_probs is not None:
-                logprob = self._logprob(token, at, self.request.n_probs)
-                if self._candidates is not None and self._candidates[0] == token:
-                    logprob = self._post_sampling(token, self._candidates[1], self.request.n_probs)
+                candidates, self._candidates = self._candidates, None
+                logprob = (
+                    self._post_sampling(token, candidates[1], self.request.n_probs)
+                    if candidates is not None and candidates[0] == token  # not an inserted token
+                    else self._logprob(token, at, self.request.n_probs)
+                )
             released, cut = self._indent.feed(text.feed(self._pieces[token]))
             cause = StopCause.LIMIT if cut else self._exhausted()
             if cause is not None and text.matched is None and not cut:
