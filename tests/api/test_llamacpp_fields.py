@@ -175,6 +175,30 @@ class TestSeveralPrompts:
         assert response.status_code == 400
         assert (await response.get_json())["error"]["param"] == "prompt"
 
+    async def test_a_generation_failing_midway_ends_the_stream_with_an_error(
+        self, app, fake_engine: FakeEngine
+    ) -> None:
+        fake_engine.script.reply = " one two three"
+        fake_engine.script.fail_after = 1
+        chunks = events(
+            await (
+                await app.test_client().post("/completion", json={"prompt": ["a", "b"], "stream": True})
+            ).get_data()
+        )
+        assert "error" in chunks[-1]
+        assert not any(c.get("stop") for c in chunks[:-1])
+        fake_engine.script.fail_after = None
+        again = await app.test_client().post("/completion", json={"prompt": ["a", "b"]})
+        assert again.status_code == 200
+
+    async def test_a_generation_failing_midway_fails_the_whole_answer(
+        self, app, fake_engine: FakeEngine
+    ) -> None:
+        fake_engine.script.fail_after = 1
+        response = await app.test_client().post("/completion", json={"prompt": ["a", "b"]})
+        assert response.status_code >= 500
+        assert "error" in await response.get_json()
+
     async def test_a_failing_prompt_fails_the_request(self, app, fake_engine: FakeEngine) -> None:
         """A prompt that does not fit the context is a 400 before any runs."""
         response = await app.test_client().post("/completion", json={"prompt": ["a", "word " * 5000]})
