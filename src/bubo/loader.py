@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from bubo.config import Settings
+from bubo.config import ModelSettings, Settings
 from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
@@ -23,7 +23,7 @@ from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, rea
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
 from bubo.service.memory import MemoryGuard, SystemMemory
-from bubo.service.runtime import Runtime
+from bubo.service.runtime import ChatDefaults, Runtime
 from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -82,6 +82,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
         embeddings=model.embeddings,
         pooling=model.pooling,
+        context_shift=model.context_shift,
     )
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -94,7 +95,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     tokenizer = _tokenizer(metadata, path)
     template = _template(metadata, settings, tokenizer)
     engine = load_llama_engine(attrs.evolve(options, repack=repack), on_progress=_ProgressLog(on_progress))
-    model_id = model.served_model_name or model_id_from_path(path)
+    names = model.served_model_name or (model_id_from_path(path),)
+    model_id, aliases = names[0], names[1:]
     tool_parser = model.tool_call_parser
     if tool_parser == "auto":
         tool_parser = format_for_template(template.source)
@@ -132,6 +134,20 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
         spm_infill=model.spm_infill,
         slot_save_path=model.slot_save_path,
+        aliases=aliases,
+        chat=_chat_defaults(model),
+    )
+
+
+def _chat_defaults(model: ModelSettings) -> ChatDefaults:
+    """The chat defaults the reasoning flags and ``--prefill-assistant`` set."""
+    thinking = {"on": True, "off": False, "auto": None}[model.reasoning]
+    if model.reasoning_budget == 0:
+        thinking = False
+    return ChatDefaults(
+        prefill_assistant=model.prefill_assistant,
+        thinking=thinking,
+        reasoning_format="deepseek" if model.reasoning_format == "auto" else model.reasoning_format,
     )
 
 

@@ -40,6 +40,7 @@ class TestCompletion:
                 "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
                              "temperature"],
                 "stop": [], "n_probs": 0, "ignore_eos": False, "stream": False,
+                "n_keep": 0, "n_indent": 0, "cache_prompt": True, "logit_bias": [],
             },
             "prompt": "Count:",
             "has_new_line": False,

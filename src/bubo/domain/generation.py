@@ -83,6 +83,12 @@ class GenerationRequest:
     prompt of the conversation will most likely hold right after this output
     (the chat template's end of turn and next header): the engine evaluates it
     while idle, so the next turn starts warm.  ``slot`` pins the session slot.
+
+    When the engine shifts the context (``--context-shift``) to go on past its
+    end, it keeps the first ``n_keep`` prompt tokens (after a BOS; ``-1``: the
+    whole prompt) and drops half of the rest.  ``cache_prompt`` false evaluates
+    the whole prompt afresh.  ``n_indent`` above 0 ends the generation (cause
+    ``LIMIT``) at the first line after a new line indented by fewer blanks.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -97,6 +103,11 @@ class GenerationRequest:
     cache_tags: CacheTags | None = None
     continuation: tuple[int, ...] = ()
     slot: int | None = None  # the session slot to run in (llama-server's id_slot); None: the engine picks
+    # llama-server's n_keep, cache_prompt and n_indent (see the class's docstring)
+    n_keep: int = 0
+    cache_prompt: bool = True
+    n_indent: int = 0
+    post_sampling_probs: bool = False  # n_probs' probabilities after the sampler chain, not the raw softmax
 
 
 @attrs.frozen(kw_only=True)
@@ -165,6 +176,7 @@ class GenerationStats:
     draft_accepted: int = 0
     cache: CacheReport = attrs.field(factory=CacheReport)
     slot_id: int = 0  # the session slot the generation ran in
+    context_shifts: int = 0  # times the context was shifted to go on past its end (llama-server's truncated)
 
     @property
     def evaluated_tokens(self) -> int:

@@ -55,9 +55,10 @@ class TextDelta:
 
 @attrs.frozen(kw_only=True)
 class ReasoningDelta:
-    """Thinking text, split out of the answer by the reasoning parser."""
+    """Thinking text, split out of the answer by the reasoning parser (and the tokens that produced it)."""
 
     text: str
+    token_ids: tuple[int, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -105,6 +106,7 @@ class Completion:
     parts: tuple[OutputPart, ...]
     logprobs: tuple[TokenLogprob, ...]
     done: Done
+    token_ids: tuple[int, ...] = ()  # the answer's tokens (those of its text deltas)
 
     @property
     def text(self) -> str:

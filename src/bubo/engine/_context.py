@@ -59,6 +59,10 @@ class LlamaContext:
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
         self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ctx)  # what one sequence may hold
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(model)
+        self.bos: int | None = (
+            llama_cpp.llama_vocab_bos(self.vocab) if llama_cpp.llama_vocab_get_add_bos(self.vocab) else None
+        )
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_batch: int = llama_cpp.llama_n_batch(ctx)
         self.dry = DryStages(self.vocab)

@@ -9,6 +9,12 @@ request restores the snapshot with the longest matching prefix
 interleaved agent conversations each keep their warm prefix.  Snapshots live
 under a byte budget, least recently used out first.
 
+A context shift (:meth:`SequenceCache.shift`) drops tokens from the middle of
+the sequence and moves the later cells down; those cells were computed with
+the dropped tokens in view, so they are not what evaluating the remaining
+tokens afresh gives.  The cache therefore remembers how far its cells are
+exact and never reuses (nor snapshots) the rest.
+
 Only the engine thread that owns the context calls into this module; the
 snapshot store is shared by every slot's sequence.
 """
@@ -150,6 +156,7 @@ class SequenceCache:
         self.tags: CacheTags | None = None
         self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
+        self._exact: int | None = None  # after a shift: how many leading cells are exact (None: all)
 
     def copy_tokens(self) -> list[int]:
         """The tokens held, copied in one C call (safe to read from another thread)."""
@@ -160,11 +167,27 @@ class SequenceCache:
         self.tokens.extend(tokens)
         self.version += 1
 
-    def prepare(self, prompt: Sequence[int], tags: CacheTags | None) -> tuple[int, CacheReport]:
+    @property
+    def shifted(self) -> bool:
+        """Whether a context shift left cells that are not exact (they are dropped before reuse)."""
+        return self._exact is not None
+
+    def prepare(
+        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True
+    ) -> tuple[int, CacheReport]:
         """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
 
         At least the last prompt token is always left to evaluate: sampling needs its logits.
+        Without *reuse* (llama-server's ``cache_prompt: false``) nothing cached is reused: the
+        whole prompt is evaluated afresh (the live sequence is still kept as a snapshot if worth one).
         """
+        self._drop_inexact()
+        if not reuse:
+            self._save_live()
+            self.truncate(0)
+            self.tags = tags
+            self._ever_used = True
+            return 0, CacheReport(hit=False, miss_reason="disabled")
         limit = len(prompt) - 1
         live = common_prefix(self.tokens, prompt, limit)
         key, snapshot_match, partial = self.store.best(prompt) if self.store else (None, 0, 0)
@@ -234,6 +257,7 @@ class SequenceCache:
             return 0
         self.tokens = list(snapshot.tokens)
         self.tags = snapshot.tags
+        self._exact = None
         self.version += 1
         return snapshot.size
 
@@ -284,10 +308,37 @@ class SequenceCache:
         if keep < len(self.tokens):
             del self.tokens[keep:]
             self.version += 1
+        if self._exact is not None and self._exact >= len(self.tokens):
+            self._exact = None
         return len(self.tokens)
+
+    def can_shift(self) -> bool:
+        """Whether this memory can move cells to other positions (not a recurrent or sliding-window one)."""
+        return bool(llama_cpp.llama_memory_can_shift(self._memory))
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """Drop *n_discard* tokens after the first *n_keep*; move the later cells down to close the gap.
+
+        The first *n_keep* cells stay exact; the moved ones are not (see the module's docstring).
+        """
+        n_past = len(self.tokens)
+        if n_keep < 0 or not 0 < n_discard <= n_past - n_keep:
+            raise ValueError(f"cannot discard {n_discard} of {n_past} tokens after the first {n_keep}")
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, n_keep, n_keep + n_discard)
+        llama_cpp.llama_memory_seq_add(self._memory, self.seq_id, n_keep + n_discard, n_past, -n_discard)
+        del self.tokens[n_keep : n_keep + n_discard]
+        self._exact = n_keep if self._exact is None else min(self._exact, n_keep)
+        self.version += 1
+
+    def _drop_inexact(self) -> None:
+        """Forget the cells a shift moved: they must not be reused as if evaluated in place."""
+        if self._exact is not None:
+            self.truncate(self._exact)
+            self._exact = None
 
     def evict(self) -> None:
         """Give the sequence's cells up (the shared context is full), keeping a snapshot worth one."""
+        self._drop_inexact()
         self._save_live()
         self.clear()
 
@@ -300,4 +351,5 @@ class SequenceCache:
         """Forget the whole sequence."""
         llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, -1, -1)
         self.tokens.clear()
+        self._exact = None
         self.version += 1

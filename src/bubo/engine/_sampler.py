@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import llama_cpp
+import numpy as np
 
 from bubo.domain.sampling import SamplingParams
 
@@ -297,3 +298,30 @@ class Sampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+    # ---- post-sampling probabilities (llama-server's post_sampling_probs) ----------------------
+
+    def sample_candidates(self, ctx: object, index: int, n_vocab: int) -> tuple[int, list[tuple[int, float]]]:
+        """Sample (and accept) as :meth:`sample` does; also return what the chain left, most probable first.
+
+        The candidates are ``(token, probability)`` after every stage of the chain
+        (the grammar, bias, penalties, top-k/p, min-p, temperature): the
+        distribution the token was drawn from.  A greedy chain leaves only its pick, at 1.
+        """
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(n_vocab,))
+        data = (llama_cpp.llama_token_data * n_vocab)()
+        view = np.ctypeslib.as_array(data)  # fields id, logit, p
+        view["id"] = np.arange(n_vocab, dtype=np.int32)
+        view["logit"] = logits
+        array = llama_cpp.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        if not 0 <= array.selected < array.size:
+            raise EngineFailure("the sampler chain selected no token")
+        token = int(array.data[array.selected].id)  # a stage may have moved the data to a buffer of its own
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        kept = np.ctypeslib.as_array(array.data, shape=(array.size,))
+        probabilities = kept["p"].astype(np.float64)
+        if not np.isclose(probabilities.sum(), 1.0, atol=1e-3):  # a greedy chain computes none
+            return token, [(token, 1.0)]
+        order = np.argsort(-probabilities, kind="stable")
+        return token, [(int(kept["id"][i]), float(probabilities[i])) for i in order if probabilities[i] > 0]

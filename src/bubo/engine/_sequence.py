@@ -14,10 +14,18 @@ and the rest of the draft is dropped from the cache.  Every emitted token is
 therefore sampled from the model's own distribution, exactly as without
 drafting; the draft only decides how many positions one step evaluates.  With
 other sequences in the batch a draft would slow them down, so none is made.
+
+A generation that reaches the end of its context stops there (``CONTEXT``),
+unless the engine shifts the context (llama-server's ``--context-shift``):
+then, before the token that would not fit is evaluated, the first ``n_keep``
+tokens stay, half of the rest are dropped and the later cells move down
+(:meth:`SequenceCache.shift`), and the generation goes on.  Without a token
+limit it then ends at the model's training context, as in llama-server.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -60,6 +68,7 @@ class Outcome:
     drafted: int = 0
     accepted: int = 0
     undecoded: int | None = None  # the last generated token, when it is not in the KV cache
+    shifted: bool = False  # the context was shifted (the cache no longer holds prompt and answer)
 
 
 class Sequence:
@@ -75,6 +84,7 @@ class Sequence:
         eog: frozenset[int],
         drafting: DraftPolicy | None,
         emit: Callable[[EngineEvent], None],
+        context_shift: bool = False,
     ) -> None:
         self.request = request
         self.slot = slot
@@ -104,6 +114,11 @@ class Sequence:
         self._cache_report = CacheReport()
         self._started = self._prompt_done = self._first_token_at = 0.0
         self._timed_out = 0  # tokens generated since the time limit passed (finishing a character)
+        self._context_shift = context_shift and self.cache.can_shift()
+        self._shifts = 0
+        self._discarded = 0  # tokens the shifts dropped from the sequence
+        self._indent = _IndentLimit(request.n_indent)
+        self._candidates: tuple[int, list[tuple[int, float]]] | None = None  # the last sample's, post chain
 
     # ---- what the loop asks ------------------------------------------------------------------
 
@@ -144,7 +159,9 @@ class Sequence:
             self._lookup = PromptLookup(
                 prompt, draft_max=options.draft_max, ngram_min=options.ngram_min, ngram_max=options.ngram_max
             )
-        self._n_cached, self._cache_report = self.cache.prepare(prompt, request.cache_tags)
+        self._n_cached, self._cache_report = self.cache.prepare(
+            prompt, request.cache_tags, reuse=request.cache_prompt
+        )
         self._prompt_at = self._n_cached
         self.slot.reused(self._n_cached)
         self.slot.holds(len(self.cache.tokens))
@@ -158,6 +175,8 @@ class Sequence:
     def token_entry(self, *, alone: bool) -> BatchEntry:
         """The token to evaluate next, with a draft after it when the sequence is *alone* in the batch."""
         assert self._token is not None
+        if self._context_shift and len(self.cache.tokens) + 1 >= self._context.n_ctx_seq:
+            self._shift()
         self._draft = tuple(self._next_draft()) if alone else ()
         return BatchEntry(self.cache, (self._token, *self._draft), all_logits=bool(self._draft))
 
@@ -184,6 +203,7 @@ class Sequence:
             drafted=self._drafted,
             accepted=self._accepted,
             undecoded=undecoded,
+            shifted=self._shifts > 0,
         )
         self._emit(
             GenerationFinished(
@@ -199,6 +219,7 @@ class Sequence:
                     draft_accepted=self._accepted,
                     cache=self._cache_report,
                     slot_id=self.slot.id,
+                    context_shifts=self._shifts,
                 ),
             )
         )
@@ -232,7 +253,7 @@ class Sequence:
             self.finish(StopCause.LIMIT)
             return
         assert self._sampler is not None
-        self._begin(self._sampler.sample(self._context.ctx, index + n_tokens - 1), index + n_tokens - 1)
+        self._begin(self._sample(index + n_tokens - 1), index + n_tokens - 1)
 
     def _prompt_took(self, now: float) -> None:
         self._prompt_done = now
@@ -259,7 +280,7 @@ class Sequence:
         self._drafted += len(draft)
         self.slot.drafted(len(draft))
         for position, proposed in enumerate(draft):
-            sampled = sampler.sample(self._context.ctx, index + position)
+            sampled = self._sample(index + position)
             if sampled != proposed:
                 cache.truncate(base + 1 + position)
                 self._begin(sampled, index + position)
@@ -275,7 +296,7 @@ class Sequence:
                     self._begin(self._next(index + 1 + position), index + 1 + position)
                 return
         at = index + len(draft)
-        self._begin(sampler.sample(self._context.ctx, at), at)
+        self._begin(self._sample(at), at)
 
     def _next(self, index: int) -> int:
         """The next token: an inserted one if the grammar admits it, else one sampled at *index*."""
@@ -287,7 +308,17 @@ class Sequence:
                 sampler.accept(inserted)
                 return inserted
             self._forced.clear()  # the grammar forbids the end marker here: give up the budget
-        return sampler.sample(self._context.ctx, index)
+        return self._sample(index)
+
+    def _sample(self, index: int) -> int:
+        """A token sampled from the logits at *index*; with post-sampling probabilities, they are kept."""
+        sampler = self._sampler
+        assert sampler is not None
+        if not self.request.post_sampling_probs or self.request.n_probs is None:
+            return sampler.sample(self._context.ctx, index)
+        token, candidates = sampler.sample_candidates(self._context.ctx, index, self._context.n_vocab)
+        self._candidates = (token, candidates)
+        return token
 
     def _next_draft(self) -> list[int]:
         """Tokens worth verifying after the current one, within the limit and the context."""
@@ -313,14 +344,19 @@ class Sequence:
         logprob = None
         if token in self._eog:
             cause: StopCause | None = StopCause.EOS
-            released = text.finish()
+            released = self._indent.feed(text.finish())[0]
         else:
             if self.request.n_probs is not None:
-                logprob = self._logprob(token, at, self.request.n_probs)
-            released = text.feed(self._pieces[token])
-            cause = self._exhausted()
-            if cause is not None and text.matched is None:
-                released += text.finish()
+                candidates, self._candidates = self._candidates, None
+                logprob = (
+                    self._post_sampling(token, candidates[1], self.request.n_probs)
+                    if candidates is not None and candidates[0] == token  # not an inserted token
+                    else self._logprob(token, at, self.request.n_probs)
+                )
+            released, cut = self._indent.feed(text.feed(self._pieces[token]))
+            cause = StopCause.LIMIT if cut else self._exhausted()
+            if cause is not None and text.matched is None and not cut:
+                released += self._indent.feed(text.finish())[0]
         if text.matched is not None:
             cause = StopCause.STOP_WORD
         self._emit(TokenGenerated(token_id=token, text=released, logprob=logprob))
@@ -344,14 +380,44 @@ class Sequence:
         limit = self._limit
         if limit is not None and self._n >= limit and self._text.may_end(self._n - limit):
             return StopCause.LIMIT
-        if len(self.request.prompt_tokens) + self._n >= self._context.n_ctx_seq:  # no room to evaluate it
+        position = len(self.request.prompt_tokens) + self._n - self._discarded  # where it is evaluated
+        if position >= self._context.n_ctx_seq and not self._context_shift:  # no room to evaluate it
             return StopCause.CONTEXT
+        if limit is None and len(self.request.prompt_tokens) + self._n >= self._context.n_ctx_train:
+            return StopCause.CONTEXT  # shifting without a limit: stop at the training context
+
         elapsed_ms = (time.perf_counter() - self._first_token_at) * 1000.0
         if self._time_limit_ms and self._text.saw_new_line and elapsed_ms > self._time_limit_ms:
             self._timed_out += 1
             if self._text.may_end(self._timed_out - 1):
                 return StopCause.TIME
         return None
+
+    def _shift(self) -> None:
+        """Make room for the next token: keep ``n_keep`` tokens (after a BOS), drop half of the rest."""
+        prompt = self.request.prompt_tokens
+        n_keep = len(prompt) if self.request.n_keep < 0 else self.request.n_keep
+        if self._context.bos is not None and prompt[0] == self._context.bos:
+            n_keep += 1
+        n_keep = min(self._context.n_ctx_seq - 4, n_keep)
+        n_discard = (len(self.cache.tokens) - n_keep) // 2
+        self.cache.shift(n_keep, n_discard)
+        self._discarded += n_discard
+        self._shifts += 1
+        self.slot.holds(len(self.cache.tokens))
+
+    def _post_sampling(self, token: int, candidates: list[tuple[int, float]], n_top: int) -> TokenLogprob:
+        """Log-probabilities after the sampler chain (llama-server's ``post_sampling_probs``)."""
+        chosen = next((p for t, p in candidates if t == token), 0.0)
+        top = tuple(
+            TopLogprob(token_id=t, piece=self._pieces[t], logprob=math.log(p)) for t, p in candidates[:n_top]
+        )
+        return TokenLogprob(
+            token_id=token,
+            piece=self._pieces[token],
+            logprob=math.log(chosen) if chosen > 0 else -math.inf,
+            top=top,
+        )
 
     def _logprob(self, token: int, at: int, n_top: int) -> TokenLogprob:
         """Log-probabilities from the raw logits (llama-server's pre-sampling probs)."""
@@ -370,6 +436,36 @@ class Sequence:
         return TokenLogprob(
             token_id=token, piece=self._pieces[token], logprob=float(logits[token]) - log_total, top=top
         )
+
+
+class _IndentLimit:
+    """llama-server's ``n_indent``: a line after a new line must be indented by at least that many blanks.
+
+    Fed the released text; returns it cut before the first character of a line
+    indented less, and whether it was cut (the generation ends there).
+    """
+
+    def __init__(self, n_indent: int) -> None:
+        self._n_indent = n_indent
+        self._line: int | None = (
+            None  # blanks so far on the current line, after a new line; None: not checked
+        )
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if self._n_indent <= 0:
+            return text, False
+        for at, char in enumerate(text):
+            if char == "\n":
+                self._line = 0
+            elif self._line is None:
+                continue
+            elif char in " \t":
+                self._line += 1
+            elif self._line < self._n_indent:
+                return text[:at], True
+            else:
+                self._line = None
+        return text, False
 
 
 class _ThinkingClock:

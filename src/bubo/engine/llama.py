@@ -92,6 +92,7 @@ class LlamaOptions:
     repack: RepackDecision = attrs.field(
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
     )
+    context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
 
 
 AUTO_PARALLEL = 4
@@ -182,6 +183,7 @@ class LlamaEngine(SlotEngine):
         # drafting statistics outlive a request: they describe the model, the machine and the workload
         drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
         self._drafting = drafting
+        self._context_shift = options.context_shift
         self._loop = DecodeLoop(context, prefill_chunk=options.prefill_chunk, drafting=drafting)
         vocab = context.vocab
         n_vocab = context.n_vocab
@@ -304,6 +306,7 @@ class LlamaEngine(SlotEngine):
             eog=self._info.eog_token_ids,
             drafting=self._drafting,
             emit=emit,
+            context_shift=self._context_shift,
         )
         ended = trio.Event()
         failures: list[BaseException] = []
@@ -339,7 +342,11 @@ class LlamaEngine(SlotEngine):
         generated token and the template's end of turn.  A request that uses
         the slot first makes the job stale, and it does nothing.
         """
-        if not request.continuation or outcome.cause not in (StopCause.EOS, StopCause.LIMIT):
+        if (
+            not request.continuation
+            or outcome.shifted  # the next prompt cannot reuse a shifted sequence
+            or outcome.cause not in (StopCause.EOS, StopCause.LIMIT)
+        ):
             return
         last = outcome.undecoded
         tokens = (

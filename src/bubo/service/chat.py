@@ -43,34 +43,42 @@ def starts_inside_thinking(prompt_text: str) -> bool:
     return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
 
 
-def _with_thinking_variables(request: ChatRequest) -> ChatPrompt:
-    """The prompt with ``enable_thinking``/``reasoning_effort`` set as the request asks."""
+def _with_thinking_variables(runtime: Runtime, request: ChatRequest) -> ChatPrompt:
+    """The prompt with ``enable_thinking``/``reasoning_effort`` set as the request (or the server) asks.
+
+    The server's defaults (:class:`ChatDefaults`) fill in what the request leaves
+    open: thinking on or off, and whether a final assistant message is continued.
+    """
     reasoning = request.reasoning
     variables = dict(request.prompt.template_kwargs)
     if reasoning.enabled is not None:
         variables["enable_thinking"] = reasoning.enabled
+    elif runtime.chat.thinking is not None:
+        variables.setdefault("enable_thinking", runtime.chat.thinking)
     if reasoning.effort is not None:
         variables["reasoning_effort"] = reasoning.effort
     prompt = request.prompt
     if request.tool_choice.mode == "none":
         prompt = attrs.evolve(prompt, tools=())
+    if not runtime.chat.prefill_assistant and prompt.continue_final_message is None:
+        prompt = attrs.evolve(prompt, continue_final_message=False)
     return attrs.evolve(prompt, template_kwargs=variables)
 
 
 def render_chat_request(runtime: Runtime, request: ChatRequest) -> RenderedPrompt:
     """The prompt exactly as generation renders it (``/apply-template``, ``/debug/prompt``)."""
-    return render_chat(runtime, _with_thinking_variables(request))
+    return render_chat(runtime, _with_thinking_variables(runtime, request))
 
 
 def count_chat_request(runtime: Runtime, request: ChatRequest) -> int:
     """The prompt's token count as generation would see it, whatever its length (``count_tokens``)."""
-    return count_chat(runtime, _with_thinking_variables(request))
+    return count_chat(runtime, _with_thinking_variables(runtime, request))
 
 
 async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
     """Render, tokenize, check, and plan grammar and parsers for a chat request."""
     _check_schemas(request)  # first: a schema over the limits must not cost a render of itself
-    prompt = _with_thinking_variables(request)  # offers no tools when tool_choice is "none"
+    prompt = _with_thinking_variables(runtime, request)  # offers no tools when tool_choice is "none"
 
     def render_and_check() -> tuple[RenderedPrompt, GenerationRequest]:
         rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
@@ -108,8 +116,10 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     )
     forced = None if request.grammar is not None else _forced_tools(request)
     output = request.output_format if request.grammar is None and forced is None else None
+    reasoning_format = runtime.chat.reasoning_format
     plan = OutputPlan(
-        reasoning=thinking,
+        reasoning=thinking and reasoning_format != "none",
+        reasoning_in_content=reasoning_format == "deepseek-legacy",
         starts_inside=inside,
         tool_format=runtime.tool_parser if prompt.tools else None,
         tool_config=ParserConfig(tools=prompt.tools, max_calls=max_calls),

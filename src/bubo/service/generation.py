@@ -154,6 +154,10 @@ def generation_request(
         n_probs=options.n_probs,
         time_limit_ms=options.time_limit_ms,
         slot=options.slot,
+        n_keep=options.n_keep,
+        cache_prompt=options.cache_prompt,
+        n_indent=options.n_indent,
+        post_sampling_probs=options.post_sampling_probs,
     )
 
 
@@ -231,12 +235,14 @@ async def collect(output: AsyncIterator[OutputEvent]) -> Completion:
     """Gather a whole generation for a non-streaming response, its parts in generation order."""
     runs: list[tuple[type[TextDelta | ReasoningDelta] | ToolCallStart, list[str]]] = []
     logprobs: list[TokenLogprob] = []
+    token_ids: list[int] = []
     arguments: dict[int, list[str]] = {}
     async for event in output:
         match event:
             case TextDelta() | ReasoningDelta():
                 if isinstance(event, TextDelta):
                     logprobs.extend(event.logprobs)
+                    token_ids.extend(event.token_ids)
                 if event.text:
                     if not runs or runs[-1][0] is not type(event):
                         runs.append((type(event), []))
@@ -250,7 +256,10 @@ async def collect(output: AsyncIterator[OutputEvent]) -> Completion:
                 pass
             case Done():
                 return Completion(
-                    parts=tuple(_part(*run) for run in runs), logprobs=tuple(logprobs), done=event
+                    parts=tuple(_part(*run) for run in runs),
+                    logprobs=tuple(logprobs),
+                    done=event,
+                    token_ids=tuple(token_ids),
                 )
     raise EngineFailure("the generation ended without a result")
 

@@ -38,6 +38,7 @@ class OutputPlan:
     """Which parsers a request's output goes through (parsers are made per request)."""
 
     reasoning: bool = False  # split <think> reasoning out
+    reasoning_in_content: bool = False  # and keep it in the answer too, tags and all (deepseek-legacy)
     starts_inside: bool = False  # the prompt already opened <think>
     tool_format: str | None = None  # parse tool calls of this format
     tool_config: ParserConfig = attrs.field(factory=ParserConfig)
@@ -51,11 +52,13 @@ class _Pipeline:
 
     def __init__(self, plan: OutputPlan) -> None:
         self._reasoning = ThinkParser(starts_inside=plan.starts_inside) if plan.reasoning else None
+        self._reasoning_in_content = plan.reasoning_in_content
         self._tools: StreamParser | None = (
             make_tool_parser(plan.tool_format, plan.tool_config) if plan.tool_format else None
         )
         self.called_tools = False
         self.reasoning_tokens = 0
+        self._unassigned: list[int] = []  # tokens whose text the parsers still hold
         checked = plan.schema is not None or plan.checked_tools
         self.check = (
             AnswerCheck(schema=plan.schema, param=plan.schema_param, tools=plan.checked_tools)
@@ -77,16 +80,49 @@ class _Pipeline:
             return [TextDelta(text=event.text, token_ids=(event.token_id,), logprobs=logprobs)]
         was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
         events = self._route(
-            self._reasoning.feed(event.text) if self._reasoning else [TextDelta(text=event.text)]
+            self._split(self._reasoning.feed(event.text), event.text)
+            if self._reasoning
+            else [TextDelta(text=event.text)]
         )
         if was_reasoning or any(isinstance(e, ReasoningDelta) for e in events):
             self.reasoning_tokens += 1
         if event.logprob is not None:
             events = _attach_logprob(events, event)
+        return self._assign_tokens(events, event.token_id)
+
+    def _assign_tokens(self, events: list[OutputEvent], token_id: int) -> list[OutputEvent]:
+        """Put the ids of the tokens not yet shown on the first text this token released (if any).
+
+        A text that holds the token's logprob holds its id already: it takes them.
+        """
+        self._unassigned.append(token_id)
+        target: int | None = None
+        for index, event in enumerate(events):
+            if isinstance(event, TextDelta) and event.token_ids:
+                target = index
+                break
+            if target is None and isinstance(event, TextDelta | ReasoningDelta):
+                target = index
+        if target is None:
+            return events
+        delta = events[target]
+        assert isinstance(delta, TextDelta | ReasoningDelta)
+        events[target] = attrs.evolve(delta, token_ids=tuple(self._unassigned))
+        self._unassigned.clear()
         return events
 
+    def _split(self, parsed: list[OutputEvent], raw: str) -> list[OutputEvent]:
+        """The reasoning parser's events; with ``reasoning_in_content``, its reasoning plus the raw text."""
+        if not self._reasoning_in_content:
+            return parsed
+        kept: list[OutputEvent] = [e for e in parsed if isinstance(e, ReasoningDelta)]
+        return [*kept, TextDelta(text=raw)]
+
     def finish(self) -> list[OutputEvent]:
-        flushed = self._route(self._reasoning.finish()) if self._reasoning else []
+        parsed = self._reasoning.finish() if self._reasoning else []
+        if self._reasoning_in_content:  # the raw text went out already
+            parsed = [e for e in parsed if isinstance(e, ReasoningDelta)]
+        flushed = self._route(parsed)
         if self._tools is not None:
             flushed += self._tools.finish()
         self.called_tools = self.called_tools or any(

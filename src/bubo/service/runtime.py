@@ -18,7 +18,23 @@ from bubo.tokenizer import Tokenizer
 from .memory import MemoryGuard
 from .work import Workers
 
-__all__ = ["Runtime", "ServerState", "Status"]
+__all__ = ["ChatDefaults", "Runtime", "ServerState", "Status"]
+
+
+@attrs.frozen(kw_only=True)
+class ChatDefaults:
+    """How chat requests are rendered and parsed when they do not say (llama-server's flags).
+
+    ``prefill_assistant``: a final assistant message is continued (else closed
+    as a whole turn).  ``thinking``: ``enable_thinking`` for templates that read
+    it (None: the template's default).  ``reasoning_format``: ``deepseek`` splits
+    thinking into ``reasoning_content``; ``none`` leaves it in the content;
+    ``deepseek-legacy`` does both (the content keeps the ``<think>`` tags).
+    """
+
+    prefill_assistant: bool = True
+    thinking: bool | None = None
+    reasoning_format: str = "deepseek"
 
 
 @attrs.frozen(kw_only=True)
@@ -38,11 +54,13 @@ class Runtime:
     workers: Workers = attrs.field(factory=Workers)  # heavy request work, off the event loop
     spm_infill: bool = False  # /infill: suffix before prefix (--spm-infill)
     slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
+    aliases: tuple[str, ...] = ()  # more names the model answers to (--alias a,b: a is the id)
+    chat: ChatDefaults = attrs.field(factory=ChatDefaults)
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Every name a request may use: the served id and the alias ``bubo``."""
-        return (self.model_id,) if self.model_id == ALIAS else (self.model_id, ALIAS)
+        """Every name a request may use: the served id, the other aliases, and ``bubo``."""
+        return tuple(dict.fromkeys((self.model_id, *self.aliases, ALIAS)))
 
     def check_model(self, name: str | None) -> None:
         """Accept a request's ``model`` or say why not.
@@ -61,7 +79,7 @@ class Runtime:
         if name not in self.model_names:
             raise NotFound(
                 f"model {name!r} is not served by this process; it serves {self.model_id!r} "
-                f"(also as {ALIAS!r})",
+                f"(also as {', '.join(repr(n) for n in self.model_names[1:])})",
                 code="model_not_found",
                 param="model",
             )

@@ -233,6 +233,9 @@ class ChatCompletionRequest:
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
+    # llama-server: streamed prompt progress and per-chunk timings
+    return_progress: bool | None = None
+    timings_per_token: bool | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -69,9 +69,9 @@ async def infill() -> Response:
         ),
         need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR,
     )
-    completion = attrs.evolve(body, prompt=list[int | str](tokens))
-    prepared = await prepare_completion(runtime, translate.completion_request(completion))
-    return await answer_completion(runtime, completion, prepared)
+    completion = attrs.evolve(body, prompt=list[int | str | list[int | str]](tokens))
+    prepared = await prepare_completion(runtime, translate.completion_request(completion, tuple(tokens)))
+    return await answer_completion(runtime, completion, [prepared])
 
 
 def _parts(body: InfillRequest) -> InfillParts:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from typing import Any, cast
 
+import attrs
+import trio
 from quart import Blueprint, Response, request
 
 from bubo.api._chat import translate as chat_translate
@@ -13,9 +16,10 @@ from bubo.api._context import api_context, request_timeline, require_runtime, st
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
+from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import sse_frame, sse_response
-from bubo.domain.generation import PromptProgress, TokenLogprob
-from bubo.domain.output import Done, OutputEvent, TextDelta
+from bubo.domain.generation import PromptProgress
+from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest
 from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
@@ -34,18 +38,41 @@ _converter = make_converter()
 MAX_TOKENS = 1 << 20
 """The most token ids one ``/tokenize`` answer or ``/detokenize`` request holds (1,048,576: more than
 any model's context; a 10 MB text is about 2.2 million)."""
+MAX_PROMPTS = 64
+"""The most prompts one ``/completion`` request holds (each is a generation of its own)."""
+
+
+@attrs.frozen(kw_only=True)
+class _StreamOptions:
+    """What a ``/completion`` stream's chunks carry, as the request asks."""
+
+    n_probs: bool
+    progress: bool = False  # return_progress
+    tokens: bool = False  # return_tokens
+    fields: list[str] | None = None  # response_fields
+    timings_per_token: bool = False
+    post_sampling: bool = False  # post_sampling_probs
 
 
 class _CompletionStream:
-    """``/completion`` chunks: one per token, then the full result; no ``[DONE]``."""
+    """One prompt's ``/completion`` chunks: one per token, then the full result; no ``[DONE]``.
+
+    ``tokens`` carries the chunk's token ids only with ``return_tokens``; ``fields`` (``response_fields``)
+    projects the final result.
+    """
 
     def __init__(
-        self, settings: wire.GenerationSettings, prompt: str, *, n_probs: bool, progress: bool
+        self, settings: wire.GenerationSettings, prompt: str, options: _StreamOptions, *, index: int = 0
     ) -> None:
         self._settings = settings
         self._prompt = prompt
-        self._n_probs = n_probs
-        self._progress = progress
+        self._n_probs = options.n_probs
+        self._progress = options.progress
+        self._tokens = options.tokens
+        self._fields = options.fields
+        self._post_sampling = options.post_sampling
+        self._index = index
+        self._live = LiveTimings() if options.timings_per_token else None
         self._predicted = 0
         self._evaluated = 0
         self._slot = 0  # the slot evaluating the prompt (known from its first progress event)
@@ -55,26 +82,26 @@ class _CompletionStream:
         return ()
 
     def _chunk(self, chunk: wire.CompletionChunk) -> list[bytes]:
+        if self._live is not None:
+            chunk = attrs.evolve(chunk, timings=self._live.now())
         return [sse_frame(dumps(unstructure(chunk)))]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        if self._live is not None:
+            self._live.saw(event)
         match event:
             case PromptProgress() if self._progress:
                 self._evaluated = event.total
                 self._slot = event.slot_id
                 return self._chunk(
                     wire.CompletionChunk(
+                        index=self._index,
                         content="",
                         tokens=[],
                         id_slot=event.slot_id,
                         tokens_predicted=0,
                         tokens_evaluated=event.total,
-                        prompt_progress=wire.PromptProgress(
-                            total=event.total,
-                            cache=event.cached,
-                            processed=event.processed,
-                            time_ms=round(event.elapsed_ms, 3),
-                        ),
+                        prompt_progress=progress(event),
                     )
                 )
             case PromptProgress():
@@ -83,16 +110,21 @@ class _CompletionStream:
             case TextDelta(text=text, token_ids=token_ids, logprobs=entries):
                 self._predicted += len(token_ids)
                 self._has_new_line = self._has_new_line or "\n" in text
-                if not text and not (self._n_probs and entries):
+                if not text and not (self._n_probs and entries) and not (self._tokens and token_ids):
                     return ()
                 return self._chunk(
                     wire.CompletionChunk(
+                        index=self._index,
                         content=text,
-                        tokens=list(token_ids),
+                        tokens=list(token_ids) if self._tokens else [],
                         id_slot=self._slot,
                         tokens_predicted=self._predicted,
                         tokens_evaluated=self._evaluated,
-                        completion_probabilities=translate.probabilities(entries) if self._n_probs else None,
+                        completion_probabilities=(
+                            translate.probabilities(entries, post_sampling=self._post_sampling)
+                            if self._n_probs
+                            else None
+                        ),
                     )
                 )
             case Done():
@@ -101,26 +133,105 @@ class _CompletionStream:
                     done=event,
                     settings=self._settings,
                     prompt=self._prompt,
-                    logprobs=None,
+                    probabilities=None,
                     has_new_line=self._has_new_line,
+                    index=self._index,
                 )
-                return [sse_frame(dumps(unstructure(result)))]
+                return [sse_frame(dumps(_final(result, self._fields)))]
         return ()
 
     def error(self, error: BuboError) -> Iterable[bytes]:
         return [sse_frame(dumps(unstructure(error_envelope(error))))]
 
 
+@attrs.frozen
+class _Indexed:
+    """An output event of prompt number ``index`` of a request with several."""
+
+    index: int
+    event: OutputEvent
+
+
+class _SideBySideStream:
+    """Several prompts' chunks, interleaved as they come, each carrying its prompt's ``index``."""
+
+    def __init__(self, streams: list[_CompletionStream]) -> None:
+        self._streams = streams
+
+    def opening(self) -> Iterable[bytes]:
+        return ()
+
+    def encode(self, event: OutputEvent) -> Iterable[bytes]:
+        indexed = cast("_Indexed", event)  # what _side_by_side yields
+        return self._streams[indexed.index].encode(indexed.event)
+
+    def error(self, error: BuboError) -> Iterable[bytes]:
+        return self._streams[0].error(error)
+
+
+@asynccontextmanager
+async def _side_by_side(
+    outputs: list[AbstractAsyncContextManager[AsyncIterator[OutputEvent]]],
+) -> AsyncIterator[AsyncIterator[OutputEvent]]:
+    """Run every output at once; their events merged as they come, each as an :class:`_Indexed`.
+
+    The first error of any ends the merged stream (the others are cancelled on exit).
+    """
+    send, receive = trio.open_memory_channel[tuple[int, OutputEvent | Exception]](0)
+
+    async def pump(
+        index: int,
+        output: AbstractAsyncContextManager[AsyncIterator[OutputEvent]],
+        sender: trio.MemorySendChannel[tuple[int, OutputEvent | Exception]],
+    ) -> None:
+        async with sender:
+            try:
+                async with output as events:
+                    async for event in events:
+                        await sender.send((index, event))
+            except Exception as error:  # noqa: BLE001 - reported in the stream by its reader
+                await sender.send((index, error))
+
+    async def merged() -> AsyncGenerator[OutputEvent, None]:
+        async for index, item in receive:
+            if isinstance(item, Exception):
+                raise item
+            yield cast("OutputEvent", _Indexed(index, item))
+
+    async with trio.open_nursery() as nursery:
+        async with send:
+            for index, output in enumerate(outputs):
+                nursery.start_soon(pump, index, output, send.clone())
+        try:
+            async with aclosing(merged()) as events:
+                yield events
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def _final(result: wire.CompletionResult, fields: list[str] | None) -> dict[str, Any]:
+    """The final result as JSON data, projected to ``response_fields`` when the request names some."""
+    data: dict[str, Any] = unstructure(result)
+    return data if fields is None else translate.project(data, fields)
+
+
 @blueprint.post("/completion")
 @blueprint.post("/completions")
 async def completion() -> Response:
-    """Raw-prompt completion; needs no model."""
+    """Raw-prompt completion; needs no model.  Several prompts are answered side by side, in order."""
     runtime = require_runtime()
     body = await structured_body(runtime, _converter, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     check_id_slot(runtime, body.id_slot)
-    prepared: PreparedGeneration = await prepare_completion(runtime, translate.completion_request(body))
+    prompts = translate.prompts(body)
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequest(
+            f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt"
+        )
+    prepared = [
+        await prepare_completion(runtime, translate.completion_request(body, prompt)) for prompt in prompts
+    ]
     return await answer_completion(runtime, body, prepared)
 
 
@@ -135,34 +246,80 @@ def check_id_slot(runtime: Runtime, id_slot: int | None) -> None:
 
 
 async def answer_completion(
-    runtime: Runtime, body: wire.CompletionRequest, prepared: PreparedGeneration
+    runtime: Runtime, body: wire.CompletionRequest, prepared: list[PreparedGeneration]
 ) -> Response:
-    """Run *prepared* and answer as ``/completion`` does (``/infill`` answers the same way)."""
+    """Run each of *prepared* side by side and answer as ``/completion`` does (``/infill`` too)."""
     stream = bool(body.stream)
-    settings = translate.generation_settings(
-        prepared.request, n_ctx=runtime.engine.info.n_ctx, model=body.model or runtime.model_id, stream=stream
-    )
-    n_probs = bool(prepared.request.n_probs)
+    model = body.model or runtime.model_id
+    n_ctx = runtime.engine.info.n_ctx
+    settings = [
+        translate.generation_settings(p.request, n_ctx=n_ctx, model=model, stream=stream) for p in prepared
+    ]
+    n_probs = bool(prepared[0].request.n_probs)
+    outputs = [open_output(runtime, p, request_timeline()) for p in prepared]
+    post_sampling = bool(body.post_sampling_probs)
     if stream:
-        return sse_response(
-            open_output(runtime, prepared, request_timeline()),
-            _CompletionStream(
-                settings, prepared.prompt.text, n_probs=n_probs, progress=bool(body.return_progress)
+        options = _StreamOptions(
+            n_probs=n_probs,
+            progress=bool(body.return_progress),
+            tokens=bool(body.return_tokens),
+            fields=body.response_fields,
+            timings_per_token=bool(body.timings_per_token),
+            post_sampling=post_sampling,
+        )
+        streams = [
+            _CompletionStream(s, p.prompt.text, options, index=index)
+            for index, (s, p) in enumerate(zip(settings, prepared, strict=True))
+        ]
+        if len(outputs) == 1:
+            return sse_response(outputs[0], streams[0])
+        return sse_response(_side_by_side(outputs), _SideBySideStream(streams))
+    completions = await _collect_all(outputs)
+    results = [
+        _final(
+            translate.completion_result(
+                content=c.text,
+                done=c.done,
+                settings=s,
+                prompt=p.prompt.text,
+                probabilities=(
+                    translate.probabilities(c.logprobs, post_sampling=post_sampling) if n_probs else None
+                ),
+                has_new_line="\n" in c.text,
+                tokens=c.token_ids if body.return_tokens else (),
+                index=index,
             ),
+            body.response_fields,
         )
-    async with open_output(runtime, prepared, request_timeline()) as output:
-        completion = await collect(output)
-    logprobs: tuple[TokenLogprob, ...] | None = completion.logprobs if n_probs else None
-    return json_response(
-        translate.completion_result(
-            content=completion.text,
-            done=completion.done,
-            settings=settings,
-            prompt=prepared.prompt.text,
-            logprobs=logprobs,
-            has_new_line="\n" in completion.text,
-        )
-    )
+        for index, (c, s, p) in enumerate(zip(completions, settings, prepared, strict=True))
+    ]
+    return json_response(results[0] if len(results) == 1 else results)
+
+
+async def _collect_all(
+    outputs: list[AbstractAsyncContextManager[AsyncIterator[OutputEvent]]],
+) -> list[Completion]:
+    """Every output collected, side by side; the first error cancels the others and is raised."""
+    if len(outputs) == 1:
+        async with outputs[0] as events:
+            return [await collect(events)]
+    done: dict[int, Completion] = {}
+    errors: list[Exception] = []
+
+    async def run(index: int, output: AbstractAsyncContextManager[AsyncIterator[OutputEvent]]) -> None:
+        try:
+            async with output as events:
+                done[index] = await collect(events)
+        except Exception as error:  # noqa: BLE001 - raised below, once the others are cancelled
+            errors.append(error)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for index, output in enumerate(outputs):
+            nursery.start_soon(run, index, output)
+    if errors:
+        raise errors[0]
+    return [done[index] for index in range(len(outputs))]
 
 
 @blueprint.post("/apply-template")

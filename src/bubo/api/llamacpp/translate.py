@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ __all__ = [
     "completion_request",
     "completion_result",
     "probabilities",
+    "project",
+    "prompts",
     "sampler_settings",
     "slot",
     "token_piece",
@@ -36,17 +39,46 @@ _STOP_TYPES = {
 _MAX_N_PROBS = 100
 
 
-def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
-    """The domain request for ``/completion``.
+def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
+    """The prompts of a ``/completion`` body, as llama-server reads ``prompt``.
+
+    A text, an array of token ids, or an array mixing both is one prompt; an
+    array of texts and of such arrays is several.
 
     Raises:
-        InvalidRequest: no prompt, a bad ``n_predict``, ``n_probs`` or ``logit_bias``, a sampler
-            setting out of range.
+        InvalidRequest: no prompt, or an empty one among several.
 
     """
-    if body.prompt is None or body.prompt in ("", []):
+    prompt = body.prompt
+    if prompt is None or prompt in ("", []):
         raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
-    prompt: tuple[PromptPiece, ...] = (body.prompt,) if isinstance(body.prompt, str) else tuple(body.prompt)
+    if isinstance(prompt, str):
+        return [(prompt,)]
+    kinds = {type(piece) for piece in prompt}
+    if list not in kinds and (int in kinds or len(prompt) == 1):  # one prompt: ids, or ids and texts mixed
+        return [tuple(piece for piece in prompt if not isinstance(piece, list))]
+    if int in kinds:
+        index = next(i for i, piece in enumerate(prompt) if isinstance(piece, int))
+        raise InvalidRequest(
+            "several prompts are texts or arrays of token ids and texts; a bare token id is not one",
+            param=f"prompt[{index}]",
+        )
+    out: list[tuple[PromptPiece, ...]] = []
+    for index, piece in enumerate(prompt):
+        if piece in ("", []):
+            raise InvalidRequest("a prompt must not be empty", param=f"prompt[{index}]")
+        out.append((piece,) if isinstance(piece, str) else tuple(piece))  # type: ignore[arg-type]
+    return out
+
+
+def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, ...]) -> CompletionRequest:
+    """The domain request for one prompt of a ``/completion`` body (:func:`prompts`).
+
+    Raises:
+        InvalidRequest: a bad ``n_predict``, ``n_probs``, ``logit_bias``, ``n_indent`` or
+            ``response_fields``, a sampler setting out of range.
+
+    """
     n_predict, param = (
         (body.n_predict, "n_predict") if body.n_predict is not None else (body.max_tokens, "max_tokens")
     )
@@ -57,6 +89,8 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
         raise InvalidRequest(f"n_probs must be between 0 and {_MAX_N_PROBS}", param="n_probs")
     if body.t_max_predict_ms is not None and body.t_max_predict_ms < 0:
         raise InvalidRequest("t_max_predict_ms must not be negative", param="t_max_predict_ms")
+    if body.n_indent is not None and body.n_indent < 0:
+        raise InvalidRequest("n_indent must not be negative", param="n_indent")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     output_format, grammar = output_constraint(grammar=body.grammar, json_schema=body.json_schema)
     return CompletionRequest(
@@ -69,6 +103,10 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             ignore_eos=bool(body.ignore_eos),
             time_limit_ms=body.t_max_predict_ms or 0,
             slot=None if body.id_slot in (None, -1) else body.id_slot,
+            n_keep=-1 if body.n_keep is not None and body.n_keep < 0 else body.n_keep or 0,
+            cache_prompt=body.cache_prompt is not False,
+            n_indent=body.n_indent or 0,
+            post_sampling_probs=bool(body.post_sampling_probs),
         ),
         output_format=output_format,
         grammar=grammar,
@@ -118,8 +156,27 @@ def token_piece(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
-def probabilities(entries: Sequence[TokenLogprob]) -> list[wire.Probability]:
-    """``completion_probabilities`` entries."""
+def probabilities(entries: Sequence[TokenLogprob], *, post_sampling: bool = False) -> wire.Probabilities:
+    """``completion_probabilities`` entries; after the sampler chain, as probabilities (``prob``)."""
+    if post_sampling:
+        return [
+            wire.PostProbability(
+                id=e.token_id,
+                token=e.piece.decode("utf-8", errors="replace"),
+                bytes=list(e.piece),
+                prob=math.exp(e.logprob),
+                top_probs=[
+                    wire.TopPostProbability(
+                        id=t.token_id,
+                        token=t.piece.decode("utf-8", errors="replace"),
+                        bytes=list(t.piece),
+                        prob=math.exp(t.logprob),
+                    )
+                    for t in e.top
+                ],
+            )
+            for e in entries
+        ]
     return [
         wire.Probability(
             id=e.token_id,
@@ -187,6 +244,13 @@ def generation_settings(
         n_probs=request.n_probs or 0,
         ignore_eos=request.ignore_eos,
         stream=stream,
+        n_keep=request.n_keep,
+        n_indent=request.n_indent,
+        cache_prompt=request.cache_prompt,
+        logit_bias=[
+            wire.LogitBiasEntry(token=token, bias=None if bias == BANNED else bias)
+            for token, bias in request.sampling.logit_bias
+        ],
     )
 
 
@@ -196,14 +260,20 @@ def completion_result(
     done: Done,
     settings: wire.GenerationSettings,
     prompt: str,
-    logprobs: Sequence[TokenLogprob] | None,
+    probabilities: wire.Probabilities | None,
     has_new_line: bool,
+    tokens: Sequence[int] = (),
+    index: int = 0,
 ) -> wire.CompletionResult:
-    """The final ``/completion`` object (whole response, or the last stream chunk)."""
+    """The final ``/completion`` object (whole response, or the last stream chunk).
+
+    ``truncated``: the context ran out, whether the generation stopped there or shifted it to go on.
+    """
     stats = done.stats
     return wire.CompletionResult(
+        index=index,
         content=content,
-        tokens=[],
+        tokens=list(tokens),
         id_slot=stats.slot_id,
         stop=True,
         model=settings.model,
@@ -212,14 +282,31 @@ def completion_result(
         generation_settings=settings,
         prompt=prompt,
         has_new_line=has_new_line,
-        truncated=done.cause is StopCause.CONTEXT,
+        truncated=done.cause is StopCause.CONTEXT or stats.context_shifts > 0,
         stop_type=_STOP_TYPES[done.cause],
         stopping_word=done.stop_word or "",
         tokens_cached=stats.prompt_tokens + stats.completion_tokens,
         timings=timings(stats),
         usage=usage(stats),
-        completion_probabilities=probabilities(logprobs) if logprobs is not None else None,
+        completion_probabilities=probabilities,
     )
+
+
+def project(result: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only the fields named, a nested one (``a/b``) under its path.
+
+    A field that is not there is left out without an error.
+    """
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = result
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
 
 
 def slot(stats: SlotStatistics) -> wire.Slot:

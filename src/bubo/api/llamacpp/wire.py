@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
 
 # ---- requests ------------------------------------------------------------------------------
@@ -18,11 +19,11 @@ from bubo.api._usage import Timings, Usage
 class CompletionRequest:
     """``POST /completion``; ``max_tokens`` is accepted as an alias of ``n_predict``.
 
-    ``cache_prompt`` is accepted and always true in effect: the slot's KV prefix
-    is reused whenever it matches.
+    ``prompt`` is one prompt (text, token ids, or both mixed) or several (an
+    array of texts and of such arrays): then each is answered, side by side.
     """
 
-    prompt: str | list[int | str] | None = None
+    prompt: str | list[int | str | list[int | str]] | None = None
     model: str | None = None
     n_predict: int | None = None
     max_tokens: int | None = None
@@ -63,6 +64,12 @@ class CompletionRequest:
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
+    # context shift, indentation, and which result fields to send
+    n_keep: int | None = None
+    n_indent: int | None = None
+    response_fields: list[str] | None = None
+    timings_per_token: bool | None = None
+    post_sampling_probs: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -137,6 +144,30 @@ class SamplerSettings:
 
 
 @attrs.frozen(kw_only=True)
+class TopPostProbability:
+    """One candidate token after the sampler chain (``post_sampling_probs``)."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    prob: float
+
+
+@attrs.frozen(kw_only=True)
+class PostProbability:
+    """One generated token's probability after the sampler chain, and the candidates it left."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    prob: float
+    top_probs: list[TopPostProbability]
+
+
+Probabilities = list[Probability] | list[PostProbability]
+
+
+@attrs.frozen(kw_only=True)
 class GenerationSettings(SamplerSettings):
     """The settings a completion actually ran with."""
 
@@ -147,6 +178,19 @@ class GenerationSettings(SamplerSettings):
     n_probs: int
     ignore_eos: bool
     stream: bool
+    # context shift, indentation, cache reuse and the resolved logit bias
+    n_keep: int = 0
+    n_indent: int = 0
+    cache_prompt: bool = True
+    logit_bias: list[LogitBiasEntry] = attrs.field(factory=list)
+
+
+@attrs.frozen(kw_only=True)
+class LogitBiasEntry:
+    """One resolved ``logit_bias`` entry of ``generation_settings`` (``bias`` null: the token is banned)."""
+
+    token: int
+    bias: float | None
 
 
 @attrs.frozen(kw_only=True)
@@ -170,17 +214,7 @@ class CompletionResult:
     tokens_cached: int
     timings: Timings
     usage: Usage
-    completion_probabilities: list[Probability] | None = None
-
-
-@attrs.frozen(kw_only=True)
-class PromptProgress:
-    """``prompt_progress`` of a streamed chunk (``return_progress``)."""
-
-    total: int
-    cache: int
-    processed: int
-    time_ms: float
+    completion_probabilities: Probabilities | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -194,8 +228,9 @@ class CompletionChunk:
     id_slot: int
     tokens_predicted: int
     tokens_evaluated: int
-    completion_probabilities: list[Probability] | None = None
-    prompt_progress: PromptProgress | None = None
+    completion_probabilities: Probabilities | None = None
+    prompt_progress: Progress | None = None
+    timings: Timings | None = None  # timings_per_token
 
 
 @attrs.frozen(kw_only=True)

@@ -47,7 +47,13 @@ async def chat_completions() -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
             open_output(runtime, prepared, request_timeline()),
-            ChatStream(identity, include_usage=include_usage, logprobs=logprobs),
+            ChatStream(
+                identity,
+                include_usage=include_usage,
+                logprobs=logprobs,
+                return_progress=bool(body.return_progress),
+                timings_per_token=bool(body.timings_per_token),
+            ),
         )
     async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)

@@ -15,8 +15,10 @@ import attrs
 
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, unstructure
+from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import sse_frame
 from bubo.api._usage import Timings, timings, usage
+from bubo.domain.generation import PromptProgress
 from bubo.domain.output import (
     Done,
     OutputEvent,
@@ -54,12 +56,27 @@ def _error_frames(error: BuboError) -> list[bytes]:
 
 
 class ChatStream:
-    """Encodes output events as ``chat.completion.chunk`` frames."""
+    """Encodes output events as ``chat.completion.chunk`` frames.
 
-    def __init__(self, identity: StreamIdentity, *, include_usage: bool, logprobs: bool) -> None:
+    llama-server's ``return_progress`` adds a chunk without choices and with
+    ``prompt_progress`` per prompt chunk evaluated; ``timings_per_token`` puts
+    the ``timings`` so far on every chunk.
+    """
+
+    def __init__(
+        self,
+        identity: StreamIdentity,
+        *,
+        include_usage: bool,
+        logprobs: bool,
+        return_progress: bool = False,
+        timings_per_token: bool = False,
+    ) -> None:
         self._identity = identity
         self._include_usage = include_usage
         self._logprobs = logprobs
+        self._return_progress = return_progress
+        self._live = LiveTimings() if timings_per_token else None
 
     def _chunk(
         self,
@@ -70,6 +87,8 @@ class ChatStream:
         timings: Timings | None = None,
     ) -> bytes:
         identity = self._identity
+        if timings is None and self._live is not None:
+            timings = self._live.now()
         return _frame(
             wire.ChatCompletionChunk(
                 id=identity.id,
@@ -83,13 +102,31 @@ class ChatStream:
             )
         )
 
+    def _progress(self, event: PromptProgress) -> bytes:
+        identity = self._identity
+        return _frame(
+            wire.ChatCompletionChunk(
+                id=identity.id,
+                created=identity.created,
+                model=identity.model,
+                system_fingerprint=identity.fingerprint,
+                choices=[],
+                timings=self._live.now() if self._live is not None else None,
+                prompt_progress=progress(event),
+            )
+        )
+
     def opening(self) -> Iterable[bytes]:
         """The role chunk."""
         return [self._chunk(wire.Delta(role="assistant", content=""))]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
+        if self._live is not None:
+            self._live.saw(event)
         match event:
+            case PromptProgress() if self._return_progress:
+                yield self._progress(event)
             case TextDelta(text=text, logprobs=entries):
                 logprobs = chat_logprobs(entries) if self._logprobs and entries else None
                 if text or logprobs is not None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from bubo.api._chat.wire import FunctionCall, StreamOptions
+from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
 
 # ---- requests ------------------------------------------------------------------------------
@@ -195,6 +196,7 @@ class ChatCompletionChunk:
     choices: list[ChunkChoice]
     usage: Usage | None = None
     timings: Timings | None = None
+    prompt_progress: Progress | None = None  # llama-server's return_progress
 
 
 @attrs.frozen(kw_only=True)
