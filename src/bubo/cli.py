@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
         return 2
     configure_logging(settings.log_level)
-    return trio.run(_serve, settings)
+    return trio.run(_serve, settings, _flag_values(args))
 
 
 def warn_if_exposed(settings: Settings) -> None:
@@ -99,14 +99,19 @@ def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _serve(settings: Settings) -> int:
+async def _serve(settings: Settings, flags: dict[str, str]) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
 
-    from bubo.server import create_app, drain  # noqa: PLC0415
+    from bubo import router, server  # noqa: PLC0415
     from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
     load_failed = trio.Event()
-    app = create_app(settings, on_load_failure=load_failed.set)
+    if settings.router_mode:  # --models-dir without -m: each model in a child `bubo serve` (docs/router.md)
+        app = router.create_router_app(settings, inherited=router.inherited_flags(flags))
+        drain = router.drain
+    else:
+        app = server.create_app(settings, on_load_failure=load_failed.set)
+        drain = server.drain
     config = Config()
     config.bind = [_bind(settings.server.host, settings.server.port)]
     config.accesslog = logging.getLogger("hypercorn.access")

@@ -1,0 +1,150 @@
+"""Forwarding one request to a child and its response back, byte for byte as it arrives.
+
+The request goes out with the router's request id and the child's key in
+place of the client's; the response streams back through :class:`ProxiedBody`
+(Quart's ``ResponseBody`` contract): each chunk is passed on as soon as httpx
+reads it, and leaving the body (the client went away: quart-trio cancels the
+request) closes the upstream response, so the child sees the disconnect and
+frees its slot.  A child that dies before answering gives a 503 in the
+dialect's error shape; one that dies mid-stream ends an event stream with the
+dialect's error event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Self
+
+import httpx
+import trio
+from quart import Response
+from quart.wrappers.response import ResponseBody
+from werkzeug.datastructures import Headers
+
+from bubo.api._errors import error_envelope
+from bubo.api._json import dumps, unstructure
+from bubo.api.anthropic.errors import error_envelope as anthropic_error_envelope
+from bubo.errors import BuboError
+
+__all__ = ["ProxiedBody", "forward", "forwarded_headers"]
+
+logger = logging.getLogger(__name__)
+
+# Headers that belong to one connection, not to the message (RFC 9110, 7.6.1), plus those the
+# router sets itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "x-request-id"}
+_NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"date", "server", "x-request-id"}
+CLOSE_UPSTREAM_S = 2.0  # closing the child's response after the client left
+
+Failure = Callable[[], Awaitable[BuboError]]
+
+
+def forwarded_headers(
+    incoming: Iterable[tuple[str, str]], child: Mapping[str, str], request_id: str
+) -> list[tuple[str, str]]:
+    """The headers sent to the child: the client's, less its key and the hop-by-hop ones."""
+    headers = [(k, v) for k, v in incoming if k.lower() not in _NOT_FORWARDED_UP]
+    headers.extend(child.items())
+    headers.append(("X-Request-Id", request_id))
+    return headers
+
+
+async def forward(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    *,
+    failure: Failure,
+    anthropic: bool,
+    request_id: str,
+) -> Response:
+    """Send *request* to the child and answer with its response, streamed.
+
+    Raises:
+        BuboError: the child could not be reached or closed the connection before answering
+            (*failure* says which error, e.g. 503 ``model_failed``).
+
+    """
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.TransportError as error:
+        logger.warning("the child did not answer %s %s: %r", request.method, request.url.path, error)
+        raise await failure() from error
+    headers = Headers(
+        [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in _NOT_FORWARDED_DOWN]
+    )
+    event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    body = ProxiedBody(
+        upstream, failure=failure, error_frame=_error_frame(anthropic, request_id) if event_stream else None
+    )
+    response = Response(body, status=upstream.status_code, headers=headers)
+    response.timeout = None  # the child applies its own limits; a long stream must not be cut here
+    return response
+
+
+class ProxiedBody(ResponseBody):
+    """The child's response body, passed on chunk by chunk; leaving it closes the child's response."""
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        *,
+        failure: Failure,
+        error_frame: Callable[[BuboError], bytes] | None,
+    ) -> None:
+        self._upstream = upstream
+        self._failure = failure
+        self._error_frame = error_frame
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Shielded so that a cancelled request (the client left) still closes the connection to the
+        # child at once, which is how the child learns to stop generating.
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
+            await self._upstream.aclose()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncGenerator[bytes, None]:
+        try:
+            async for chunk in self._upstream.aiter_raw():
+                yield chunk
+        except httpx.TransportError:
+            error = await self._failure()
+            logger.warning("the child stopped while streaming a response: %s", error.message)
+            if self._error_frame is not None:
+                yield self._error_frame(error)
+
+
+def _error_frame(anthropic: bool, request_id: str) -> Callable[[BuboError], bytes]:
+    """The event that ends a stream whose child died: Anthropic's ``event: error``, else a data frame."""
+
+    def frame(error: BuboError) -> bytes:
+        if anthropic:
+            envelope = unstructure(anthropic_error_envelope(error, request_id))
+            return f"event: error\ndata: {dumps(envelope)}\n\n".encode()
+        return f"data: {dumps(unstructure(error_envelope(error)))}\n\n".encode()
+
+    return frame
