@@ -102,16 +102,17 @@ def _bind(host: str, port: int) -> str:
 async def _serve(settings: Settings, flags: dict[str, str]) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
 
-    from bubo import router, server  # noqa: PLC0415
+    from bubo.router import create_router_app, inherited_flags  # noqa: PLC0415
+    from bubo.router import drain as drain_router  # noqa: PLC0415
+    from bubo.server import create_app, drain  # noqa: PLC0415
     from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
     load_failed = trio.Event()
     if settings.router_mode:  # --models-dir without -m: each model in a child `bubo serve` (docs/router.md)
-        app = router.create_router_app(settings, inherited=router.inherited_flags(flags))
-        drain = router.drain
+        app = create_router_app(settings, inherited=inherited_flags(flags))
+        drain = drain_router
     else:
-        app = server.create_app(settings, on_load_failure=load_failed.set)
-        drain = server.drain
+        app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
     config.bind = [_bind(settings.server.host, settings.server.port)]
     config.accesslog = logging.getLogger("hypercorn.access")
