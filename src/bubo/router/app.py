@@ -24,10 +24,11 @@ from bubo.server import create_app, install_edge
 from bubo.service.runtime import ServerState
 
 from .catalog import scan_models_dir
+from .command import child_command
 from .context import ROUTER_KEY, RouterContext
 from .registry import Registry
 from .routes import blueprint, forwarding_blueprint
-from .supervisor import STOP_MARGIN_S, Supervisor, SupervisorConfig
+from .supervisor import STOP_MARGIN_S, ChildCommand, Supervisor, SupervisorConfig
 
 __all__ = ["create_router_app", "drain"]
 
@@ -41,8 +42,13 @@ def create_router_app(
     *,
     inherited: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    command: ChildCommand = child_command,
 ) -> QuartTrio:
-    """The router app over *settings*' ``--models-dir``; *inherited* are the flags each child repeats."""
+    """The router app over *settings*' ``--models-dir``; *inherited* are the flags each child repeats.
+
+    *environ* is the children's environment (default: this process's); *command* builds a
+    child's command line (tests inject a stand-in child).
+    """
     assert settings.router.models_dir is not None  # chosen by settings.router_mode
     entries = scan_models_dir(settings.router.models_dir)
     logger.info(
@@ -77,6 +83,7 @@ def create_router_app(
             models_max=settings.router.models_max,
             load_timeout_s=settings.router.models_load_timeout,
             stop_grace_s=settings.server.shutdown_timeout + STOP_MARGIN_S,
+            command=command,
         ),
     )
     router = RouterContext(

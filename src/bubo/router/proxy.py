@@ -13,9 +13,10 @@ dialect's error event.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Self
 
 import httpx
 import trio
@@ -97,7 +98,14 @@ async def forward(
 
 
 class ProxiedBody(ResponseBody):
-    """The child's response body, passed on chunk by chunk; leaving it closes the child's response."""
+    """The child's response body, passed on chunk by chunk; leaving it closes the child's response.
+
+    A task in the body's own nursery reads the child's response and hands each
+    chunk on at once (``send_nowait``: it only ever waits on the network, so
+    cancelling it unwinds httpx's readers cleanly; what it holds is what the
+    client has not read yet of one response).  Leaving the body cancels the
+    reader and closes the connection to the child.
+    """
 
     def __init__(
         self,
@@ -109,9 +117,15 @@ class ProxiedBody(ResponseBody):
         self._upstream = upstream
         self._failure = failure
         self._error_frame = error_frame
+        self._stack = AsyncExitStack()
+        self._nursery: trio.Nursery | None = None
 
-    async def __aenter__(self) -> Self:
-        return self
+    async def __aenter__(self) -> AsyncIterator[bytes]:
+        send, receive = trio.open_memory_channel[bytes](math.inf)
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._nursery.start_soon(self._read, send)
+        self._stack.push_async_callback(receive.aclose)
+        return receive
 
     async def __aexit__(
         self,
@@ -119,23 +133,26 @@ class ProxiedBody(ResponseBody):
         exc_value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Shielded so that a cancelled request (the client left) still closes the connection to the
-        # child at once, which is how the child learns to stop generating.
-        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
-            await self._upstream.aclose()
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncGenerator[bytes, None]:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
         try:
-            async for chunk in self._upstream.aiter_raw():
-                yield chunk
-        except httpx.TransportError:
-            error = await self._failure()
-            logger.warning("the child stopped while streaming a response: %s", error.message)
-            if self._error_frame is not None:
-                yield self._error_frame(error)
+            await self._stack.aclose()
+        finally:
+            # Shielded so that a cancelled request (the client left) still closes the connection to
+            # the child at once, which is how the child learns to stop generating.
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
+                await self._upstream.aclose()
+
+    async def _read(self, send: trio.MemorySendChannel[bytes]) -> None:
+        async with send:
+            try:
+                async for chunk in self._upstream.aiter_raw():
+                    send.send_nowait(chunk)
+            except httpx.TransportError:
+                error = await self._failure()
+                logger.warning("the child stopped while streaming a response: %s", error.message)
+                if self._error_frame is not None:
+                    send.send_nowait(self._error_frame(error))
 
 
 def _error_frame(anthropic: bool, request_id: str) -> Callable[[BuboError], bytes]:

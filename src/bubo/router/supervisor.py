@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,10 +23,11 @@ import trio
 
 from bubo.errors import InvalidRequest, ServiceUnavailable
 
+from .catalog import CatalogEntry
 from .command import CHILD_HOST, child_command, child_environment
 from .registry import Instance, ModelRecord, Registry, exit_code_of
 
-__all__ = ["Supervisor", "SupervisorConfig"]
+__all__ = ["ChildCommand", "Supervisor", "SupervisorConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,11 @@ READY_PROBE_TIMEOUT_S = 5.0  # one probe
 # After SIGTERM a child drains for its own --shutdown-timeout, interrupts what still runs (up to 10 s)
 # and flushes (2 s); past this margin on top of that it gets SIGKILL.
 STOP_MARGIN_S = 15.0
+
+
+ChildCommand = Callable[[CatalogEntry, int, Sequence[str], Sequence[str]], tuple[str, ...]]
+"""A child's command line from (model, port, inherited flags, extra args): ``child_command`` unless a test
+injects another."""
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +53,7 @@ class SupervisorConfig:
     models_max: int = 4  # 0: no limit
     load_timeout_s: float = 600.0
     stop_grace_s: float = 30.0 + STOP_MARGIN_S
+    command: ChildCommand = child_command
 
 
 class Supervisor:
@@ -128,7 +135,7 @@ class Supervisor:
             instance = Instance(
                 model=record.name,
                 port=port,
-                args=child_command(record.entry, port, self._config.inherited, extra),
+                args=self._config.command(record.entry, port, self._config.inherited, extra),
             )
             record.start(instance, trio.current_time())
             self._nursery.start_soon(self._supervise, record, instance)
