@@ -213,6 +213,15 @@ class TestForwarding:
             "model_not_found",
         )
 
+    async def test_the_router_enforces_the_body_limit(self, tmp_path: Path) -> None:
+        """--max-body-mib applies at the router: 413 in the dialect's shape, nothing loaded."""
+        async for app in make_router(tmp_path, "a", server__max_body_mib="1"):
+            big = {"model": "a", "prompt": "x" * (1024 * 1024)}
+            response = await post(app, "/v1/messages", big)
+            assert response.status_code == 413
+            assert (await response.get_json())["error"]["type"] == "request_too_large"
+            assert context(app).registry.get("a").instance is None
+
     async def test_the_router_checks_the_client_s_key(self, router: QuartTrio) -> None:
         """Without the router's key: 401 before anything is forwarded or loaded."""
         response = await router.test_client().post("/v1/chat/completions", json={"model": "a"})
