@@ -182,27 +182,32 @@ class Supervisor:
         """Run *instance*'s process until it exits or is stopped; record how it ended."""
         environ = child_environment(self._config.environ, self._config.child_key)
         process: trio.Process | None = None
-        with instance.scope:
-            async with trio.open_nursery() as nursery:
+        try:
+            with instance.scope:
+                async with trio.open_nursery() as nursery:
 
-                async def child(*, task_status: trio.TaskStatus[trio.Process]) -> None:
-                    await trio.run_process(
-                        list(instance.args),
-                        env=environ,
-                        check=False,
-                        deliver_cancel=partial(self._stop_process, instance),
-                        task_status=task_status,
-                    )
-                    nursery.cancel_scope.cancel()  # it exited on its own: stop probing
+                    async def child(*, task_status: trio.TaskStatus[trio.Process]) -> None:
+                        await trio.run_process(
+                            list(instance.args),
+                            env=environ,
+                            check=False,
+                            deliver_cancel=partial(self._stop_process, instance),
+                            task_status=task_status,
+                        )
+                        nursery.cancel_scope.cancel()  # it exited on its own: stop probing
 
-                try:
-                    process = await nursery.start(child)
-                except OSError:
-                    logger.exception("could not start the process of model %s", record.name)
-                    instance.spawn_failed = True
-                else:
-                    instance.pid = process.pid
-                    nursery.start_soon(self._watch_ready, instance)
+                    try:
+                        process = await nursery.start(child)
+                    except OSError:
+                        logger.exception("could not start the process of model %s", record.name)
+                        instance.spawn_failed = True
+                    else:
+                        instance.pid = process.pid
+                        nursery.start_soon(self._watch_ready, instance)
+        finally:  # also when the app's nursery is cancelled: run_process has reaped the process by now
+            self._finish(record, instance, process)
+
+    def _finish(self, record: ModelRecord, instance: Instance, process: trio.Process | None) -> None:
         returncode = process.returncode if process is not None else None
         exit_code = exit_code_of(returncode) if returncode is not None else -1
         instance.mark_exited(exit_code)
