@@ -31,6 +31,9 @@ __all__ = ["OWN_PATHS", "blueprint", "forwarding_blueprint"]
 
 blueprint = Blueprint("router", __name__)
 
+# A request its child dropped waits this long for the child's exit, to say how it ended.
+EXIT_NOTICE_S = 2.0
+
 # Paths the router answers itself; every other route of the single-model app is forwarded.
 OWN_PATHS = frozenset(
     {
@@ -178,14 +181,15 @@ def forwarding_blueprint(rules: Iterable[Rule]) -> Blueprint:
 
 async def _failure(router: RouterContext, instance: Instance) -> BuboError:
     """Why a child stopped answering: wait (briefly) for its exit to say how it ended."""
-    with trio.move_on_after(2.0):
+    with trio.move_on_after(EXIT_NOTICE_S):
         await instance.exited.wait()
     if instance.failed:
         return router.supervisor.failure(instance)
-    return ServiceUnavailable(
-        f"model {instance.model!r} stopped (unloaded) before it answered; send the request again",
-        code="not_ready",
-    )
+    if instance.stopping:
+        why = "was unloaded before it answered"
+    else:
+        why = "closed the connection before it answered"
+    return ServiceUnavailable(f"model {instance.model!r} {why}; send the request again", code="not_ready")
 
 
 def _check_open(router: RouterContext) -> None:
