@@ -286,16 +286,30 @@ class TestStreams:
             while not left.exists():  # another process writes it
                 await trio.sleep(0.01)
 
-    async def test_a_child_that_dies_mid_stream_ends_it_with_an_error_event(
-        self, open_router: QuartTrio
+    @pytest.mark.parametrize(
+        ("path", "event", "read"),
+        [
+            ("/v1/chat/completions", None, lambda data: data["error"]),
+            ("/v1/messages", b"error", lambda data: data["error"]),
+            ("/v1/responses", b"error", lambda data: data),
+        ],
+    )
+    async def test_a_child_that_dies_mid_stream_ends_it_with_the_dialect_s_error_event(
+        self, open_router: QuartTrio, path: str, event: bytes | None, read: Any
     ) -> None:
-        """The stream ends with the dialect's error event: 503 model_failed with the exit status."""
+        """503 model_failed with the exit status, as the dialect's own error event ends a stream."""
         body = {"model": "a", "stream": True, "die": "during"}
-        async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+        async with exchange(open_router.app, path, json.dumps(body).encode()) as ex:
             data = await ex.read_all()
-        last = data.strip().split(b"\n\n")[-1]
-        error = json.loads(last.removeprefix(b"data: "))["error"]
+        last = data.strip().split(b"\n\n")[-1].split(b"\n")
+        if event is None:
+            assert len(last) == 1
+        else:
+            assert last[0] == b"event: " + event
+        error = read(json.loads(last[-1].removeprefix(b"data: ")))
         assert (error["code"], "status 3" in error["message"]) == ("model_failed", True)
+        if path == "/v1/responses":
+            assert error["sequence_number"] == 1  # the child had sent one event
 
     async def test_a_child_that_dies_fails_its_request_and_the_next_reloads_it(
         self, router: QuartTrio

@@ -17,6 +17,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
+from typing import Any, Literal
 
 import httpx
 import trio
@@ -29,7 +30,7 @@ from bubo.api._json import dumps, unstructure
 from bubo.api.anthropic.errors import error_envelope as anthropic_error_envelope
 from bubo.errors import BuboError
 
-__all__ = ["ProxiedBody", "forward", "forwarded_headers"]
+__all__ = ["Dialect", "ProxiedBody", "forward", "forwarded_headers"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"date", "server", "x-request-id"}
 CLOSE_UPSTREAM_S = 2.0  # closing the child's response after the client left
 
 Failure = Callable[[], Awaitable[BuboError]]
+ErrorFrame = Callable[[BuboError, int], bytes]  # the error, the number of events already passed on
+Dialect = Literal["anthropic", "responses", "openai"]  # whose error event ends a broken stream
 
 
 def forwarded_headers(
@@ -70,7 +73,7 @@ async def forward(
     request: httpx.Request,
     *,
     failure: Failure,
-    anthropic: bool,
+    dialect: Dialect,
     request_id: str,
 ) -> Response:
     """Send *request* to the child and answer with its response, streamed.
@@ -90,7 +93,7 @@ async def forward(
     )
     event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
     body = ProxiedBody(
-        upstream, failure=failure, error_frame=_error_frame(anthropic, request_id) if event_stream else None
+        upstream, failure=failure, error_frame=_error_frame(dialect, request_id) if event_stream else None
     )
     response = Response(body, status=upstream.status_code, headers=headers)
     response.timeout = None  # the child applies its own limits; a long stream must not be cut here
@@ -112,11 +115,12 @@ class ProxiedBody(ResponseBody):
         upstream: httpx.Response,
         *,
         failure: Failure,
-        error_frame: Callable[[BuboError], bytes] | None,
+        error_frame: ErrorFrame | None,
     ) -> None:
         self._upstream = upstream
         self._failure = failure
         self._error_frame = error_frame
+        self._frames_sent = 0  # complete server-sent events passed on (the next sequence_number)
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
 
@@ -147,21 +151,29 @@ class ProxiedBody(ResponseBody):
         async with send:
             try:
                 async for chunk in self._upstream.aiter_raw():
+                    self._frames_sent += chunk.count(b"\n\n")
                     send.send_nowait(chunk)
             except httpx.TransportError:
                 error = await self._failure()
                 logger.warning("the child stopped while streaming a response: %s", error.message)
                 if self._error_frame is not None:
-                    send.send_nowait(self._error_frame(error))
+                    send.send_nowait(self._error_frame(error, self._frames_sent))
 
 
-def _error_frame(anthropic: bool, request_id: str) -> Callable[[BuboError], bytes]:
-    """The event that ends a stream whose child died: Anthropic's ``event: error``, else a data frame."""
+def _error_frame(dialect: Dialect, request_id: str) -> ErrorFrame:
+    """The event that ends a stream whose child died, in the stream's dialect (``api/*/stream.py``)."""
 
-    def frame(error: BuboError) -> bytes:
-        if anthropic:
-            envelope = unstructure(anthropic_error_envelope(error, request_id))
-            return f"event: error\ndata: {dumps(envelope)}\n\n".encode()
-        return f"data: {dumps(unstructure(error_envelope(error)))}\n\n".encode()
+    def frame(error: BuboError, sequence_number: int) -> bytes:
+        if dialect == "anthropic":
+            return _sse("error", unstructure(anthropic_error_envelope(error, request_id)))
+        if dialect == "responses":
+            data = {"code": error.code, "message": error.message, "param": error.param}
+            return _sse("error", {"type": "error", "sequence_number": sequence_number, **data})
+        return _sse(None, unstructure(error_envelope(error)))
 
     return frame
+
+
+def _sse(event: str | None, data: Any) -> bytes:
+    prefix = f"event: {event}\n" if event is not None else ""
+    return f"{prefix}data: {dumps(data)}\n\n".encode()

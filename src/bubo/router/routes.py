@@ -24,13 +24,14 @@ from bubo.errors import BuboError, InvalidRequest, ServiceUnavailable
 
 from .command import extra_args
 from .context import RouterContext, router_context
-from .proxy import forward, forwarded_headers
+from .proxy import Dialect, forward, forwarded_headers
 from .registry import Instance, ModelRecord
 
 __all__ = ["OWN_PATHS", "blueprint", "forwarding_blueprint"]
 
 blueprint = Blueprint("router", __name__)
 
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})  # OpenAI's Responses API streams
 # A request its child dropped waits this long for the child's exit, to say how it ended.
 EXIT_NOTICE_S = 2.0
 
@@ -160,7 +161,7 @@ async def forward_request(**_path: Any) -> Response:
         router.client,
         upstream,
         failure=lambda: _failure(router, instance),
-        anthropic=request.path == ANTHROPIC_PREFIX or request.path.startswith(ANTHROPIC_PREFIX + "/"),
+        dialect=_dialect(request.path),
         request_id=request_id(),
     )
 
@@ -190,6 +191,15 @@ async def _failure(router: RouterContext, instance: Instance) -> BuboError:
     else:
         why = "closed the connection before it answered"
     return ServiceUnavailable(f"model {instance.model!r} {why}; send the request again", code="not_ready")
+
+
+def _dialect(path: str) -> Dialect:
+    """Whose error events the stream at *path* speaks (an error that ends it must match)."""
+    if path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
+        return "anthropic"
+    if path in RESPONSES_PATHS:
+        return "responses"
+    return "openai"
 
 
 def _check_open(router: RouterContext) -> None:
