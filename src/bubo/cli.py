@@ -104,6 +104,7 @@ async def _serve(settings: Settings, flags: dict[str, str]) -> int:
 
     from bubo.router import create_router_app, inherited_flags  # noqa: PLC0415
     from bubo.router import drain as drain_router  # noqa: PLC0415
+    from bubo.router.child import is_router_child, router_gone  # noqa: PLC0415
     from bubo.server import create_app, drain  # noqa: PLC0415
     from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
@@ -144,8 +145,16 @@ async def _serve(settings: Settings, flags: dict[str, str]) -> int:
                 await load_failed.wait()
                 nursery.cancel_scope.cancel()
 
+            async def on_router_gone() -> None:
+                await router_gone()
+                logger.warning("the router that started this server is gone: stopping")
+                await drain(app, settings.server.shutdown_timeout)
+                nursery.cancel_scope.cancel()
+
             nursery.start_soon(on_signal)
             nursery.start_soon(on_load_failure)
+            if is_router_child():  # a model's child in router mode (docs/router.md)
+                nursery.start_soon(on_router_gone)
 
     await serve(app, config, limiter, shutdown_trigger=shutdown_trigger)
     logger.info("stopped; the model is freed")

@@ -180,3 +180,22 @@ def test_models_max_unloads_the_lru_model_and_shutdown_leaves_no_child(tmp_path:
         code = stop_server(router)
     assert code == 0
     assert all(gone(pid) for pid in pids.values())
+
+
+def test_children_stop_when_the_router_is_killed(tmp_path: Path) -> None:
+    """SIGKILL gives the router no chance to stop its children: they see its end (their stdin) and stop."""
+    router = start_router(tmp_path)
+    try:
+        httpx.post(f"{router.base_url}/models/load", json={"model": "smollm2"}, timeout=10)
+        wait_for(router, lambda s: s["smollm2"]["value"] == "loaded")
+        pid = children(router)["smollm2"]
+    finally:
+        router.process.kill()
+        router.process.wait(timeout=10)
+    deadline = time.monotonic() + WAIT_S
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    outlived = not gone(pid)
+    if outlived:
+        os.kill(pid, signal.SIGKILL)  # leave nothing behind, then fail
+    assert not outlived, "the child outlived its router"

@@ -42,9 +42,12 @@ def test_the_command_serves_one_file_on_loopback_under_the_model_s_name() -> Non
 
 
 def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:
-    """The child requires the router's own key, given in its environment (never on its command line)."""
+    """The child requires the router's own key, given in its environment (never on its command line).
+
+    The environment also marks it as a router's child: it stops when the router is gone.
+    """
     environment = child_environment({"BUBO_API_KEY": "client-key", "PATH": "/bin"}, "child-key")
-    assert environment == {"BUBO_API_KEY": "child-key", "PATH": "/bin"}
+    assert environment == {"BUBO_API_KEY": "child-key", "PATH": "/bin", "BUBO_ROUTER_CHILD": "1"}
 
 
 @pytest.mark.parametrize(

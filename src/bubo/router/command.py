@@ -16,6 +16,7 @@ from bubo.config import OPTIONS, Option
 from bubo.errors import InvalidRequest
 
 from .catalog import CatalogEntry
+from .child import ROUTER_CHILD_ENV
 
 __all__ = ["CHILD_HOST", "child_command", "child_environment", "extra_args", "inherited_flags"]
 
@@ -93,5 +94,5 @@ def child_command(
 
 
 def child_environment(environ: Mapping[str, str], child_key: str) -> dict[str, str]:
-    """The router's environment with the child's key in place of the router's."""
-    return {**environ, "BUBO_API_KEY": child_key}
+    """The router's environment with the child's key in place of the router's, and the child's mark."""
+    return {**environ, "BUBO_API_KEY": child_key, ROUTER_CHILD_ENV: "1"}

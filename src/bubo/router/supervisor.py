@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -190,6 +191,7 @@ class Supervisor:
                         await trio.run_process(
                             list(instance.args),
                             env=environ,
+                            stdin=subprocess.PIPE,  # held open while the router lives (child.py)
                             check=False,
                             deliver_cancel=partial(self._stop_process, instance),
                             task_status=task_status,
@@ -208,6 +210,8 @@ class Supervisor:
             self._finish(record, instance, process)
 
     def _finish(self, record: ModelRecord, instance: Instance, process: trio.Process | None) -> None:
+        if process is not None and isinstance(process.stdin, trio.lowlevel.FdStream):
+            process.stdin.close()  # the pipe the child watched
         returncode = process.returncode if process is not None else None
         exit_code = exit_code_of(returncode) if returncode is not None else -1
         instance.mark_exited(exit_code)
