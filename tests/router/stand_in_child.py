@@ -4,6 +4,7 @@ Run as ``python stand_in_child.py --port N --served-model-name NAME [...]``.  It
 answers ``/ready`` and ``/v1/models``, requires ``BUBO_API_KEY``, echoes every
 other request as JSON, and on request streams (waiting for a gate file, noting
 when its client leaves) or dies (exit status 3) before or while it answers.
+On SIGTERM it stops accepting and exits once its answers in progress are done.
 A model whose name starts with ``broken`` exits with status 3 at once.
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,8 +33,34 @@ NAME = _arg("--served-model-name")
 KEY = os.environ["BUBO_API_KEY"]
 
 
+class Server(ThreadingHTTPServer):
+    """Counts the answers in progress (idle keep-alive connections do not count)."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.active = 0
+        self.answering = threading.Condition()
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    server: Server
+
+    def handle_one_request(self) -> None:
+        self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        with self.server.answering:
+            self.server.active += 1
+        try:
+            if self.parse_request():
+                getattr(self, f"do_{self.command}")()
+                self.wfile.flush()
+        finally:
+            with self.server.answering:
+                self.server.active -= 1
+                self.server.answering.notify_all()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
@@ -117,8 +146,11 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     if NAME.startswith("broken"):
         raise SystemExit(DIE_STATUS)
-    server = ThreadingHTTPServer(("127.0.0.1", int(_arg("--port"))), Handler)
+    server = Server(("127.0.0.1", int(_arg("--port"))), Handler)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
+    with server.answering:  # on SIGTERM, answers in progress finish (as bubo serve drains)
+        server.answering.wait_for(lambda: server.active == 0)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from quart_trio import QuartTrio
 
 from bubo.config import load_settings
-from bubo.router import create_router_app
+from bubo.router import create_router_app, drain
 from bubo.router.catalog import CatalogEntry
 from bubo.router.context import ROUTER_KEY, RouterContext
 from bubo.router.registry import Instance, ModelRecord
@@ -325,6 +326,31 @@ class TestStreams:
         again = await (await post(router, "/completion", {"model": "a"})).get_json()
         assert again["model"] == "a"
         assert again["pid"] != first["pid"]
+
+
+async def test_a_drain_lets_running_streams_finish_and_refuses_new_requests(
+    open_router: QuartTrio, tmp_path: Path
+) -> None:
+    """On SIGTERM the children drain while the router forwards their last bytes; newcomers get 503."""
+    gate = tmp_path / "gate"
+    body = {"model": "a", "stream": True, "gate": str(gate)}
+    async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+        await ex.receive_chunk()
+        instance = context(open_router).registry.get("a").instance
+        assert instance is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, open_router.app, 5.0)
+            await trio.testing.wait_all_tasks_blocked()
+            refused = await open_router.test_client().post("/completion", json={"model": "a"})
+            assert refused.status_code == 503
+            assert (await refused.get_json())["error"]["code"] == "not_ready"
+            assert (await open_router.test_client().get("/ready")).status_code == 503
+            gate.write_text("go")
+            rest = await ex.read_all()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    assert instance.exited.is_set()
+    assert not instance.failed
+    assert process_gone(instance.pid or 0)
 
 
 async def test_shutdown_leaves_no_child_behind(tmp_path: Path) -> None:
