@@ -41,6 +41,19 @@ async def test_every_route_is_documented(app) -> None:
         assert f"`{path}" in text, path
 
 
+def test_every_router_route_is_documented(tmp_path: Path) -> None:
+    """Router mode's own paths appear in the docs too (the forwarded ones are the app's)."""
+    from bubo.config import load_settings
+    from bubo.router import create_router_app
+
+    router = create_router_app(load_settings({"router__models_dir": str(tmp_path)}, environ={}))
+    text = "".join(p.read_text() for p in DOCS.glob("*.md"))
+    for rule in router.url_map.iter_rules():
+        path = rule.rule.split("<")[0].rstrip("/") or "/"
+        if rule.endpoint != "static":
+            assert f"`{path}" in text, path
+
+
 def test_every_schema_limit_is_documented() -> None:
     """docs/operations.md lists each schema and grammar limit with its default."""
     text = (DOCS / "operations.md").read_text()

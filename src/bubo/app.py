@@ -13,6 +13,7 @@ import sys
 
 from bubo._logging import configure_logging
 from bubo.config import ConfigError, Settings, load_settings
+from bubo.router import create_router_app
 from bubo.server import create_app
 
 __all__ = ["app"]
@@ -28,4 +29,5 @@ def _settings_or_exit() -> Settings:
 
 _settings = _settings_or_exit()
 configure_logging(_settings.log_level)
-app = create_app(_settings)
+# --models-dir without BUBO_MODEL: a router; its children inherit this environment (docs/router.md).
+app = create_router_app(_settings) if _settings.router_mode else create_app(_settings)

@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
         return 2
     configure_logging(settings.log_level)
-    return trio.run(_serve, settings)
+    return trio.run(_serve, settings, _flag_values(args))
 
 
 def warn_if_exposed(settings: Settings) -> None:
@@ -108,14 +108,21 @@ def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _serve(settings: Settings) -> int:
+async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
 
+    from bubo.router import create_router_app, inherited_flags  # noqa: PLC0415
+    from bubo.router import drain as drain_router  # noqa: PLC0415
+    from bubo.router.child import is_router_child, router_gone  # noqa: PLC0415
     from bubo.server import create_app, drain  # noqa: PLC0415
     from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
     load_failed = trio.Event()
-    app = create_app(settings, on_load_failure=load_failed.set)
+    if settings.router_mode:  # --models-dir without -m: each model in a child `bubo serve` (docs/router.md)
+        app = create_router_app(settings, inherited=inherited_flags(flags))
+        drain = drain_router
+    else:
+        app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
     config.bind = [_bind(settings.server.host, settings.server.port)]
     config.accesslog = logging.getLogger("hypercorn.access")
@@ -147,8 +154,16 @@ async def _serve(settings: Settings) -> int:
                 await load_failed.wait()
                 nursery.cancel_scope.cancel()
 
+            async def on_router_gone() -> None:
+                await router_gone()
+                logger.warning("the router that started this server is gone: stopping")
+                await drain(app, settings.server.shutdown_timeout)
+                nursery.cancel_scope.cancel()
+
             nursery.start_soon(on_signal)
             nursery.start_soon(on_load_failure)
+            if is_router_child():  # a model's child in router mode (docs/router.md)
+                nursery.start_soon(on_router_gone)
 
     await serve(app, config, limiter, shutdown_trigger=shutdown_trigger)
     logger.info("stopped; the model is freed")

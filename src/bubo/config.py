@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "ModelSettings",
     "Option",
+    "RouterSettings",
     "ServerSettings",
     "Settings",
     "default_cache_dir",
@@ -151,14 +152,31 @@ class ModelSettings:
 
 
 @attrs.frozen(kw_only=True)
+class RouterSettings:
+    """Router mode (``--models-dir`` without ``-m``): many models, each in a child ``bubo serve``."""
+
+    models_dir: Path | None = None  # None: not a router
+    models_max: int = attrs.field(default=4, validator=_non_negative)  # loaded at once; 0: no limit
+    models_autoload: bool = True  # a request for an unloaded model loads it
+    models_allow_extra_args: bool = False  # POST /models/load may add flags for the child
+    models_load_timeout: float = attrs.field(default=600.0, validator=_above_zero)  # seconds to /ready
+
+
+@attrs.frozen(kw_only=True)
 class Settings:
     """Everything configurable, loaded once."""
 
     server: ServerSettings = attrs.field(factory=ServerSettings)
     model: ModelSettings = attrs.field(factory=ModelSettings)
     generation: GenerationDefaults = attrs.field(factory=GenerationDefaults)
+    router: RouterSettings = attrs.field(factory=RouterSettings)
     log_level: str = "info"
     cache_dir: Path | None = None  # Bubo's own caches (load_settings fills in the default); None: none
+
+    @property
+    def router_mode(self) -> bool:
+        """Whether Bubo routes to a directory of models: ``--models-dir`` given and no ``-m``."""
+        return self.router.models_dir is not None and self.model.path is None
 
 
 # ---- parsing -------------------------------------------------------------------------------
@@ -238,6 +256,13 @@ def _directory(text: str) -> Path:
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"not a directory: {text}")
+    return path
+
+
+def _existing_directory(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"no such directory: {text}")
     return path
 
 
@@ -518,6 +543,21 @@ OPTIONS: tuple[Option, ...] = (
            "the same, read from a file", "PATH", variant="file"),
     Option(("--log-level",), ("log_level",), _choice("debug", "info", "warning", "error"),
            "logging level (default info)", "LEVEL"),
+    # Router mode (docs/router.md): --models-dir without -m serves every GGUF in the directory.
+    Option(("--models-dir",), ("router", "models_dir"), _existing_directory,
+           "router mode (without -m): serve the GGUFs in this directory, each in a child bubo serve "
+           "loaded on first use", "PATH"),
+    Option(("--models-max",), ("router", "models_max"), _int,
+           "router mode: models loaded at once (4; 0: no limit); loading one more unloads the least "
+           "recently used", "N"),
+    Option(("--models-autoload",), ("router", "models_autoload"), _switch,
+           "router mode: a request for an unloaded model loads it (on); ?autoload= overrides per request",
+           "on|off", off_flags=("--no-models-autoload",)),
+    Option(("--models-allow-extra-args",), ("router", "models_allow_extra_args"), _switch,
+           "router mode: let POST /models/load pass extra_args to the model's child process (off)",
+           "on|off"),
+    Option(("--models-load-timeout",), ("router", "models_load_timeout"), _float,
+           "router mode: seconds a child may take to load its model and answer /ready (600)", "S"),
 )  # fmt: skip
 
 
@@ -567,7 +607,7 @@ def load_settings(
             "--debug-hooks shows prompts and settings: serve it on a loopback address only, "
             f"not {settings.server.host}"
         )
-    if settings.model.path is None:
+    if settings.model.path is None and settings.router.models_dir is None:
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
     if settings.cache_dir is None:
         settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))

@@ -44,7 +44,7 @@ from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
-__all__ = ["Loader", "create_app", "drain"]
+__all__ = ["REQUEST_ID_HEADER", "Loader", "create_app", "drain", "install_edge"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,28 @@ def create_app(
         app.register_blueprint(blueprint.blueprint)
     if settings.server.webui:
         app.register_blueprint(webui.blueprint)
+    app = install_edge(app, settings)
+
+    @app.before_serving
+    async def start_loading() -> None:
+        app.nursery.start_soon(_serve_model, state, settings, load or _load_runtime, on_load_failure)
+
+    @app.after_serving
+    async def free_model() -> None:
+        if state.runtime is not None:
+            runtime, state.runtime = state.runtime, None
+            state.status = Status.LOADING
+            await runtime.engine.aclose()
+
+    return app
+
+
+def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
+    """What every Bubo app does at its edge: CORS, the transport guard, request ids, the key, errors.
+
+    Shared by the single-model app and the router (``bubo.router``); the app's
+    :class:`ApiContext` carries the key.  Returns the app (CORS wraps it).
+    """
     if settings.server.cors_origins:
         origins = settings.server.cors_origins
         app = cors(
@@ -130,18 +152,6 @@ def create_app(
     app.register_error_handler(BuboError, _render)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
-
-    @app.before_serving
-    async def start_loading() -> None:
-        app.nursery.start_soon(_serve_model, state, settings, load or _load_runtime, on_load_failure)
-
-    @app.after_serving
-    async def free_model() -> None:
-        if state.runtime is not None:
-            runtime, state.runtime = state.runtime, None
-            state.status = Status.LOADING
-            await runtime.engine.aclose()
-
     return app
 
 

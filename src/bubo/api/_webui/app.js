@@ -159,7 +159,8 @@
     try {
       const models = await (await api("/v1/models")).json();
       state.model = models.data && models.data[0] ? models.data[0].id : null;
-      const props = await (await api("/props")).json();
+      // ?model= names the model to a router (bubo serve --models-dir); one model ignores it
+      const props = await (await api(`/props?model=${encodeURIComponent(state.model || "")}`)).json();
       state.nCtx = props.default_generation_settings ? props.default_generation_settings.n_ctx : null;
       $("model").textContent = `${state.model} · ${state.nCtx} tokens context`;
       $("key-overlay").hidden = true;

@@ -1,0 +1,103 @@
+"""The command line and environment of a model's child ``bubo serve``.
+
+A child inherits the router's flags (those that are not the router's own or
+the child's address) and its environment, as llama-server's instances do; it
+listens on 127.0.0.1 only and requires the router's own key, which travels
+in the environment (``BUBO_API_KEY``), never on the command line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bubo.config import OPTIONS, Option
+from bubo.errors import InvalidRequest
+
+from .catalog import CatalogEntry
+from .child import ROUTER_CHILD_ENV
+
+__all__ = ["CHILD_HOST", "child_command", "child_environment", "extra_args", "inherited_flags"]
+
+CHILD_HOST = "127.0.0.1"
+# Set by the router for each child; the router's own value of these never reaches a child.
+_RESERVED_DESTS = frozenset(
+    {
+        ("model", "path"),
+        ("model", "served_model_name"),
+        ("server", "host"),
+        ("server", "port"),
+        ("server", "api_key"),
+    }
+)
+
+
+def _reserved(option: Option) -> bool:
+    return option.dest in _RESERVED_DESTS or option.dest[0] == "router"
+
+
+def _long(option: Option) -> str:
+    return next(flag for flag in option.flags if flag.startswith("--"))
+
+
+def inherited_flags(cli_values: Mapping[str, str | list[str]]) -> tuple[str, ...]:
+    """The router's command-line flags a child repeats (``--flag=value``), from ``Option.key`` → text.
+
+    A repeatable option's values (a list) are repeated, one flag each, in order.
+    """
+    flags: list[str] = []
+    for option in OPTIONS:
+        if option.key not in cli_values or _reserved(option):
+            continue
+        value = cli_values[option.key]
+        flags.extend(f"{_long(option)}={text}" for text in ([value] if isinstance(value, str) else value))
+    return tuple(flags)
+
+
+def extra_args(value: Any) -> tuple[str, ...]:
+    """``extra_args`` of ``POST /models/load``: strings, none of them a flag the router sets.
+
+    Raises:
+        InvalidRequest: not an array of strings, or a reserved flag (``param`` names the element).
+
+    """
+    if not isinstance(value, list):
+        raise InvalidRequest("extra_args must be an array of strings", param="extra_args")
+    reserved = {flag for option in OPTIONS if _reserved(option) for flag in option.flags + option.off_flags}
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise InvalidRequest("extra_args must be an array of strings", param=f"extra_args[{index}]")
+        if item.partition("=")[0] in reserved:
+            raise InvalidRequest(
+                f"{item.partition('=')[0]} is set by the router for each model and cannot be an extra arg",
+                param=f"extra_args[{index}]",
+            )
+    return tuple(value)
+
+
+def child_command(
+    entry: CatalogEntry, port: int, inherited: Sequence[str], extra: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """``python -m bubo serve -m FILE --host 127.0.0.1 --port PORT --served-model-name NAME …``."""
+    return (
+        sys.executable,
+        "-m",
+        "bubo",
+        "serve",
+        "--model",
+        str(entry.path),
+        "--host",
+        CHILD_HOST,
+        "--port",
+        str(port),
+        "--served-model-name",
+        entry.name,
+        *inherited,
+        *extra,
+    )
+
+
+def child_environment(environ: Mapping[str, str], child_key: str) -> dict[str, str]:
+    """The router's environment with the child's key in place of the router's, and the child's mark."""
+    return {**environ, "BUBO_API_KEY": child_key, ROUTER_CHILD_ENV: "1"}

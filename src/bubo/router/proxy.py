@@ -1,0 +1,179 @@
+"""Forwarding one request to a child and its response back, byte for byte as it arrives.
+
+The request goes out with the router's request id and the child's key in
+place of the client's; the response streams back through :class:`ProxiedBody`
+(Quart's ``ResponseBody`` contract): each chunk is passed on as soon as httpx
+reads it, and leaving the body (the client went away: quart-trio cancels the
+request) closes the upstream response, so the child sees the disconnect and
+frees its slot.  A child that dies before answering gives a 503 in the
+dialect's error shape; one that dies mid-stream ends an event stream with the
+dialect's error event.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+import trio
+from quart import Response
+from quart.wrappers.response import ResponseBody
+from werkzeug.datastructures import Headers
+
+from bubo.api._errors import error_envelope
+from bubo.api._json import dumps, unstructure
+from bubo.api.anthropic.errors import error_envelope as anthropic_error_envelope
+from bubo.errors import BuboError
+
+__all__ = ["Dialect", "ProxiedBody", "forward", "forwarded_headers"]
+
+logger = logging.getLogger(__name__)
+
+# Headers that belong to one connection, not to the message (RFC 9110, 7.6.1), plus those the
+# router sets itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "x-request-id"}
+_NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"date", "server", "x-request-id"}
+CLOSE_UPSTREAM_S = 2.0  # closing the child's response after the client left
+
+Failure = Callable[[], Awaitable[BuboError]]
+ErrorFrame = Callable[[BuboError, int], bytes]  # the error, the number of events already passed on
+Dialect = Literal["anthropic", "responses", "openai"]  # whose error event ends a broken stream
+
+
+def forwarded_headers(
+    incoming: Iterable[tuple[str, str]], child: Mapping[str, str], request_id: str
+) -> list[tuple[str, str]]:
+    """The headers sent to the child: the client's, less its key and the hop-by-hop ones."""
+    headers = [(k, v) for k, v in incoming if k.lower() not in _NOT_FORWARDED_UP]
+    headers.extend(child.items())
+    headers.append(("X-Request-Id", request_id))
+    return headers
+
+
+async def forward(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    *,
+    failure: Failure,
+    dialect: Dialect,
+    request_id: str,
+) -> Response:
+    """Send *request* to the child and answer with its response, streamed.
+
+    Raises:
+        BuboError: the child could not be reached or closed the connection before answering
+            (*failure* says which error, e.g. 503 ``model_failed``).
+
+    """
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.TransportError as error:
+        logger.warning("the child did not answer %s %s: %r", request.method, request.url.path, error)
+        raise await failure() from error
+    headers = Headers(
+        [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in _NOT_FORWARDED_DOWN]
+    )
+    event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    body = ProxiedBody(
+        upstream, failure=failure, error_frame=_error_frame(dialect, request_id) if event_stream else None
+    )
+    response = Response(body, status=upstream.status_code, headers=headers)
+    response.timeout = None  # the child applies its own limits; a long stream must not be cut here
+    return response
+
+
+class ProxiedBody(ResponseBody):
+    """The child's response body, passed on chunk by chunk; leaving it closes the child's response.
+
+    A task in the body's own nursery reads the child's response and hands each
+    chunk on at once (``send_nowait``: it only ever waits on the network, so
+    cancelling it unwinds httpx's readers cleanly; what it holds is what the
+    client has not read yet of one response).  Leaving the body cancels the
+    reader and closes the connection to the child.
+    """
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        *,
+        failure: Failure,
+        error_frame: ErrorFrame | None,
+    ) -> None:
+        self._upstream = upstream
+        self._failure = failure
+        self._error_frame = error_frame
+        self._frames_sent = 0  # complete server-sent events passed on (the next sequence_number)
+        self._stack = AsyncExitStack()
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> AsyncIterator[bytes]:
+        send, receive = trio.open_memory_channel[bytes](math.inf)
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._nursery.start_soon(self._read, send)
+        self._stack.push_async_callback(receive.aclose)
+        return receive
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        try:
+            await self._stack.aclose()
+        finally:
+            # Shielded so that a cancelled request (the client left) still closes the connection to
+            # the child at once, which is how the child learns to stop generating.
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
+                await self._upstream.aclose()
+
+    async def _read(self, send: trio.MemorySendChannel[bytes]) -> None:
+        async with send:
+            try:
+                async for chunk in self._upstream.aiter_raw():
+                    self._frames_sent += chunk.count(b"\n\n")
+                    send.send_nowait(chunk)
+            except httpx.TransportError:
+                error = await self._failure()
+                logger.warning("the child stopped while streaming a response: %s", error.message)
+                if self._error_frame is not None:
+                    send.send_nowait(self._error_frame(error, self._frames_sent))
+
+
+def _error_frame(dialect: Dialect, request_id: str) -> ErrorFrame:
+    """The event that ends a stream whose child died, in the stream's dialect (``api/*/stream.py``)."""
+
+    def frame(error: BuboError, sequence_number: int) -> bytes:
+        if dialect == "anthropic":
+            return _sse("error", unstructure(anthropic_error_envelope(error, request_id)))
+        if dialect == "responses":
+            data = {"code": error.code, "message": error.message, "param": error.param}
+            return _sse("error", {"type": "error", "sequence_number": sequence_number, **data})
+        return _sse(None, unstructure(error_envelope(error)))
+
+    return frame
+
+
+def _sse(event: str | None, data: Any) -> bytes:
+    prefix = f"event: {event}\n" if event is not None else ""
+    return f"{prefix}data: {dumps(data)}\n\n".encode()

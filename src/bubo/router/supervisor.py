@@ -1,0 +1,271 @@
+"""Child processes: started on first use, health-checked over HTTP, stopped by PID.
+
+The :class:`Supervisor` owns a nursery tied to the app's lifespan; each
+instance runs in it as ``trio.run_process`` (the process is reaped there, its
+exit code recorded), beside a task that polls the child's ``/ready`` until it
+answers 200 or the load timeout passes.  Stopping an instance cancels its
+scope: ``run_process`` then delivers SIGTERM (SIGKILL to one still loading)
+and SIGKILL after the grace period.  Nothing outlives the nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from bubo.errors import InvalidRequest, ServiceUnavailable
+
+from .catalog import CatalogEntry
+from .command import CHILD_HOST, child_command, child_environment
+from .registry import Instance, ModelRecord, Registry, exit_code_of
+
+__all__ = ["ChildCommand", "Supervisor", "SupervisorConfig"]
+
+logger = logging.getLogger(__name__)
+
+READY_POLL_S = 0.2  # between two /ready probes of a loading child
+READY_PROBE_TIMEOUT_S = 5.0  # one probe
+# After SIGTERM a child drains for its own --shutdown-timeout, interrupts what still runs (up to 10 s)
+# and flushes (2 s); past this margin on top of that it gets SIGKILL.
+STOP_MARGIN_S = 15.0
+
+
+ChildCommand = Callable[[CatalogEntry, int, Sequence[str], Sequence[str]], tuple[str, ...]]
+"""A child's command line from (model, port, inherited flags, extra args): ``child_command`` unless a test
+injects another."""
+
+
+@attrs.frozen(kw_only=True)
+class SupervisorConfig:
+    """How children are started and stopped."""
+
+    inherited: tuple[str, ...] = ()  # the router's flags each child repeats
+    environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
+    child_key: str = attrs.field(repr=False)  # the key children require (the router sends it)
+    models_max: int = 4  # 0: no limit
+    load_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0 + STOP_MARGIN_S
+    command: ChildCommand = child_command
+
+
+class Supervisor:
+    """Loads, watches and stops the children of one router app."""
+
+    def __init__(self, registry: Registry, client: httpx.AsyncClient, config: SupervisorConfig) -> None:
+        self.registry = registry
+        self._client = client
+        self._config = config
+        self._nursery: trio.Nursery | None = None
+        self._load_lock = trio.Lock()  # one load (making room, spawning) at a time
+        self._closed = False
+
+    @property
+    def child_headers(self) -> dict[str, str]:
+        """What the router sends a child to be let in."""
+        return {"Authorization": f"Bearer {self._config.child_key}"}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the children's nursery until :meth:`aclose` (start with ``nursery.start``)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def aclose(self) -> None:
+        """Stop every child (SIGTERM, then SIGKILL after the grace period) and wait until all are gone."""
+        self._closed = True
+        running = [r.instance for r in self.registry.running() if r.instance is not None]
+        for instance in running:
+            instance.request_stop()
+        for instance in running:
+            await instance.exited.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def ensure_loaded(self, record: ModelRecord, *, autoload: bool) -> Instance:
+        """The model's loaded instance, loading it first (and waiting) when *autoload* allows.
+
+        Raises:
+            InvalidRequest: not loaded and autoload is off (``model_not_loaded``).
+            ServiceUnavailable: the model failed to load (``model_failed``), or the router stops.
+
+        """
+        while True:
+            instance = record.instance
+            if instance is None:
+                if not autoload:
+                    raise InvalidRequest(
+                        f"model {record.name!r} is not loaded: load it with POST /models/load, or "
+                        "ask with ?autoload=true",
+                        code="model_not_loaded",
+                        param="model",
+                    )
+                instance = await self.load(record)
+            if instance.stopping:  # being unloaded: wait until it is gone, then load it again
+                await instance.exited.wait()
+                continue
+            await instance.settled.wait()
+            if instance.loaded and not instance.stopping:
+                return instance
+            if instance.failed:
+                raise self.failure(instance)
+            # unloaded while it loaded: try again
+
+    async def load(self, record: ModelRecord, extra: Sequence[str] = ()) -> Instance:
+        """Start a child for *record* (unloading the least recently used model when at the limit).
+
+        Returns at once with the loading instance, or the one already running.
+        """
+        async with self._load_lock:
+            self._check_open()
+            if record.instance is not None:
+                return record.instance
+            await self._make_room(record)
+            self._check_open()
+            assert self._nursery is not None  # run() started before serving
+            port = _free_port()
+            instance = Instance(
+                model=record.name,
+                port=port,
+                args=self._config.command(record.entry, port, self._config.inherited, extra),
+            )
+            record.start(instance, trio.current_time())
+            self._nursery.start_soon(self._supervise, record, instance)
+            logger.info("loading model %s on port %d", record.name, port)
+            return instance
+
+    def unload(self, record: ModelRecord) -> None:
+        """Ask the model's child to stop; it drains its running requests first."""
+        if record.instance is not None:
+            logger.info("unloading model %s", record.name)
+            record.instance.request_stop()
+
+    def failure(self, instance: Instance) -> ServiceUnavailable:
+        """The 503 for requests to an *instance* that failed."""
+        if instance.load_timed_out:
+            why = f"did not become ready within {self._config.load_timeout_s:g} s (--models-load-timeout)"
+        elif instance.spawn_failed:
+            why = "could not be started"
+        else:
+            why = f"exited with status {instance.exit_code}"
+        return ServiceUnavailable(
+            f"model {instance.model!r} failed: its process {why}; the next request loads it again",
+            code="model_failed",
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ServiceUnavailable("the server is shutting down", code="not_ready")
+
+    async def _make_room(self, record: ModelRecord) -> None:
+        """Unload least recently used models until one more fits under ``--models-max``."""
+        limit = self._config.models_max
+        while limit > 0 and len(self.registry.running()) >= limit:
+            victim = self.registry.least_recently_used(besides=record)
+            if victim is not None and victim.instance is not None:
+                logger.info("--models-max %d reached: unloading %s (least recently used)", limit, victim.name)
+                victim.instance.request_stop()
+                await victim.instance.exited.wait()
+            else:  # every other one is stopping already
+                stopping = next(r.instance for r in self.registry.running() if r.instance is not None)
+                await stopping.exited.wait()
+
+    async def _supervise(self, record: ModelRecord, instance: Instance) -> None:
+        """Run *instance*'s process until it exits or is stopped; record how it ended."""
+        environ = child_environment(self._config.environ, self._config.child_key)
+        process: trio.Process | None = None
+        try:
+            with instance.scope:
+                async with trio.open_nursery() as nursery:
+
+                    async def child(*, task_status: trio.TaskStatus[trio.Process]) -> None:
+                        await trio.run_process(
+                            list(instance.args),
+                            env=environ,
+                            stdin=subprocess.PIPE,  # held open while the router lives (child.py)
+                            check=False,
+                            deliver_cancel=partial(self._stop_process, instance),
+                            task_status=task_status,
+                        )
+                        nursery.cancel_scope.cancel()  # it exited on its own: stop probing
+
+                    try:
+                        process = await nursery.start(child)
+                    except OSError:
+                        logger.exception("could not start the process of model %s", record.name)
+                        instance.spawn_failed = True
+                    else:
+                        instance.pid = process.pid
+                        nursery.start_soon(self._watch_ready, instance)
+        finally:  # also when the app's nursery is cancelled: run_process has reaped the process by now
+            self._finish(record, instance, process)
+
+    def _finish(self, record: ModelRecord, instance: Instance, process: trio.Process | None) -> None:
+        if process is not None and isinstance(process.stdin, trio.lowlevel.FdStream):
+            process.stdin.close()  # the pipe the child watched
+        returncode = process.returncode if process is not None else None
+        exit_code = exit_code_of(returncode) if returncode is not None else -1
+        instance.mark_exited(exit_code)
+        record.finish(instance)
+        if instance.failed:
+            logger.error("model %s failed: %s", record.name, self.failure(instance).message)
+        else:
+            logger.info("model %s unloaded (exit status %d)", record.name, exit_code)
+
+    async def _stop_process(self, instance: Instance, process: trio.Process) -> None:
+        """SIGTERM (the child drains), SIGKILL after the grace period; SIGKILL at once while loading."""
+        if instance.loaded:
+            process.terminate()
+            await trio.sleep(self._config.stop_grace_s)
+            logger.warning(
+                "model %s did not stop within %.0f s: SIGKILL", instance.model, self._config.stop_grace_s
+            )
+        process.kill()
+
+    async def _watch_ready(self, instance: Instance) -> None:
+        """Poll the child's ``/ready`` until 200, then take its ``/v1/models`` entry; stop it if too slow."""
+        with trio.move_on_after(self._config.load_timeout_s):
+            while not await self._probe(instance):  # noqa: ASYNC110 - another process: HTTP is the signal
+                await trio.sleep(READY_POLL_S)
+            instance.mark_loaded(await self._model_info(instance))
+            logger.info("model %s is loaded (pid %s, port %d)", instance.model, instance.pid, instance.port)
+            return
+        instance.load_timed_out = True
+        instance.scope.cancel()
+
+    async def _probe(self, instance: Instance) -> bool:
+        try:
+            response = await self._client.get(
+                f"{instance.base_url}/ready", headers=self.child_headers, timeout=READY_PROBE_TIMEOUT_S
+            )
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def _model_info(self, instance: Instance) -> dict[str, Any]:
+        """The child's first ``/v1/models`` entry (context length and such), or nothing."""
+        try:
+            response = await self._client.get(
+                f"{instance.base_url}/v1/models", headers=self.child_headers, timeout=READY_PROBE_TIMEOUT_S
+            )
+            data = response.json()["data"][0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return {}
+        return dict(data) if isinstance(data, dict) else {}
+
+
+def _free_port() -> int:
+    """A free loopback port for a child (llama-server's way: bind port 0, read it, close)."""
+    with socket.socket() as probe:
+        probe.bind((CHILD_HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port

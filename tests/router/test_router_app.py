@@ -1,0 +1,373 @@
+"""The router over stand-in children (real processes, no model): statuses, forwarding, failures.
+
+Each child is ``stand_in_child.py`` (see there): it requires the key the router
+gives it, echoes what it receives, streams behind a gate file, and dies on
+request, so these tests check the router's side alone; tests/e2e/test_router.py
+runs real ``bubo serve`` children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from quart_trio import QuartTrio
+
+from bubo.config import load_settings
+from bubo.router import create_router_app, drain
+from bubo.router.catalog import CatalogEntry
+from bubo.router.context import ROUTER_KEY, RouterContext
+from bubo.router.registry import Instance, ModelRecord
+
+from .._asgi import exchange
+
+STAND_IN = Path(__file__).with_name("stand_in_child.py")
+KEY = "router-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+WAIT_S = 20  # bound on each wait for a child (start-up of a Python process on a busy machine)
+
+
+def stand_in(
+    entry: CatalogEntry, port: int, inherited: Sequence[str], extra: Sequence[str]
+) -> tuple[str, ...]:
+    return (
+        sys.executable,
+        str(STAND_IN),
+        "--port",
+        str(port),
+        "--served-model-name",
+        entry.name,
+        *inherited,
+        *extra,
+    )
+
+
+def models_dir(tmp_path: Path, *names: str) -> Path:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in names:
+        (folder / f"{name}.gguf").write_bytes(b"GGUF")
+    return folder
+
+
+async def make_router(
+    tmp_path: Path, *names: str, keyed: bool = True, **flags: str
+) -> AsyncIterator[QuartTrio]:
+    values = {"router__models_dir": str(models_dir(tmp_path, *names)), **flags}
+    if keyed:
+        values["server__api_key"] = KEY
+    app = create_router_app(
+        load_settings(values, environ={}),
+        inherited=("--ctx-size=512",),
+        environ=dict(os.environ),
+        command=stand_in,
+    )
+    async with app.test_app() as test_app:
+        yield test_app  # type: ignore[misc]
+
+
+@pytest.fixture(name="router")
+async def _router(tmp_path: Path) -> AsyncIterator[QuartTrio]:
+    """A router over models a, b and broken, with an API key."""
+    async for app in make_router(tmp_path, "a", "b", "broken"):
+        yield app
+
+
+def context(app: QuartTrio) -> RouterContext:
+    return app.app.extensions[ROUTER_KEY]  # type: ignore[attr-defined,no-any-return]
+
+
+async def settled(record: ModelRecord) -> Instance:
+    """The record's instance once it is loaded or has ended (event-driven, bounded)."""
+    instance = record.instance or record.last
+    assert instance is not None
+    with trio.fail_after(WAIT_S):
+        await instance.settled.wait()
+    return instance
+
+
+async def exited(instance: Instance) -> None:
+    with trio.fail_after(WAIT_S):
+        await instance.exited.wait()
+
+
+async def statuses(app: QuartTrio) -> dict[str, dict[str, Any]]:
+    response = await app.test_client().get("/models", headers=AUTH)
+    assert response.status_code == 200
+    return {m["id"]: m["status"] for m in (await response.get_json())["data"]}
+
+
+async def post(app: QuartTrio, path: str, body: dict[str, Any], query: str = "") -> Any:
+    return await app.test_client().post(path + query, json=body, headers={**AUTH, "X-Request-Id": "req-42"})
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+class TestStatuses:
+    async def test_unloaded_loading_loaded_unloaded(self, router: QuartTrio) -> None:
+        """/models follows a model through POST /models/load and POST /models/unload."""
+        assert (await statuses(router))["a"] == {"value": "unloaded"}
+        response = await post(router, "/models/load", {"model": "a"})
+        assert await response.get_json() == {"success": True}
+        status = (await statuses(router))["a"]
+        assert status["value"] == "loading"
+        assert status["args"][-3:] == ["--served-model-name", "a", "--ctx-size=512"]
+        instance = await settled(context(router).registry.get("a"))
+        models = {
+            m["id"]: m
+            for m in (await (await router.test_client().get("/v1/models", headers=AUTH)).get_json())["data"]
+        }
+        assert models["a"]["status"]["value"] == "loaded"
+        assert models["a"]["context_length"] == 99  # the child's own entry, merged
+        assert (await post(router, "/models/unload", {"model": "a"})).status_code == 200
+        await exited(instance)
+        assert (await statuses(router))["a"] == {"value": "unloaded", "args": list(instance.args)}
+        assert process_gone(instance.pid or 0)
+
+    async def test_load_and_unload_refuse_what_makes_no_sense(self, router: QuartTrio) -> None:
+        """Unknown model 404, loading a running one or unloading an unloaded one 400, extra_args off 400."""
+        unknown = await post(router, "/models/load", {"model": "zzz"})
+        assert unknown.status_code == 404
+        assert (await unknown.get_json())["error"]["code"] == "model_not_found"
+        not_loaded = await post(router, "/models/unload", {"model": "a"})
+        assert (await not_loaded.get_json())["error"]["code"] == "model_not_loaded"
+        extra = await post(router, "/models/load", {"model": "a", "extra_args": ["-c", "64"]})
+        assert extra.status_code == 400
+        assert (await extra.get_json())["error"]["param"] == "extra_args"
+        await post(router, "/models/load", {"model": "a"})
+        again = await post(router, "/models/load", {"model": "a"})
+        assert (await again.get_json())["error"]["code"] == "model_already_loaded"
+
+    async def test_a_model_that_cannot_load_is_failed_with_its_exit_code(self, router: QuartTrio) -> None:
+        """A child that exits while loading: 503 model_failed, and unloaded/failed/exit_code in /models."""
+        response = await post(router, "/v1/chat/completions", {"model": "broken", "messages": []})
+        assert response.status_code == 503
+        error = (await response.get_json())["error"]
+        assert error["code"] == "model_failed"
+        assert "status 3" in error["message"]
+        status = (await statuses(router))["broken"]
+        assert (status["value"], status["failed"], status["exit_code"]) == ("unloaded", True, 3)
+
+    async def test_extra_args_reach_the_child_when_allowed(self, tmp_path: Path) -> None:
+        """With --models-allow-extra-args, extra_args end the child's command line."""
+        async for app in make_router(tmp_path, "a", router__models_allow_extra_args="on"):
+            response = await post(app, "/models/load", {"model": "a", "extra_args": ["--temp=0.1"]})
+            assert response.status_code == 200
+            await settled(context(app).registry.get("a"))
+            echo = await (await post(app, "/completion", {"model": "a"})).get_json()
+            assert echo["argv"][-2:] == ["--ctx-size=512", "--temp=0.1"]
+
+
+class TestForwarding:
+    async def test_post_goes_by_its_model_field_with_the_child_s_key_and_the_request_id(
+        self, router: QuartTrio
+    ) -> None:
+        """The right child answers; it sees the router's key for it, not the client's, and the request id."""
+        for model in ("a", "b"):
+            response = await post(router, "/v1/chat/completions", {"model": model, "messages": []}, "?x=1")
+            assert response.status_code == 200
+            echo = await response.get_json()
+            assert (echo["model"], echo["path"], echo["query"]) == (model, "/v1/chat/completions", "x=1")
+            assert echo["body"] == {"model": model, "messages": []}
+            assert echo["headers"]["x-request-id"] == "req-42"
+            assert KEY not in echo["headers"]["authorization"]
+            assert response.headers["X-Request-Id"] == "req-42"
+
+    async def test_get_goes_by_its_model_query_or_to_the_one_loaded_model(self, router: QuartTrio) -> None:
+        """?model= picks the child; without it, the one loaded model, and 400 when two are loaded."""
+        client = router.test_client()
+        echo = await (await client.get("/props?model=b", headers=AUTH)).get_json()
+        assert (echo["model"], echo["path"]) == ("b", "/props")
+        echo = await (await client.get("/slots", headers=AUTH)).get_json()
+        assert echo["model"] == "b"
+        await post(router, "/completion", {"model": "a"})
+        ambiguous = await client.get("/slots", headers=AUTH)
+        assert ambiguous.status_code == 400
+        assert (await ambiguous.get_json())["error"]["code"] == "missing_model"
+        own = await (await client.get("/props", headers=AUTH)).get_json()
+        assert own["role"] == "router"
+
+    async def test_errors_have_the_shape_of_the_path_s_dialect(self, router: QuartTrio) -> None:
+        """Unknown model: 404 model_not_found, OpenAI's envelope or Anthropic's on /v1/messages."""
+        openai = await post(router, "/v1/chat/completions", {"model": "zzz"})
+        assert openai.status_code == 404
+        assert (await openai.get_json())["error"]["code"] == "model_not_found"
+        anthropic = await post(router, "/v1/messages", {"model": "zzz"})
+        assert anthropic.status_code == 404
+        body = await anthropic.get_json()
+        assert (body["type"], body["error"]["type"], body["error"]["code"]) == (
+            "error",
+            "not_found_error",
+            "model_not_found",
+        )
+
+    async def test_the_router_enforces_the_body_limit(self, tmp_path: Path) -> None:
+        """--max-body-mib applies at the router: 413 in the dialect's shape, nothing loaded."""
+        async for app in make_router(tmp_path, "a", server__max_body_mib="1"):
+            big = {"model": "a", "prompt": "x" * (1024 * 1024)}
+            response = await post(app, "/v1/messages", big)
+            assert response.status_code == 413
+            assert (await response.get_json())["error"]["type"] == "request_too_large"
+            assert context(app).registry.get("a").instance is None
+
+    async def test_the_router_checks_the_client_s_key(self, router: QuartTrio) -> None:
+        """Without the router's key: 401 before anything is forwarded or loaded."""
+        response = await router.test_client().post("/v1/chat/completions", json={"model": "a"})
+        assert response.status_code == 401
+        assert context(router).registry.get("a").instance is None
+
+    async def test_the_chat_page_is_the_router_s_own(self, router: QuartTrio) -> None:
+        """/ and its files are served by the router, without the key, and load no model."""
+        page = await router.test_client().get("/")
+        assert page.status_code == 200
+        assert "text/html" in page.headers["Content-Type"]
+        script = await router.test_client().get("/webui/app.js")
+        assert script.status_code == 200
+        assert all(record.instance is None for record in context(router).registry.records.values())
+
+    async def test_without_autoload_an_unloaded_model_is_400_unless_the_request_asks(
+        self, tmp_path: Path
+    ) -> None:
+        """--no-models-autoload: 400 model_not_loaded; ?autoload=true loads it anyway."""
+        async for app in make_router(tmp_path, "a", router__models_autoload="off"):
+            refused = await post(app, "/completion", {"model": "a"})
+            assert refused.status_code == 400
+            assert (await refused.get_json())["error"]["code"] == "model_not_loaded"
+            allowed = await post(app, "/completion", {"model": "a"}, "?autoload=true")
+            assert (await allowed.get_json())["model"] == "a"
+
+    async def test_models_max_unloads_the_least_recently_used(self, tmp_path: Path) -> None:
+        """--models-max 1: a request for b stops a's child first."""
+        async for app in make_router(tmp_path, "a", "b", router__models_max="1"):
+            first = await (await post(app, "/completion", {"model": "a"})).get_json()
+            await (await post(app, "/completion", {"model": "b"})).get_json()
+            current = await statuses(app)
+            assert (current["a"]["value"], current["b"]["value"]) == ("unloaded", "loaded")
+            assert "failed" not in current["a"]
+            assert process_gone(first["pid"])
+
+
+@pytest.fixture(name="open_router")
+async def _open_router(tmp_path: Path) -> AsyncIterator[QuartTrio]:
+    """A router over model a without an API key (raw ASGI exchanges send none)."""
+    async for app in make_router(tmp_path, "a", keyed=False):
+        yield app
+
+
+class TestStreams:
+    async def test_the_first_event_arrives_while_the_child_still_works(
+        self, open_router: QuartTrio, tmp_path: Path
+    ) -> None:
+        """Nothing is buffered: the first chunk reaches the client before the child sends the rest."""
+        gate = tmp_path / "gate"
+        body = {"model": "a", "stream": True, "gate": str(gate)}
+        async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+            first = await ex.receive_chunk()
+            assert first == b'data: {"model": "a", "n": 0}\n\n'  # alone: the rest is not sent yet
+            assert ex.status == 200
+            gate.write_text("go")
+            rest = await ex.read_all()
+        assert rest.endswith(b"data: [DONE]\n\n")
+
+    async def test_a_client_that_leaves_closes_the_child_s_stream(
+        self, open_router: QuartTrio, tmp_path: Path
+    ) -> None:
+        """The router closes its connection to the child, which sees its client gone."""
+        left = tmp_path / "left"
+        body = {"model": "a", "stream": True, "chunks": 10_000, "pause": 0.005, "left": str(left)}
+        async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+            await ex.receive_chunk()
+            await ex.receive_chunk()
+            await ex.disconnect()
+        with trio.fail_after(WAIT_S):
+            while not left.exists():  # another process writes it
+                await trio.sleep(0.01)
+
+    @pytest.mark.parametrize(
+        ("path", "event", "read"),
+        [
+            ("/v1/chat/completions", None, lambda data: data["error"]),
+            ("/v1/messages", b"error", lambda data: data["error"]),
+            ("/v1/responses", b"error", lambda data: data),
+        ],
+    )
+    async def test_a_child_that_dies_mid_stream_ends_it_with_the_dialect_s_error_event(
+        self, open_router: QuartTrio, path: str, event: bytes | None, read: Any
+    ) -> None:
+        """503 model_failed with the exit status, as the dialect's own error event ends a stream."""
+        body = {"model": "a", "stream": True, "die": "during"}
+        async with exchange(open_router.app, path, json.dumps(body).encode()) as ex:
+            data = await ex.read_all()
+        last = data.strip().split(b"\n\n")[-1].split(b"\n")
+        if event is None:
+            assert len(last) == 1
+        else:
+            assert last[0] == b"event: " + event
+        error = read(json.loads(last[-1].removeprefix(b"data: ")))
+        assert (error["code"], "status 3" in error["message"]) == ("model_failed", True)
+        if path == "/v1/responses":
+            assert error["sequence_number"] == 1  # the child had sent one event
+
+    async def test_a_child_that_dies_fails_its_request_and_the_next_reloads_it(
+        self, router: QuartTrio
+    ) -> None:
+        """503 model_failed (Anthropic's shape on /v1/messages), failed in /models, then a fresh child."""
+        first = await (await post(router, "/completion", {"model": "a"})).get_json()
+        died = await post(router, "/v1/messages", {"model": "a", "die": "before"})
+        assert died.status_code == 503
+        body = await died.get_json()
+        assert (body["error"]["type"], body["error"]["code"]) == ("overloaded_error", "model_failed")
+        status = (await statuses(router))["a"]
+        assert (status["failed"], status["exit_code"]) == (True, 3)
+        again = await (await post(router, "/completion", {"model": "a"})).get_json()
+        assert again["model"] == "a"
+        assert again["pid"] != first["pid"]
+
+
+async def test_a_drain_lets_running_streams_finish_and_refuses_new_requests(
+    open_router: QuartTrio, tmp_path: Path
+) -> None:
+    """On SIGTERM the children drain while the router forwards their last bytes; newcomers get 503."""
+    gate = tmp_path / "gate"
+    body = {"model": "a", "stream": True, "gate": str(gate)}
+    async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+        await ex.receive_chunk()
+        instance = context(open_router).registry.get("a").instance
+        assert instance is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, open_router.app, 5.0)
+            await trio.testing.wait_all_tasks_blocked()
+            refused = await open_router.test_client().post("/completion", json={"model": "a"})
+            assert refused.status_code == 503
+            assert (await refused.get_json())["error"]["code"] == "not_ready"
+            assert (await open_router.test_client().get("/ready")).status_code == 503
+            gate.write_text("go")
+            rest = await ex.read_all()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    assert instance.exited.is_set()
+    assert not instance.failed
+    assert process_gone(instance.pid or 0)
+
+
+async def test_shutdown_leaves_no_child_behind(tmp_path: Path) -> None:
+    """Leaving the app's lifespan stops every child; their PIDs are gone."""
+    pids: list[int] = []
+    async for app in make_router(tmp_path, "a", "b"):
+        for model in ("a", "b"):
+            echo = await (await post(app, "/completion", {"model": model})).get_json()
+            pids.append(echo["pid"])
+        assert not any(process_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
