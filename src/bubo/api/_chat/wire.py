@@ -6,7 +6,8 @@ https://platform.openai.com/docs/api-reference/chat/create
 the dialects rather than in one of them.  No logic here: :mod:`.translate` maps it
 to the domain.  Fields default to ``None`` so "not sent" is never confused with a
 default.  Extensions llama-server accepts (``top_k``, ``min_p``, ``repeat_penalty``,
-…) sit after the official fields.
+…) are inherited from :class:`~bubo.api._llama_fields.LlamaServerFields`, shared
+with the completion routes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
+
+from bubo.api._llama_fields import LlamaServerFields
 
 __all__ = [
     "AudioPart",
@@ -179,7 +182,7 @@ ReasoningEffort = Literal["off", "minimal", "low", "medium", "high", "xhigh", "m
 
 
 @attrs.frozen(kw_only=True)
-class ChatCompletionRequest:
+class ChatCompletionRequest(LlamaServerFields):
     """``POST /v1/chat/completions``; also llama-server's ``/apply-template`` and ``/debug/prompt``."""
 
     messages: list[ChatMessage] | None = None
@@ -204,35 +207,12 @@ class ChatCompletionRequest:
     top_logprobs: int | None = None
     top_p: float | None = None
     user: str | None = None
-    # llama-server extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
+    # llama-server's extensions (its samplers, grammar, json_schema, ignore_eos: LlamaServerFields)
     thinking: ThinkingSwitch | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # transformers' / vLLM's render switches (None: a final assistant message is continued)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
-    grammar: str | None = None  # llama-server: GBNF for the whole answer
-    json_schema: dict[str, Any] | None = None  # llama-server: a schema for the whole answer
-    # llama.cpp's other samplers and ignore_eos, as llama-server takes them here
-    ignore_eos: bool | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
     # llama-server: streamed prompt progress and per-chunk timings
     return_progress: bool | None = None
     timings_per_token: bool | None = None

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from bubo.api._llama_fields import LlamaServerFields
 from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
 
@@ -16,7 +17,7 @@ from bubo.api._usage import Timings, Usage
 
 
 @attrs.frozen(kw_only=True)
-class CompletionRequest:
+class CompletionRequest(LlamaServerFields):
     """``POST /completion``; ``max_tokens`` is accepted as an alias of ``n_predict``.
 
     ``prompt`` is one prompt (text, token ids, or both mixed) or several (an
@@ -29,41 +30,18 @@ class CompletionRequest:
     max_tokens: int | None = None
     stream: bool | None = None
     temperature: float | None = None
-    top_k: int | None = None
     top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n_probs: int | None = None
-    ignore_eos: bool | None = None
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
     cache_prompt: bool | None = None
     t_max_predict_ms: int | None = None
     return_progress: bool | None = None
     return_tokens: bool | None = None
     id_slot: int | None = None
-    grammar: str | None = None  # GBNF for the whole answer
-    json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
-    # llama.cpp's other samplers (llama-server's names)
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
     # context shift, indentation, and which result fields to send
     n_keep: int | None = None
     n_indent: int | None = None

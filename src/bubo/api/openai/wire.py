@@ -10,11 +10,12 @@ sit after the official fields.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
 from bubo.api._chat.wire import FunctionCall, StreamOptions
+from bubo.api._llama_fields import LlamaServerFields
 from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
 
@@ -22,7 +23,7 @@ from bubo.api._usage import Timings, Usage
 
 
 @attrs.frozen(kw_only=True)
-class CompletionRequest:
+class CompletionRequest(LlamaServerFields):
     """``POST /v1/completions``; ``prompt`` is text, token ids, or a list of one of them."""
 
     model: str | None = None
@@ -42,30 +43,7 @@ class CompletionRequest:
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None
-    # llama-server extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    grammar: str | None = None
-    json_schema: dict[str, Any] | None = None
-    # llama.cpp's other samplers and ignore_eos, as llama-server takes them here
-    ignore_eos: bool | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
+    # llama-server's extensions: LlamaServerFields
 
 
 # ---- responses -----------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""The request fields llama-server takes on every generating route, declared once.
+
+llama-server accepts its sampler settings, constraints and ``ignore_eos`` on
+``/completion`` and on the OpenAI routes alike; each dialect's request class
+inherits them from :class:`LlamaServerFields` (``api/_numbers.sampling_overrides``
+is the one mapping from these names to the domain's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["LlamaServerFields"]
+
+
+@attrs.frozen(kw_only=True)
+class LlamaServerFields:
+    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, and ``ignore_eos``."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    typical_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
+    grammar: str | None = None  # GBNF for the whole answer
+    json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
+    ignore_eos: bool | None = None
