@@ -11,6 +11,7 @@ import pytest
 
 from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
+from bubo.engine._sampler import look_back
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
@@ -151,3 +152,17 @@ class TestDry:
         plain = await ids(engine, tokenizer, GREEDY, text=REPETITIVE)
         off = attrs.evolve(GREEDY, dry_multiplier=0.8, dry_penalty_last_n=0)
         assert await ids(engine, tokenizer, off, text=REPETITIVE) == plain
+
+    async def test_a_window_beyond_the_context_is_the_context(self, engine, tokenizer) -> None:
+        """A window of 2**31 - 1 tokens samples as the whole context does, without asking llama.cpp to
+        allocate it (it would take 16 GiB for one DRY stage)."""
+        whole = attrs.evolve(GREEDY, dry_multiplier=0.8, dry_penalty_last_n=-1, repeat_penalty=1.1)
+        huge = attrs.evolve(whole, dry_penalty_last_n=2**31 - 1, repeat_last_n=2**31 - 1)
+        assert await ids(engine, tokenizer, huge, text=REPETITIVE) == await ids(
+            engine, tokenizer, whole, text=REPETITIVE
+        )
+
+
+def test_a_penalty_window_is_at_most_the_context() -> None:
+    """-1 is the context, a longer window is cut to it, a shorter one is kept, 0 stays off."""
+    assert [look_back(n, 512) for n in (-1, 2**31 - 1, 64, 0)] == [512, 512, 64, 0]

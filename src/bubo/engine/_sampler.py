@@ -92,9 +92,22 @@ class DryStages:
             self._built.clear()
 
 
+def look_back(last_n: int, n_ctx: int) -> int:
+    """A penalty's window in tokens: -1 (any negative) is the context, and none is longer than it.
+
+    llama.cpp allocates the window for each DRY and penalties stage (twice for
+    DRY, again for each clone) and never clamps it, so a request's
+    ``dry_penalty_last_n`` of 2**31 - 1 would ask for 16 GiB; a window longer
+    than the context changes nothing.
+    """
+    if last_n < 0:
+        return n_ctx
+    return min(last_n, n_ctx) if n_ctx > 0 else last_n
+
+
 def dry_key(params: SamplingParams, n_ctx: int) -> DryKey | None:
     """What the DRY stage of *params* is built from, or None when it is neutral (left out)."""
-    last_n = n_ctx if params.dry_penalty_last_n < 0 else params.dry_penalty_last_n
+    last_n = look_back(params.dry_penalty_last_n, n_ctx)
     if params.dry_multiplier == 0.0 or params.dry_base < 1.0 or last_n == 0:
         return None
     return (
@@ -138,8 +151,8 @@ class Sampler:
         self._dry: object | None = None
         self._grammar = None
         # -1 means the whole context, as in llama-server; llama.cpp itself reads any negative as 0 (off)
-        self.repeat_last_n = n_ctx if params.repeat_last_n < 0 else params.repeat_last_n
-        self.dry_last_n = n_ctx if params.dry_penalty_last_n < 0 else params.dry_penalty_last_n
+        self.repeat_last_n = look_back(params.repeat_last_n, n_ctx)
+        self.dry_last_n = look_back(params.dry_penalty_last_n, n_ctx)
         self._seed = secrets.randbits(32) if params.seed is None else params.seed & 0xFFFFFFFF
         add = self._add
         if grammar is not None:
