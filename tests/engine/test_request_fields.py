@@ -106,6 +106,16 @@ class TestContextShift:
         cold, _, _ = await run(shifting, follow_up, 8)
         assert warm == cold
 
+    async def test_a_shifted_slot_saves_only_what_it_kept(self, shifting, tokenizer, tmp_path) -> None:
+        """A slot file holds only exact cells: once restored, its cells are all taken as exact, so the
+        cells a shift moved must not be in it."""
+        prompt = tuple(tokenizer.encode(COUNTING))
+        await run(shifting, prompt, 400, n_keep=8)
+        saved = await shifting.save_slot(0, tmp_path / "shifted.bin")
+        assert saved.n_tokens <= 8 + 1  # n_keep after the BOS, if the model adds one
+        restored = await shifting.restore_slot(0, tmp_path / "shifted.bin")
+        assert restored.n_tokens == saved.n_tokens
+
     async def test_without_a_limit_it_stops_at_the_training_context(self, shifting, tokenizer) -> None:
         """As llama-server: no shifting forever; without n_predict the generation ends at n_ctx_train.
 

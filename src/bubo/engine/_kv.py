@@ -264,10 +264,13 @@ class SequenceCache:
     def save_file(self, path: Path) -> int:
         """Write the sequence's state and tokens to *path* (llama.cpp's format); return the bytes written.
 
+        Cells a context shift moved are dropped first: a restored file's cells are all taken as exact.
+
         Raises:
             EngineFailure: llama.cpp could not write it.
 
         """
+        self._drop_inexact()
         tokens = (llama_cpp.llama_token * len(self.tokens))(*self.tokens)
         written = llama_cpp.llama_state_seq_save_file(
             self._ctx, str(path).encode(), self.seq_id, tokens, len(self.tokens)

@@ -374,7 +374,9 @@ class LlamaEngine(SlotEngine):
         cache = self._context.caches[slot.id]
 
         def save() -> SlotFile:
-            return SlotFile(n_tokens=len(cache.tokens), n_bytes=cache.save_file(path))
+            n_bytes = cache.save_file(path)  # first: it drops the cells a context shift moved
+            slot.holds(len(cache.tokens))
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
 
         return await trio.to_thread.run_sync(self._loop.call, save)
 
