@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import importlib
+import threading
 
 import attrs
 import numpy as np
@@ -11,6 +13,7 @@ from tests.conftest import wait_until_ready
 
 from bubo.engine.fake import FakeEmbedder, FakeEngine
 from bubo.server import create_app
+from bubo.service.embeddings import MAX_EMBEDDING_FLOATS
 
 
 async def _app_with(settings, make_runtime, script, embedder):
@@ -136,3 +139,70 @@ class TestLlamaServer:
         response = await emb_app.test_client().post("/embedding", json={})
         assert response.status_code == 400
         assert (await response.get_json())["error"]["param"] == "content"
+
+
+class TestAnswerSize:
+    """An answer is bounded before anything is embedded, and built off the event loop."""
+
+    @staticmethod
+    async def _post(settings, make_runtime, script, embedder, path, body):
+        app = await _app_with(settings, make_runtime, script, embedder)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            response = await test_app.test_client().post(path, json=body)
+            return response.status_code, await response.get_json()
+
+    @pytest.mark.parametrize(("path", "param"), [("/v1/embeddings", "input"), ("/embedding", "content")])
+    async def test_pooled_over_the_limit(self, settings, make_runtime, script, path, param) -> None:
+        """Inputs x n_embd over MAX_EMBEDDING_FLOATS: 400 naming the inputs, saying how many and the limit."""
+        embedder = FakeEmbedder(n_tokens=16, n_embd=MAX_EMBEDDING_FLOATS // 2 + 1)
+        status, body = await self._post(
+            settings, make_runtime, script, embedder, path, {param: ["one", "two"]}
+        )
+        assert status == 400
+        assert body["error"]["param"] == param
+        assert body["error"]["code"] == "embedding_too_large"
+        assert f"{2 * embedder.n_embd:,} floats" in body["error"]["message"]
+        assert f"{MAX_EMBEDDING_FLOATS:,}" in body["error"]["message"]
+        assert embedder.inputs == []
+
+    async def test_unpooled_counts_every_token(self, settings, make_runtime, script) -> None:
+        """--pooling none: the tokens of all inputs x n_embd are bounded, though each input alone fits."""
+        embedder = FakeEmbedder(pooling="none", n_tokens=16, n_embd=300_000)
+        assert 8 * embedder.n_embd <= MAX_EMBEDDING_FLOATS < 16 * embedder.n_embd
+        status, body = await self._post(
+            settings, make_runtime, script, embedder, "/embedding", {"content": [[5] * 8, [6] * 8]}
+        )
+        assert status == 400
+        assert body["error"]["param"] == "content"
+        assert body["error"]["code"] == "embedding_too_large"
+        assert f"{16 * embedder.n_embd:,} floats" in body["error"]["message"]
+        assert embedder.inputs == []
+
+    @pytest.mark.parametrize(
+        ("value", "param"), [([999999] * 17, "input"), ([[1], [999999] * 17], "input[1]")]
+    )
+    async def test_length_is_checked_before_the_ids(self, emb_app, value, param) -> None:
+        """A list of ids longer than one batch is refused for its length, before its ids are read."""
+        response = await emb_app.test_client().post("/v1/embeddings", json={"input": value})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", param)
+
+    @pytest.mark.parametrize(
+        ("module", "path"),
+        [("bubo.api.openai.embeddings", "/v1/embeddings"), ("bubo.api.llamacpp.embedding", "/embedding")],
+    )
+    async def test_answer_is_built_in_a_worker(self, emb_app, monkeypatch, module, path) -> None:
+        """The floats' JSON is written in a worker thread, never on the event loop's."""
+        threads = []
+        real = importlib.import_module(module).dumps
+
+        def recording_dumps(value):
+            threads.append(threading.current_thread().name)
+            return real(value)
+
+        monkeypatch.setattr(f"{module}.dumps", recording_dumps)
+        response = await emb_app.test_client().post(path, json={"input": ["a", "b"]})
+        assert response.status_code == 200
+        assert threads == ["bubo-work"]

@@ -15,7 +15,24 @@ from bubo.errors import InvalidRequest, NotImplementedOnThisModel
 from .runtime import Runtime
 from .work import PREPARE_BYTES_PER_CHAR
 
-__all__ = ["Embedded", "EmbeddingInput", "embed", "normalize", "require_embedder"]
+__all__ = [
+    "ANSWER_BYTES_PER_FLOAT",
+    "MAX_EMBEDDING_FLOATS",
+    "Embedded",
+    "EmbeddingInput",
+    "embed",
+    "normalize",
+    "require_embedder",
+]
+
+MAX_EMBEDDING_FLOATS = 4_194_304
+"""Floats one embeddings request may return (16 MiB as float32): inputs x n_embd pooled, tokens x n_embd
+with ``--pooling none``.  Each float costs ≈ 72 bytes while its JSON answer is built (Python floats,
+lists, the text; measured: 4,194,304 floats peaked at 299 MB), so 2048 inputs of 512 tokens unpooled
+(≈ 600 M floats) would have needed ≈ 40 GB."""
+
+ANSWER_BYTES_PER_FLOAT = 72
+"""Peak working memory of building a JSON answer, per float it holds (see :data:`MAX_EMBEDDING_FLOATS`)."""
 
 EmbeddingInput = str | tuple[int, ...]
 """One input: a text (tokenized with the model's special tokens, as llama-server does) or token ids."""
@@ -46,16 +63,22 @@ async def embed(runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: st
     *param* names the request field; an input's errors name ``<param>[<index>]``
     (``<param>`` alone for a single input).
 
+    Every input is tokenized and checked, and the answer's size bounded, before any is embedded.
+
     Raises:
-        InvalidRequest: an empty input, a token id outside the vocabulary, or an
-            input longer than one batch (``--ubatch-size``).
+        InvalidRequest: an empty input, a token id outside the vocabulary, an
+            input longer than one batch (``--ubatch-size``), or an answer of
+            more than :data:`MAX_EMBEDDING_FLOATS` floats.
         NotImplementedOnThisModel: the server was started without ``--embeddings``.
 
     """
     embedder = require_embedder(runtime)
     if not inputs:
         raise InvalidRequest("the input is empty", param=param)
-    results = []
+    if embedder.pooling != "none":
+        _check_floats(len(inputs) * embedder.n_embd, f"{len(inputs)} inputs", embedder.n_embd, param=param)
+    token_lists: list[tuple[int, ...]] = []
+    n_tokens = 0
     for index, item in enumerate(inputs):
         where = param if len(inputs) == 1 else f"{param}[{index}]"
         chars = len(item) if isinstance(item, str) else 0
@@ -63,9 +86,26 @@ async def embed(runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: st
             functools.partial(_tokens, runtime, embedder, item, where),
             need_bytes=chars * PREPARE_BYTES_PER_CHAR,
         )
+        n_tokens += len(tokens)
+        if embedder.pooling == "none":
+            counted = f"{n_tokens} tokens" + (" so far" if index < len(inputs) - 1 else "")
+            _check_floats(n_tokens * embedder.n_embd, counted, embedder.n_embd, param=param)
+        token_lists.append(tokens)
+    results = []
+    for tokens in token_lists:
         vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
         results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
     return results
+
+
+def _check_floats(n_floats: int, what: str, n_embd: int, *, param: str) -> None:
+    if n_floats > MAX_EMBEDDING_FLOATS:
+        raise InvalidRequest(
+            f"the answer would hold {n_floats:,} floats ({what} x {n_embd} dimensions), more than "
+            f"the {MAX_EMBEDDING_FLOATS:,} one request may return; send fewer or shorter inputs",
+            code="embedding_too_large",
+            param=param,
+        )
 
 
 def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, param: str) -> tuple[int, ...]:
@@ -76,6 +116,7 @@ def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, pa
         tokens = tuple(tokenizer.encode(item, add_special=True, parse_special=False))
     else:
         tokens = item
+        _check_length(tokens, embedder, param)
         for index, token in enumerate(tokens):
             if not 0 <= token < tokenizer.n_vocab:
                 raise InvalidRequest(
@@ -84,6 +125,11 @@ def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, pa
                 )
     if not tokens:
         raise InvalidRequest("an input must not be empty", param=param)
+    _check_length(tokens, embedder, param)
+    return tokens
+
+
+def _check_length(tokens: tuple[int, ...], embedder: EmbeddingModel, param: str) -> None:
     if len(tokens) > embedder.n_tokens:
         raise InvalidRequest(
             f"the input has {len(tokens)} tokens, more than the {embedder.n_tokens} one embedding may "
@@ -91,7 +137,6 @@ def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, pa
             code="context_length_exceeded",
             param=param,
         )
-    return tokens
 
 
 def normalize(vector: npt.NDArray[np.float32], mode: int) -> npt.NDArray[np.float32]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -10,9 +12,9 @@ from quart import Response
 from bubo.api._context import require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import embedding_inputs
-from bubo.api._json import json_response
+from bubo.api._json import dumps
 from bubo.errors import InvalidRequest
-from bubo.service.embeddings import embed, normalize, require_embedder
+from bubo.service.embeddings import ANSWER_BYTES_PER_FLOAT, Embedded, embed, normalize, require_embedder
 
 from .routes import blueprint
 
@@ -52,13 +54,21 @@ async def embedding() -> Response:
     value, param = (body.input, "input") if body.input is not None else (body.content, "content")
     if value is None:
         raise InvalidRequest("content (or input) is required", code="missing_input", param="content")
-    results = await embed(runtime, embedding_inputs(value, param), param=param)
+    inputs = embedding_inputs(value, param, max_tokens=embedder.n_tokens)
+    results = await embed(runtime, inputs, param=param)
     mode = EUCLIDEAN if body.embd_normalize is None else body.embd_normalize
+    n_floats = sum(result.vectors.size for result in results)
+    # Up to MAX_EMBEDDING_FLOATS Python floats and their JSON: seconds of work, off the event loop.
+    text = await runtime.workers.run(
+        functools.partial(_answer, results, pooled=embedder.pooling != "none", mode=mode),
+        need_bytes=n_floats * ANSWER_BYTES_PER_FLOAT,
+    )
+    return Response(text, content_type="application/json")
+
+
+def _answer(results: Sequence[Embedded], *, pooled: bool, mode: int) -> str:
     answer = []
     for index, result in enumerate(results):
-        if embedder.pooling == "none":
-            rows = result.vectors.tolist()
-        else:
-            rows = [normalize(result.vectors, mode).tolist()]
+        rows = [normalize(result.vectors, mode).tolist()] if pooled else result.vectors.tolist()
         answer.append(EmbeddingResult(index=index, embedding=rows))
-    return json_response([attrs.asdict(item) for item in answer])
+    return dumps([attrs.asdict(item) for item in answer])

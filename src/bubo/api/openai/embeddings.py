@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import functools
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -11,9 +13,9 @@ from quart import Response
 from bubo.api._context import require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import embedding_inputs
-from bubo.api._json import json_response
+from bubo.api._json import dumps, unstructure
 from bubo.errors import InvalidRequest
-from bubo.service.embeddings import embed, normalize, require_embedder
+from bubo.service.embeddings import ANSWER_BYTES_PER_FLOAT, Embedded, embed, normalize, require_embedder
 
 from .routes import blueprint
 
@@ -71,7 +73,7 @@ async def embeddings() -> Response:
         runtime.check_model(body.model)
     if body.input is None:
         raise InvalidRequest("input is required", code="missing_input", param="input")
-    inputs = embedding_inputs(body.input, "input")
+    inputs = embedding_inputs(body.input, "input", max_tokens=embedder.n_tokens)
     if embedder.pooling == "none":
         raise InvalidRequest(
             "the server pools no embeddings (--pooling none gives a vector per token, which /v1/embeddings "
@@ -84,7 +86,17 @@ async def embeddings() -> Response:
             param="dimensions",
         )
     results = await embed(runtime, inputs, param="input")
-    as_base64 = body.encoding_format == "base64"
+    # Up to MAX_EMBEDDING_FLOATS Python floats and their JSON: seconds of work, off the event loop.
+    text = await runtime.workers.run(
+        functools.partial(
+            _answer, results, model=body.model or runtime.model_id, as_base64=body.encoding_format == "base64"
+        ),
+        need_bytes=sum(result.vectors.size for result in results) * ANSWER_BYTES_PER_FLOAT,
+    )
+    return Response(text, content_type="application/json")
+
+
+def _answer(results: Sequence[Embedded], *, model: str, as_base64: bool) -> str:
     data = []
     for index, result in enumerate(results):
         vector = normalize(result.vectors, EUCLIDEAN)
@@ -94,10 +106,5 @@ async def embeddings() -> Response:
         )
         data.append(EmbeddingData(embedding=encoded, index=index))
     n_tokens = sum(result.n_tokens for result in results)
-    return json_response(
-        EmbeddingList(
-            data=data,
-            model=body.model or runtime.model_id,
-            usage=EmbeddingUsage(prompt_tokens=n_tokens, total_tokens=n_tokens),
-        )
-    )
+    usage = EmbeddingUsage(prompt_tokens=n_tokens, total_tokens=n_tokens)
+    return dumps(unstructure(EmbeddingList(data=data, model=model, usage=usage)))
