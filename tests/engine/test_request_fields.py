@@ -10,10 +10,12 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, StopCause, TokenGenerated
 from bubo.domain.sampling import SamplingParams
+from bubo.engine._sampler import top_candidates
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
 pytestmark = pytest.mark.llama
@@ -186,3 +188,25 @@ class TestPostSamplingProbs:
         for entry in await self.logprobs(plain, tokenizer, sampling):
             assert len(entry.top) == 5
             assert entry.logprob < 0.0
+
+    async def test_top_k_0_gives_the_n_probs_most_probable(self, plain, tokenizer) -> None:
+        """With the whole vocabulary kept, the top is n_probs long, most probable first."""
+        sampling = SamplingParams(top_k=0, top_p=1.0, min_p=0.0, temperature=1.5, seed=7)
+        for entry in await self.logprobs(plain, tokenizer, sampling, post_sampling_probs=True):
+            values = [t.logprob for t in entry.top]
+            assert len(values) == 5
+            assert values == sorted(values, reverse=True)
+            assert entry.logprob <= values[0]
+
+
+class TestTopCandidates:
+    """The post-sampling top, chosen without sorting the whole candidate array."""
+
+    @pytest.mark.parametrize("n_top", [0, 1, 3, 7, 50])
+    def test_it_is_what_a_stable_sort_of_everything_gives(self, n_top: int) -> None:
+        rng = np.random.default_rng(n_top)
+        probabilities = rng.choice([0.0, 0.05, 0.1, 0.2], size=40).astype(np.float64)  # many ties, zeros
+        ids = rng.permutation(1000)[:40].astype(np.int32)
+        order = np.argsort(-probabilities, kind="stable")
+        expected = [(int(ids[i]), float(probabilities[i])) for i in order if probabilities[i] > 0][:n_top]
+        assert top_candidates(ids, probabilities, n_top) == expected

@@ -118,7 +118,8 @@ class Sequence:
         self._shifts = 0
         self._discarded = 0  # tokens the shifts dropped from the sequence
         self._indent = _IndentLimit(request.n_indent)
-        self._candidates: tuple[int, list[tuple[int, float]]] | None = None  # the last sample's, post chain
+        # the last sample's token, its probability and the top, post chain
+        self._candidates: tuple[int, float, list[tuple[int, float]]] | None = None
 
     # ---- what the loop asks ------------------------------------------------------------------
 
@@ -316,9 +317,10 @@ class Sequence:
         assert sampler is not None
         if not self.request.post_sampling_probs or self.request.n_probs is None:
             return sampler.sample(self._context.ctx, index)
-        token, candidates = sampler.sample_candidates(self._context.ctx, index, self._context.n_vocab)
-        self._candidates = (token, candidates)
-        return token
+        self._candidates = sampler.sample_candidates(
+            self._context.ctx, index, self._context.n_vocab, self.request.n_probs
+        )
+        return self._candidates[0]
 
     def _next_draft(self) -> list[int]:
         """Tokens worth verifying after the current one, within the limit and the context."""
@@ -349,7 +351,7 @@ class Sequence:
             if self.request.n_probs is not None:
                 candidates, self._candidates = self._candidates, None
                 logprob = (
-                    self._post_sampling(token, candidates[1], self.request.n_probs)
+                    self._post_sampling(token, candidates[1], candidates[2])
                     if candidates is not None and candidates[0] == token  # not an inserted token
                     else self._logprob(token, at, self.request.n_probs)
                 )
@@ -406,12 +408,9 @@ class Sequence:
         self._shifts += 1
         self.slot.holds(len(self.cache.tokens))
 
-    def _post_sampling(self, token: int, candidates: list[tuple[int, float]], n_top: int) -> TokenLogprob:
+    def _post_sampling(self, token: int, chosen: float, candidates: list[tuple[int, float]]) -> TokenLogprob:
         """Log-probabilities after the sampler chain (llama-server's ``post_sampling_probs``)."""
-        chosen = next((p for t, p in candidates if t == token), 0.0)
-        top = tuple(
-            TopLogprob(token_id=t, piece=self._pieces[t], logprob=math.log(p)) for t, p in candidates[:n_top]
-        )
+        top = tuple(TopLogprob(token_id=t, piece=self._pieces[t], logprob=math.log(p)) for t, p in candidates)
         return TokenLogprob(
             token_id=token,
             piece=self._pieces[token],
