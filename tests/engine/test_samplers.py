@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import llama_cpp
 import pytest
 
 from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
-from bubo.engine._sampler import look_back
+from bubo.engine._sampler import DryKey, DryStages, _dry, look_back
+from bubo.engine.base import EngineFailure
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
@@ -166,3 +169,51 @@ class TestDry:
 def test_a_penalty_window_is_at_most_the_context() -> None:
     """-1 is the context, a longer window is cut to it, a shorter one is kept, 0 stays off."""
     assert [look_back(n, 512) for n in (-1, 2**31 - 1, 64, 0)] == [512, 512, 64, 0]
+
+
+@pytest.fixture(name="vocab")
+def _vocab(model_path: Path) -> Iterator[object]:
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+class TestDryStagesAtShutdown:
+    """Closing the engine while a request's worker builds a DRY stage: a clear error, never a freed model."""
+
+    KEY = (0.8, 1.75, 2, 64, ("\n",))
+
+    def test_close_waits_for_a_build_in_flight_and_later_builds_fail(self, vocab) -> None:
+        started, release = threading.Event(), threading.Event()
+
+        def slow_build(vocab: object, key: DryKey) -> object:
+            started.set()
+            release.wait()
+            return _dry(vocab, key)
+
+        stages = DryStages(vocab, build=slow_build)
+        errors: list[BaseException] = []
+
+        def prepare() -> None:
+            try:
+                stages.prepare(self.KEY)
+            except EngineFailure as error:
+                errors.append(error)
+
+        builder = threading.Thread(target=prepare)
+        builder.start()
+        assert started.wait(30)
+        closer = threading.Thread(target=stages.close)
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive()  # the model would be freed under the build
+        release.set()
+        closer.join(30)
+        builder.join(30)
+        assert not closer.is_alive()
+        assert [str(error) for error in errors] == ["the engine is closed; its DRY stages cannot be built"]
+        for late in (stages.prepare, stages.clone):
+            with pytest.raises(EngineFailure, match="closed"):
+                late(self.KEY)

@@ -54,43 +54,85 @@ class DryStages:
     """
 
     CAPACITY = 16
+    CLOSE_WAIT_S = 30.0
+    """How long :meth:`close` waits for builds in flight: 16 breakers of 40 characters take ≈ 8 s."""
 
-    def __init__(self, vocab: object) -> None:
+    def __init__(self, vocab: object, build: Callable[[object, DryKey], object] | None = None) -> None:
         self._vocab = vocab
-        self._lock = threading.Lock()
+        self._build = _dry if build is None else build
+        self._lock = threading.Condition()
         self._built: OrderedDict[DryKey, object] = OrderedDict()
+        self._building = 0  # builds running outside the lock, on the vocabulary
+        self._closed = False
 
     def prepare(self, key: DryKey) -> None:
-        """Build the stage for *key* unless it is kept already."""
+        """Build the stage for *key* unless it is kept already.
+
+        Raises:
+            EngineFailure: the engine is closed (or closed while this was building).
+
+        """
         with self._lock:
+            self._check_open()
             if key in self._built:
                 self._built.move_to_end(key)
                 return
-        stage = _dry(self._vocab, key)  # the costly part, outside the lock
-        with self._lock:
-            if key in self._built:  # another thread built it meanwhile
-                llama_cpp.llama_sampler_free(stage)
-                return
-            self._built[key] = stage
-            while len(self._built) > self.CAPACITY:
-                _, oldest = self._built.popitem(last=False)
-                llama_cpp.llama_sampler_free(oldest)
+        self._build_counted(key, keep=True)
 
     def clone(self, key: DryKey) -> object:
-        """A fresh stage for *key* (built now if it is not kept)."""
+        """A fresh stage for *key* (built now if it is not kept).
+
+        Raises:
+            EngineFailure: the engine is closed.
+
+        """
         self.prepare(key)
         with self._lock:  # under the lock: another thread may evict (free) the one cloned
+            self._check_open()
             prototype = self._built.get(key)
-            if prototype is None:  # evicted between the two steps by a burst of other settings
-                return _dry(self._vocab, key)
-            return llama_cpp.llama_sampler_clone(prototype)
+            if prototype is not None:
+                return llama_cpp.llama_sampler_clone(prototype)
+        # evicted between the two steps by a burst of other settings
+        return self._build_counted(key, keep=False)
+
+    def _build_counted(self, key: DryKey, *, keep: bool) -> object:
+        """A new stage for *key*, built outside the lock (the costly part) while :meth:`close` waits."""
+        with self._lock:
+            self._check_open()
+            self._building += 1
+        stage = None
+        try:
+            stage = self._build(self._vocab, key)
+        finally:
+            with self._lock:
+                self._building -= 1
+                self._lock.notify_all()
+                if stage is not None and (self._closed or (keep and key in self._built)):
+                    llama_cpp.llama_sampler_free(stage)  # the model is still there: close() waits for this
+                    stage = None
+                    self._check_open()  # closed meanwhile; else another thread built it meanwhile
+                elif stage is not None and keep:
+                    self._built[key] = stage
+                    while len(self._built) > self.CAPACITY:
+                        _, oldest = self._built.popitem(last=False)
+                        llama_cpp.llama_sampler_free(oldest)
+        return stage
 
     def close(self) -> None:
-        """Free every kept stage."""
+        """Refuse new builds, wait (at most :attr:`CLOSE_WAIT_S`) for those in flight, free every kept stage.
+
+        A build reads the model's vocabulary: the model must outlive it.
+        """
         with self._lock:
+            self._closed = True
+            self._lock.wait_for(lambda: self._building == 0, timeout=self.CLOSE_WAIT_S)
             for stage in self._built.values():
                 llama_cpp.llama_sampler_free(stage)
             self._built.clear()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineFailure("the engine is closed; its DRY stages cannot be built")
 
 
 def look_back(last_n: int, n_ctx: int) -> int:
