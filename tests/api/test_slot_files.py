@@ -12,6 +12,7 @@ from tests.conftest import wait_until_ready
 
 from bubo.engine.fake import FakeEngine, fake_model_info
 from bubo.server import create_app
+from bubo.service.slot_files import model_identity, save_slot
 
 
 @pytest.fixture(name="slot_dir")
@@ -145,3 +146,27 @@ class TestErrors:
         )
         assert response.status_code == 400
         assert (await response.get_json())["error"]["code"] == "slot_file_invalid"
+
+
+class TestSaveWhileTheClientLeaves:
+    async def test_the_state_and_its_record_are_written_together(
+        self, make_runtime, fake_engine, slot_dir, tokenizer
+    ) -> None:
+        """A client gone while the engine writes the state: the record of that state is still written."""
+        runtime = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
+        path = slot_dir / "fox.bin"
+        slot_dir.mkdir()
+        (slot_dir / "fox.bin.bubo.json").write_text(json.dumps({"model": {}, "n_tokens": 999}))
+        fake_engine._kv[0] = tuple(tokenizer.encode("The quick brown fox"))
+        engine_save = fake_engine._save_slot
+
+        async def save_then_client_leaves(slot, to):
+            saved = await engine_save(slot, to)  # the engine's save runs to its end regardless
+            scope.cancel()
+            return saved
+
+        fake_engine._save_slot = save_then_client_leaves
+        with trio.CancelScope() as scope:
+            await save_slot(runtime, 0, path)
+        record = json.loads((slot_dir / "fox.bin.bubo.json").read_text())
+        assert record == {"model": model_identity(fake_engine.info), "n_tokens": len(fake_engine._kv[0])}
