@@ -54,6 +54,8 @@ class TestContextFields:
             ({"prompt": "x", "cache_prompt": "no"}, "cache_prompt"),
             ({"prompt": "x", "response_fields": "content"}, "response_fields"),
             ({"prompt": "x", "response_fields": [1]}, "response_fields[0]"),
+            ({"prompt": "x", "response_fields": ["content"] * 65}, "response_fields"),
+            ({"prompt": "x", "response_fields": ["content", "a/" * 128 + "b"]}, "response_fields[1]"),
             ({"prompt": ["a", 5]}, "prompt"),  # one mixed prompt: fine (checked below), not an error
         ][:-1],
     )

@@ -37,6 +37,10 @@ _STOP_TYPES = {
     StopCause.TIME: "limit",
 }
 _MAX_N_PROBS = 100
+MAX_RESPONSE_FIELDS = 64
+"""Paths in ``response_fields``: each is looked up in every result of the request."""
+MAX_RESPONSE_FIELD_CHARS = 256
+"""Characters of one ``response_fields`` path."""
 
 
 def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
@@ -91,6 +95,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
         raise InvalidRequest("t_max_predict_ms must not be negative", param="t_max_predict_ms")
     if body.n_indent is not None and body.n_indent < 0:
         raise InvalidRequest("n_indent must not be negative", param="n_indent")
+    _check_response_fields(body.response_fields or [])
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     output_format, grammar = output_constraint(grammar=body.grammar, json_schema=body.json_schema)
     return CompletionRequest(
@@ -111,6 +116,20 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
         output_format=output_format,
         grammar=grammar,
     )
+
+
+def _check_response_fields(fields: Sequence[str]) -> None:
+    if len(fields) > MAX_RESPONSE_FIELDS:
+        raise InvalidRequest(
+            f"response_fields names {len(fields)} fields; at most {MAX_RESPONSE_FIELDS} are accepted",
+            param="response_fields",
+        )
+    for index, field in enumerate(fields):
+        if len(field) > MAX_RESPONSE_FIELD_CHARS:
+            raise InvalidRequest(
+                f"a response field is at most {MAX_RESPONSE_FIELD_CHARS} characters, not {len(field)}",
+                param=f"response_fields[{index}]",
+            )
 
 
 def _bias_value(value: Any, param: str) -> float:
