@@ -14,7 +14,7 @@ import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
-from bubo.engine import EngineFailure, SlotBusy
+from bubo.engine import EngineFailure, SlotBusy, SlotFileNoRoom
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
 pytestmark = pytest.mark.llama
@@ -113,3 +113,32 @@ async def test_an_unreadable_file_empties_the_slot_and_it_serves_on(engine, toke
     tokens, finished = await generate(engine, greedy(prompt, slot=0))
     assert tokens
     assert finished.stats.cached_tokens == 0
+
+
+async def test_a_restore_the_shared_context_has_no_room_for_is_503_not_invalid(
+    model_path, tokenizer, tmp_path
+) -> None:
+    """Slots sharing the context: a file larger than the room the others leave is 'retry later'."""
+    engine = load_llama_engine(
+        LlamaOptions(model_path=model_path, n_ctx=512, n_threads=1, n_parallel=2, kv_unified=True)
+    )
+    try:
+        story = tuple(tokenizer.encode("The lighthouse keeper watched the sea. " * 40))
+        assert 256 < len(story) - 8 < len(story) + 1 < 512
+        await generate(engine, greedy(story, slot=0, max_new=1))
+        saved = await engine.save_slot(0, tmp_path / "big.bin")
+        await engine.erase_slot(0)
+        await generate(engine, greedy(story[:-8], slot=1, max_new=1))  # slot 1 now holds over half
+        with pytest.raises(SlotFileNoRoom) as raised:
+            await engine.restore_slot(0, tmp_path / "big.bin")
+        assert raised.value.status == 503
+        assert raised.value.headers == {"Retry-After": "1"}
+        assert f"holds {saved.n_tokens} tokens" in raised.value.message
+        await engine.erase_slot(1)
+        assert (await engine.restore_slot(0, tmp_path / "big.bin")).n_tokens == saved.n_tokens
+        (tmp_path / "bad.bin").write_bytes(b"not a state file")
+        with pytest.raises(EngineFailure) as bad:
+            await engine.restore_slot(0, tmp_path / "bad.bin")
+        assert not isinstance(bad.value, SlotFileNoRoom)
+    finally:
+        engine.close()

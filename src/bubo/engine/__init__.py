@@ -16,5 +16,6 @@ from .base import ModelInfo as ModelInfo
 from .base import RepackDecision as RepackDecision
 from .base import SlotBusy as SlotBusy
 from .base import SlotFile as SlotFile
+from .base import SlotFileNoRoom as SlotFileNoRoom
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo

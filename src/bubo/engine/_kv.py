@@ -25,6 +25,7 @@ import collections
 import ctypes
 import itertools
 import logging
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,7 +37,25 @@ from bubo.domain.generation import CacheReport, CacheTags
 from .base import EngineFailure, SnapshotInfo
 from .slots import common_prefix
 
-__all__ = ["SequenceCache", "SnapshotStore"]
+__all__ = ["SequenceCache", "SnapshotStore", "saved_token_count"]
+
+_SEQ_HEADER = struct.Struct("<III")  # llama.cpp's sequence state file: magic, version, token count
+
+
+def saved_token_count(path: Path) -> int | None:
+    """The tokens a slot file of this llama.cpp holds, from its header; None if it is not one."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(_SEQ_HEADER.size)
+    except OSError:
+        return None
+    if len(head) < _SEQ_HEADER.size:
+        return None
+    magic, version, n_tokens = _SEQ_HEADER.unpack(head)
+    if (magic, version) != (llama_cpp.LLAMA_STATE_SEQ_MAGIC, llama_cpp.LLAMA_STATE_SEQ_VERSION):
+        return None
+    return int(n_tokens)
+
 
 logger = logging.getLogger(__name__)
 

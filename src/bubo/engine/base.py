@@ -74,6 +74,15 @@ class SlotBusy(ServiceUnavailable):
     default_code = "slot_busy"
 
 
+class SlotFileNoRoom(ServiceUnavailable):
+    """A slot file needs more of the context the slots share than the others leave now (503, Retry-After)."""
+
+    default_code = "context_full"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
 @attrs.frozen(kw_only=True)
 class SlotFile:
     """A slot saved to or restored from a file: its tokens and the file's size."""

@@ -37,7 +37,7 @@ from ._decode_loop import DecodeLoop, IdleJob
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
 from ._grammar import to_gbnf
-from ._kv import SnapshotStore
+from ._kv import SnapshotStore, saved_token_count
 from ._sampler import Sampler, dry_key
 from ._sequence import Outcome, Sequence
 from .base import (
@@ -49,6 +49,7 @@ from .base import (
     RepackDecision,
     SlotEngine,
     SlotFile,
+    SlotFileNoRoom,
 )
 from .slots import Slot
 from .stats import EngineCounters
@@ -384,7 +385,19 @@ class LlamaEngine(SlotEngine):
         cache = self._context.caches[slot.id]
 
         def restore() -> SlotFile:
-            n_bytes = cache.load_file(path, self._context.n_ctx_seq)
+            context = self._context
+            try:
+                n_bytes = cache.load_file(path, context.n_ctx_seq)
+            except EngineFailure:
+                needed = saved_token_count(path)
+                room = context.n_ctx - sum(len(other.tokens) for other in context.caches)
+                shared = context.n_ctx_seq == context.n_ctx and len(context.caches) > 1
+                if shared and needed is not None and room < needed <= context.n_ctx_seq:
+                    raise SlotFileNoRoom(
+                        f"{path.name} holds {needed} tokens; the context the slots share has room for "
+                        f"{room} now: retry when other requests have finished"
+                    ) from None
+                raise
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
 
