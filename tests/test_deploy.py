@@ -110,6 +110,17 @@ def test_ingress_and_nginx_config_hash_the_same_header_and_allow_the_same_body()
     assert annotations["nginx.ingress.kubernetes.io/proxy-next-upstream"] == retry.group(1)
 
 
+def test_one_busy_answer_does_not_take_a_replica_out() -> None:
+    """A 503 queue_full counts as a failed attempt (http_503 is retried), so max_fails must exceed one."""
+    nginx = (DEPLOY / "nginx" / "bubo.conf").read_text()
+    assert "http_503" in re.findall(r"^\s*proxy_next_upstream (.*);$", nginx, re.MULTILINE)[0].split()
+    servers = re.findall(r"^\s*server \S+ max_fails=(\d+) fail_timeout=(\d+)s;$", nginx, re.MULTILINE)
+    assert len(servers) == 2
+    for max_fails, fail_timeout in servers:
+        assert int(max_fails) >= 3
+        assert int(fail_timeout) >= 10
+
+
 def test_the_image_runs_bubo_serve_as_a_user_with_a_health_check() -> None:
     lines = (DEPLOY / "Containerfile").read_text().splitlines()
     instructions = [line for line in lines if line and not line.startswith((" ", "#"))]
