@@ -79,20 +79,19 @@ def extra_args(value: Any) -> tuple[str, ...]:
 def child_command(
     entry: CatalogEntry, port: int, inherited: Sequence[str], extra: Sequence[str] = ()
 ) -> tuple[str, ...]:
-    """``python -m bubo serve -m FILE --host 127.0.0.1 --port PORT --served-model-name NAME …``."""
+    """``python -m bubo serve --model=FILE --host=127.0.0.1 --port=PORT --served-model-name=NAME …``.
+
+    Each value is attached to its flag, so a file or model name that begins with ``-`` is still a value.
+    """
     return (
         sys.executable,
         "-m",
         "bubo",
         "serve",
-        "--model",
-        str(entry.path),
-        "--host",
-        CHILD_HOST,
-        "--port",
-        str(port),
-        "--served-model-name",
-        entry.name,
+        f"--model={entry.path}",
+        f"--host={CHILD_HOST}",
+        f"--port={port}",
+        f"--served-model-name={entry.name}",
         *inherited,
         *extra,
     )
