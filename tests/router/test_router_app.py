@@ -116,6 +116,16 @@ def process_gone(pid: int) -> bool:
     return False
 
 
+async def test_a_child_runs_in_its_own_session(router: QuartTrio) -> None:
+    """A Ctrl-C at the terminal (SIGINT to the router's process group) reaches the router alone.
+
+    The router's drain is then the only signal a child gets: a second one would cut its running streams.
+    """
+    echo = await (await post(router, "/completion", {"model": "a"})).get_json()
+    assert os.getsid(echo["pid"]) == echo["pid"]
+    assert os.getpgid(echo["pid"]) != os.getpgrp()
+
+
 class TestStatuses:
     async def test_unloaded_loading_loaded_unloaded(self, router: QuartTrio) -> None:
         """/models follows a model through POST /models/load and POST /models/unload."""
