@@ -73,6 +73,18 @@ def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:
         (["--port", "9"], "extra_args[0]"),
         (["-c", "64", "--api-key=x"], "extra_args[2]"),
         (["--models-max=3"], "extra_args[0]"),
+        (["--no-models-autoload"], "extra_args[0]"),
+        # abbreviations and attached short values spell reserved flags too
+        (["--hos=0.0.0.0"], "extra_args[0]"),
+        (["-c", "64", "--por=9"], "extra_args[2]"),
+        (["-m/other.gguf"], "extra_args[0]"),
+        (["--api-ke=zz"], "extra_args[0]"),
+        (["-aother"], "extra_args[0]"),
+        # what bubo serve cannot parse never reaches a child
+        (["-c", "64", "--no-such-flag"], "extra_args[2]"),
+        (["-c"], "extra_args"),
+        (["stray"], "extra_args"),
+        (["--help"], "extra_args[0]"),
     ],
 )
 def test_extra_args_are_strings_and_never_the_router_s_flags(value: object, param: str) -> None:
