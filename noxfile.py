@@ -35,12 +35,13 @@ def _install_debian_packages(session: nox.Session) -> None:
     ]
     if not missing:
         return
-    as_root = [] if os.geteuid() == 0 else ["sudo"]
-    session.run(*as_root, "apt-get", "update", "-qq", external=True)
+    # sudo resets the environment, so the variable travels on the command line (env(1)), as root too.
+    as_root = ["env"] if os.geteuid() == 0 else ["sudo", "env"]
+    noninteractive = [*as_root, "DEBIAN_FRONTEND=noninteractive"]
+    session.run(*noninteractive, "apt-get", "update", "-qq", external=True)
     session.run(
-        *as_root, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing,
-        external=True, env={"DEBIAN_FRONTEND": "noninteractive"},
-    )  # fmt: skip
+        *noninteractive, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True
+    )
 
 
 @nox.session

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bubo.cli import _flag_values, _parser
+from bubo.cli import FLUSH_AFTER_DRAIN_S, _flag_values, _parser
 from bubo.config import Settings, load_settings
+from bubo.server import INTERRUPT_WAIT_S
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
 
@@ -70,13 +71,17 @@ def test_the_container_serves_what_its_probes_and_port_ask(k8s: dict[str, dict[s
     assert {e["name"] for e in bubo["env"]} <= {"BUBO_THREADS", "BUBO_API_KEY"}
 
 
-def test_the_grace_period_covers_the_pre_stop_pause_and_the_drain(k8s: dict[str, dict[str, Any]]) -> None:
+def test_the_grace_period_covers_the_pre_stop_pause_the_drain_and_the_exit(
+    k8s: dict[str, dict[str, Any]],
+) -> None:
+    """preStop pause + drain + the wait for interrupted streams + hypercorn's flush, before SIGKILL."""
     spec = k8s["Deployment"]["spec"]["template"]["spec"]
     bubo = container(k8s)
     pause = bubo["lifecycle"]["preStop"]["exec"]["command"]
     assert pause[0] == "sleep"
     drain = serve_settings(bubo["args"]).server.shutdown_timeout
-    assert spec["terminationGracePeriodSeconds"] > float(pause[1]) + drain
+    shutdown = float(pause[1]) + drain + INTERRUPT_WAIT_S + FLUSH_AFTER_DRAIN_S
+    assert spec["terminationGracePeriodSeconds"] > shutdown
 
 
 def test_the_service_and_ingress_reach_the_pods(k8s: dict[str, dict[str, Any]]) -> None:
@@ -103,6 +108,17 @@ def test_ingress_and_nginx_config_hash_the_same_header_and_allow_the_same_body()
     retry = re.search(r"^\s*proxy_next_upstream (.*);$", nginx, re.MULTILINE)
     assert retry
     assert annotations["nginx.ingress.kubernetes.io/proxy-next-upstream"] == retry.group(1)
+
+
+def test_one_busy_answer_does_not_take_a_replica_out() -> None:
+    """A 503 queue_full counts as a failed attempt (http_503 is retried), so max_fails must exceed one."""
+    nginx = (DEPLOY / "nginx" / "bubo.conf").read_text()
+    assert "http_503" in re.findall(r"^\s*proxy_next_upstream (.*);$", nginx, re.MULTILINE)[0].split()
+    servers = re.findall(r"^\s*server \S+ max_fails=(\d+) fail_timeout=(\d+)s;$", nginx, re.MULTILINE)
+    assert len(servers) == 2
+    for max_fails, fail_timeout in servers:
+        assert int(max_fails) >= 3
+        assert int(fail_timeout) >= 10
 
 
 def test_the_image_runs_bubo_serve_as_a_user_with_a_health_check() -> None:

@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -19,7 +19,7 @@ from bubo._logging import configure_logging
 from bubo.config import OPTIONS, ConfigError, Option, Settings, load_settings
 from bubo.domain.addresses import is_loopback
 
-__all__ = ["main", "warn_if_exposed"]
+__all__ = ["main", "serve_flag_values", "warn_if_exposed"]
 
 logger = logging.getLogger("bubo")
 
@@ -30,14 +30,39 @@ FLUSH_AFTER_DRAIN_S = 2.0
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bubo", description="A local LLM inference server.")
+class _RefusingParser(argparse.ArgumentParser):
+    """Raises ``ValueError`` on a bad command line (and on ``--help``): it neither prints nor exits."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise ValueError(message or f"the command line asks to exit (status {status})")
+
+    def print_help(self, file: Any = None) -> None:
+        pass
+
+
+def serve_flag_values(arguments: Sequence[str]) -> dict[str, str | list[str]]:
+    """What ``bubo serve ARGUMENTS`` sets, by option key, read exactly as the command line reads it.
+
+    Raises:
+        ValueError: the command line of ``bubo serve`` refuses *arguments* (argparse's message).
+
+    """
+    return _flag_values(_parser(_RefusingParser).parse_args(["serve", *arguments]))
+
+
+def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    # No abbreviations: --por would be --port, so a flag's meaning would depend on the others there are.
+    parser = parser_class(prog="bubo", description="A local LLM inference server.", allow_abbrev=False)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
         help="serve a GGUF model over HTTP",
         description="Serve one GGUF model. Every flag can also be set with the environment variable shown.",
+        allow_abbrev=False,
     )
     for option in OPTIONS:
         serve.add_argument(

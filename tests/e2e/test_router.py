@@ -88,8 +88,11 @@ def children(server: Server) -> dict[str, int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == server.process.pid and b"--served-model-name" in argv:
-            found[argv[argv.index(b"--served-model-name") + 1].decode()] = int(entry.name)
+        names = [
+            a.removeprefix(b"--served-model-name=") for a in argv if a.startswith(b"--served-model-name=")
+        ]
+        if parent == server.process.pid and names:
+            found[names[0].decode()] = int(entry.name)
     return found
 
 
@@ -107,7 +110,7 @@ def test_models_go_through_unloaded_loading_loaded_unloaded(router: Server) -> N
     loading = httpx.post(f"{router.base_url}/models/load", json={"model": "smollm2"}, timeout=10)
     assert loading.json() == {"success": True}
     loaded = wait_for(router, lambda s: s["smollm2"]["value"] == "loaded")["smollm2"]
-    assert loaded["args"][loaded["args"].index("--served-model-name") + 1] == "smollm2"
+    assert "--served-model-name=smollm2" in loaded["args"]
     assert "--ctx-size=512" in loaded["args"]
     pid = children(router)["smollm2"]
     httpx.post(f"{router.base_url}/models/unload", json={"model": "smollm2"}, timeout=10).raise_for_status()

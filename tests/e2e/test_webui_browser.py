@@ -22,7 +22,9 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from .conftest import Server, free_port, hypercorn_command, start_server, stop_server
+from bubo.config import default_model_path
+
+from .conftest import Server, bubo_command, free_port, hypercorn_command, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -272,11 +274,15 @@ def test_a_refused_request_is_shown_as_a_message(page: Page, server: Server, art
 
 
 def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: list[str]) -> None:
-    """Stored answers render as sanitized Markdown: scripts and handlers in model text never run."""
+    """Stored answers render as sanitized Markdown: scripts and handlers in model text never run.
+
+    Nor can an element of model text stand in for one of the page's (an id of its own: DOM clobbering).
+    """
     open_page(page, server)
     hostile = (
         "**bold** <img src=x onerror=\"window.pwned='img'\"> <script>window.pwned='script'</script>"
-        "<a href=\"javascript:window.pwned='link'\">link</a>\n\n```js\nalert(1)\n```"
+        "<a href=\"javascript:window.pwned='link'\">link</a>\n\n```js\nalert(1)\n```\n\n"
+        '<textarea id="draft"></textarea>'
     )
     messages = [{"role": "user", "content": "<b>not bold</b>"}, {"role": "assistant", "content": hostile}]
     store_conversation(page, server, messages)
@@ -293,6 +299,14 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     content.locator("a").click()
     assert page.evaluate("window.pwned") is None
     expect(page.locator("article.user .content")).to_have_text("<b>not bold</b>")  # the user's text is text
+
+    assert page.evaluate("document.querySelectorAll('#draft').length") == 1  # the page's own alone
+    set_setting(page, "#max-tokens", "4")
+    page.locator("#composer #draft").fill("Hi")
+    page.locator("#composer #draft").press("Enter")
+    expect(page.locator("article.user .content").last).to_have_text("Hi")
+    expect(page.locator("article.assistant")).to_have_count(2)
+    answer_done(page)
     page.wait_for_function("[...document.images].every(image => image.complete)")
     errors[:] = [e for e in errors if "status of 404" not in e]  # the image /x, loaded without its handler
 
@@ -463,3 +477,48 @@ def test_an_error_inside_the_stream_is_shown(page: Page, busy_server: tuple[Serv
     while httpx.get(f"{server.base_url}/ready", timeout=10).status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+@pytest.fixture(name="router_without_autoload", scope="module")
+def _router_without_autoload(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A router over one model (SmolLM2) that loads models only when asked (--no-models-autoload)."""
+    tmp = tmp_path_factory.mktemp("router")
+    (tmp / "models").mkdir()
+    (tmp / "models" / "smollm2.gguf").symlink_to(default_model_path())
+    port = free_port()
+    command = [bubo_command(), "serve", "--models-dir", str(tmp / "models"), "--port", str(port)]
+    server = start_server([*command, "--no-models-autoload", "-np", "1"], port, tmp / "router.log")
+    yield server
+    assert stop_server(server) == 0
+
+
+def test_a_router_s_model_that_is_not_loaded_is_named_and_left_unloaded(
+    page: Page, router_without_autoload: Server
+) -> None:
+    """The page asks the context size without loading the model, and learns it after the first answer.
+
+    Each chat request carries the conversation's id, for a load balancer's affinity (docs/deploy.md).
+    """
+    server = router_without_autoload
+    props: list[str] = []
+    chats: list[dict[str, str]] = []
+    page.on("request", lambda r: props.append(r.url) if "/props" in r.url else None)
+    page.on("request", lambda r: chats.append(r.headers) if r.url.endswith("/v1/chat/completions") else None)
+    page.goto(server.base_url + "/")
+    expect(page.locator("#model")).to_have_text("smollm2")  # no context size yet, and no retrying
+    assert props == [f"{server.base_url}/props?model=smollm2&autoload=false"]
+    models = httpx.get(server.base_url + "/models", timeout=10).json()["data"]
+    assert [m["status"]["value"] for m in models] == ["unloaded"]
+
+    httpx.post(server.base_url + "/models/load", json={"model": "smollm2"}, timeout=10).raise_for_status()
+    deadline = time.monotonic() + 120  # the child loads its model (bounded generously)
+    while httpx.get(server.base_url + "/models", timeout=10).json()["data"][0]["status"]["value"] != "loaded":
+        assert time.monotonic() < deadline, "the model never loaded"
+        time.sleep(0.2)
+    set_setting(page, "#max-tokens", "4")
+    page.fill("#draft", "Hi")
+    page.press("#draft", "Enter")
+    answer_done(page)
+    expect(page.locator("#model")).to_have_text("smollm2 · 2048 tokens context")
+    conversation = page.evaluate("localStorage.getItem('bubo.current')")
+    assert [headers.get("x-conversation-id") for headers in chats] == [conversation]

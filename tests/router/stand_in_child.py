@@ -3,7 +3,8 @@
 Run as ``python stand_in_child.py --port N --served-model-name NAME [...]``.  It
 answers ``/ready`` and ``/v1/models``, requires ``BUBO_API_KEY``, echoes every
 other request as JSON, and on request streams (waiting for a gate file, noting
-when its client leaves) or dies (exit status 3) before or while it answers.
+when its client leaves) or dies (exit status 3) before or while it answers, between
+events or in the middle of one.
 On SIGTERM it stops accepting and exits once its answers in progress are done.
 A model whose name starts with ``broken`` exits with status 3 at once.
 """
@@ -123,6 +124,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._chunk(f'data: {{"model": "{NAME}", "n": 0}}\n\n'.encode())
         if body.get("die") == "during":
+            os._exit(DIE_STATUS)
+        if body.get("die") == "mid-event":
+            self._chunk(b'data: {"n": ')
             os._exit(DIE_STATUS)
         gate = Path(body["gate"]) if "gate" in body else None
         deadline = time.monotonic() + GATE_WAIT_S

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from bubo.router.catalog import CatalogEntry, scan_models_dir
 
@@ -48,3 +51,16 @@ def test_folders_without_weights_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     _gguf(tmp_path / "only-projector" / "mmproj-F16.gguf")
     assert scan_models_dir(tmp_path) == ()
+
+
+def test_a_name_with_a_comma_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--served-model-name splits on commas, so a,b.gguf could not be served under its name."""
+    _gguf(tmp_path / "a,b.gguf")
+    _gguf(tmp_path / "c,d" / "weights.gguf")
+    kept = _gguf(tmp_path / "e.gguf")
+    with caplog.at_level(logging.WARNING, logger="bubo.router.catalog"):
+        assert scan_models_dir(tmp_path) == (CatalogEntry(name="e", path=kept),)
+    assert sum("a,b.gguf" in r.getMessage() for r in caplog.records) == 1
+    assert sum("c,d" in r.getMessage() for r in caplog.records) == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bubo.cli import _parser
 from bubo.errors import InvalidRequest
 from bubo.router.catalog import CatalogEntry
 from bubo.router.command import child_command, child_environment, extra_args, inherited_flags
@@ -37,14 +38,22 @@ def test_a_repeated_flag_is_repeated_for_each_child() -> None:
 
 
 def test_the_command_serves_one_file_on_loopback_under_the_model_s_name() -> None:
-    """python -m bubo serve -m FILE --host 127.0.0.1 --port N --served-model-name NAME, then the rest."""
+    """python -m bubo serve --model=FILE --host=127.0.0.1 --port=N --served-model-name=NAME, then the rest."""
     entry = CatalogEntry(name="tiny", path=Path("/m/tiny.gguf"))
     command = child_command(entry, 4321, ("--ctx-size=512",), ("--temp", "0.1"))
     assert command == (
         sys.executable,
-        *("-m", "bubo", "serve", "--model", "/m/tiny.gguf", "--host", "127.0.0.1", "--port", "4321"),
-        *("--served-model-name", "tiny", "--ctx-size=512", "--temp", "0.1"),
+        *("-m", "bubo", "serve", "--model=/m/tiny.gguf", "--host=127.0.0.1", "--port=4321"),
+        *("--served-model-name=tiny", "--ctx-size=512", "--temp", "0.1"),
     )
+
+
+def test_a_name_or_file_that_looks_like_a_flag_is_still_the_child_s_value() -> None:
+    """bubo serve reads the command back as the model's file and name, even when they begin with '-'."""
+    entry = CatalogEntry(name="-tiny", path=Path("-m/-tiny.gguf"))
+    parsed = _parser().parse_args(child_command(entry, 4321, ())[3:])
+    assert parsed.model__path == "-m/-tiny.gguf"
+    assert parsed.model__served_model_name == "-tiny"
 
 
 def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:
@@ -64,6 +73,18 @@ def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:
         (["--port", "9"], "extra_args[0]"),
         (["-c", "64", "--api-key=x"], "extra_args[2]"),
         (["--models-max=3"], "extra_args[0]"),
+        (["--no-models-autoload"], "extra_args[0]"),
+        # abbreviations and attached short values spell reserved flags too
+        (["--hos=0.0.0.0"], "extra_args[0]"),
+        (["-c", "64", "--por=9"], "extra_args[2]"),
+        (["-m/other.gguf"], "extra_args[0]"),
+        (["--api-ke=zz"], "extra_args[0]"),
+        (["-aother"], "extra_args[0]"),
+        # what bubo serve cannot parse never reaches a child
+        (["-c", "64", "--no-such-flag"], "extra_args[2]"),
+        (["-c"], "extra_args"),
+        (["stray"], "extra_args"),
+        (["--help"], "extra_args[0]"),
     ],
 )
 def test_extra_args_are_strings_and_never_the_router_s_flags(value: object, param: str) -> None:

@@ -116,6 +116,16 @@ def process_gone(pid: int) -> bool:
     return False
 
 
+async def test_a_child_runs_in_its_own_session(router: QuartTrio) -> None:
+    """A Ctrl-C at the terminal (SIGINT to the router's process group) reaches the router alone.
+
+    The router's drain is then the only signal a child gets: a second one would cut its running streams.
+    """
+    echo = await (await post(router, "/completion", {"model": "a"})).get_json()
+    assert os.getsid(echo["pid"]) == echo["pid"]
+    assert os.getpgid(echo["pid"]) != os.getpgrp()
+
+
 class TestStatuses:
     async def test_unloaded_loading_loaded_unloaded(self, router: QuartTrio) -> None:
         """/models follows a model through POST /models/load and POST /models/unload."""
@@ -320,6 +330,19 @@ class TestStreams:
         assert (error["code"], "status 3" in error["message"]) == ("model_failed", True)
         if path == "/v1/responses":
             assert error["sequence_number"] == 1  # the child had sent one event
+
+    async def test_a_child_that_dies_mid_event_has_its_error_event_start_afresh(
+        self, open_router: QuartTrio
+    ) -> None:
+        """The event the child cut off is ended, so the error event after it parses on its own."""
+        body = {"model": "a", "stream": True, "die": "mid-event"}
+        async with exchange(open_router.app, "/v1/chat/completions", json.dumps(body).encode()) as ex:
+            data = await ex.read_all()
+        events = data.split(b"\n\n")
+        assert events[:2] == [b'data: {"model": "a", "n": 0}', b'data: {"n": ']
+        assert events[-1] == b""
+        error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+        assert error["code"] == "model_failed"
 
     async def test_a_child_that_dies_fails_its_request_and_the_next_reloads_it(
         self, router: QuartTrio

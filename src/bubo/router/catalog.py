@@ -4,11 +4,13 @@ A ``NAME.gguf`` file in the directory is the model ``NAME``; a subdirectory
 ``NAME/`` holding GGUFs is the model ``NAME`` (multi-file models): its first
 shard (``…-00001-of-…``) or else its one other GGUF is the file to load.
 Files whose name contains ``mmproj`` are multimodal projectors, listed but
-not loaded (Bubo serves text models).
+not loaded (Bubo serves text models). A name with a comma is skipped (with a
+warning): ``--served-model-name`` reads commas as separators between names.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import attrs
@@ -18,6 +20,9 @@ __all__ = ["CatalogEntry", "scan_models_dir"]
 GGUF_SUFFIX = ".gguf"
 FIRST_SHARD_MARK = "-00001-of-"
 PROJECTOR_MARK = "mmproj"
+NAME_SEPARATOR = ","
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -35,10 +40,16 @@ def scan_models_dir(directory: Path) -> tuple[CatalogEntry, ...]:
     for item in sorted(directory.iterdir()):
         if item.is_dir():
             entry = _scan_subdirectory(item)
-            if entry is not None:
-                entries.append(entry)
         elif _is_gguf(item) and PROJECTOR_MARK not in item.name:
-            entries.append(CatalogEntry(name=item.name.removesuffix(GGUF_SUFFIX), path=item))
+            entry = CatalogEntry(name=item.name.removesuffix(GGUF_SUFFIX), path=item)
+        else:
+            continue
+        if entry is None:
+            continue
+        if NAME_SEPARATOR in entry.name:
+            logger.warning("skipping %s: a model name cannot contain %r", item, NAME_SEPARATOR)
+            continue
+        entries.append(entry)
     return tuple(entries)
 
 

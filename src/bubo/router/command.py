@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bubo.cli import serve_flag_values
 from bubo.config import OPTIONS, Option
 from bubo.errors import InvalidRequest
 
@@ -56,43 +57,71 @@ def inherited_flags(cli_values: Mapping[str, str | list[str]]) -> tuple[str, ...
 
 
 def extra_args(value: Any) -> tuple[str, ...]:
-    """``extra_args`` of ``POST /models/load``: strings, none of them a flag the router sets.
+    """``extra_args`` of ``POST /models/load``: a ``bubo serve`` command line setting nothing the router sets.
+
+    Each argument is read by ``bubo serve``'s own parser (no abbreviations; ``-aNAME``
+    and ``--flag=value`` are the flag they spell), so no spelling of a reserved flag
+    passes; the values themselves are the child's to check.
 
     Raises:
-        InvalidRequest: not an array of strings, or a reserved flag (``param`` names the element).
+        InvalidRequest: not an array of strings, a reserved flag (``param`` names the element), or a
+            command line ``bubo serve`` refuses.
 
     """
     if not isinstance(value, list):
         raise InvalidRequest("extra_args must be an array of strings", param="extra_args")
-    reserved = {flag for option in OPTIONS if _reserved(option) for flag in option.flags + option.off_flags}
     for index, item in enumerate(value):
         if not isinstance(item, str):
             raise InvalidRequest("extra_args must be an array of strings", param=f"extra_args[{index}]")
-        if item.partition("=")[0] in reserved:
+        if _sets_reserved(item):
             raise InvalidRequest(
-                f"{item.partition('=')[0]} is set by the router for each model and cannot be an extra arg",
+                f"{item} is set by the router for each model and cannot be an extra arg",
                 param=f"extra_args[{index}]",
             )
+    try:
+        serve_flag_values(value)
+    except ValueError as error:
+        unknown = (i for i, item in enumerate(value) if item.startswith("-") and _parsed(item) is None)
+        unknown_at = next(unknown, None)
+        raise InvalidRequest(
+            f"extra_args is not a bubo serve command line: {error}",
+            param="extra_args" if unknown_at is None else f"extra_args[{unknown_at}]",
+        ) from error
     return tuple(value)
+
+
+def _parsed(argument: str) -> dict[str, str | list[str]] | None:
+    """What *argument* sets, alone or followed by a value; None when it is no flag of ``bubo serve``."""
+    for command_line in ([argument], [argument, "0"]):
+        try:
+            return serve_flag_values(command_line)
+        except ValueError:
+            continue
+    return None
+
+
+def _sets_reserved(argument: str) -> bool:
+    """Whether *argument*, alone or followed by a value, sets an option the router sets."""
+    reserved = {option.key for option in OPTIONS if _reserved(option)}
+    return bool(reserved & (_parsed(argument) or {}).keys())
 
 
 def child_command(
     entry: CatalogEntry, port: int, inherited: Sequence[str], extra: Sequence[str] = ()
 ) -> tuple[str, ...]:
-    """``python -m bubo serve -m FILE --host 127.0.0.1 --port PORT --served-model-name NAME …``."""
+    """``python -m bubo serve --model=FILE --host=127.0.0.1 --port=PORT --served-model-name=NAME …``.
+
+    Each value is attached to its flag, so a file or model name that begins with ``-`` is still a value.
+    """
     return (
         sys.executable,
         "-m",
         "bubo",
         "serve",
-        "--model",
-        str(entry.path),
-        "--host",
-        CHILD_HOST,
-        "--port",
-        str(port),
-        "--served-model-name",
-        entry.name,
+        f"--model={entry.path}",
+        f"--host={CHILD_HOST}",
+        f"--port={port}",
+        f"--served-model-name={entry.name}",
         *inherited,
         *extra,
     )

@@ -13,9 +13,8 @@ dialect's error event.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from types import TracebackType
 from typing import Any, Literal
 
@@ -104,10 +103,12 @@ class ProxiedBody(ResponseBody):
     """The child's response body, passed on chunk by chunk; leaving it closes the child's response.
 
     A task in the body's own nursery reads the child's response and hands each
-    chunk on at once (``send_nowait``: it only ever waits on the network, so
-    cancelling it unwinds httpx's readers cleanly; what it holds is what the
-    client has not read yet of one response).  Leaving the body cancels the
-    reader and closes the connection to the child.
+    chunk on through an unbuffered channel: it reads the next chunk only once the
+    client has taken the last, so a client that stops reading stops the child
+    (back-pressure through the connection) instead of the router holding the whole
+    generation.  Leaving the body cancels the reader and closes the connection to
+    the child.  A child that dies mid-event has its error event start on a fresh
+    line pair, so that event parses whatever the child cut off.
     """
 
     def __init__(
@@ -121,11 +122,12 @@ class ProxiedBody(ResponseBody):
         self._failure = failure
         self._error_frame = error_frame
         self._frames_sent = 0  # complete server-sent events passed on (the next sequence_number)
+        self._tail = b"\n\n"  # the last two bytes passed on: b"\n\n" after a complete event
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
 
     async def __aenter__(self) -> AsyncIterator[bytes]:
-        send, receive = trio.open_memory_channel[bytes](math.inf)
+        send, receive = trio.open_memory_channel[bytes](0)
         self._nursery = await self._stack.enter_async_context(trio.open_nursery())
         self._nursery.start_soon(self._read, send)
         self._stack.push_async_callback(receive.aclose)
@@ -148,16 +150,35 @@ class ProxiedBody(ResponseBody):
                 await self._upstream.aclose()
 
     async def _read(self, send: trio.MemorySendChannel[bytes]) -> None:
+        chunks = self._upstream.aiter_raw()
         async with send:
             try:
-                async for chunk in self._upstream.aiter_raw():
-                    self._frames_sent += chunk.count(b"\n\n")
-                    send.send_nowait(chunk)
+                async for chunk in chunks:
+                    if chunk:
+                        self._frames_sent += chunk.count(b"\n\n")
+                        self._tail = (self._tail + chunk)[-2:]
+                        await send.send(chunk)
             except httpx.TransportError:
                 error = await self._failure()
                 logger.warning("the child stopped while streaming a response: %s", error.message)
                 if self._error_frame is not None:
-                    send.send_nowait(self._error_frame(error, self._frames_sent))
+                    fresh = b"" if self._tail == b"\n\n" else b"\n\n"  # end the event the child cut off
+                    await send.send(fresh + self._error_frame(error, self._frames_sent))
+            finally:
+                await self._unwind(chunks)
+
+    async def _unwind(self, chunks: AsyncIterator[bytes]) -> None:
+        """Close the child's response and run httpx's readers to their end.
+
+        Cancelled while it waits for the client, the reader leaves httpx's nested async generators
+        suspended: closing the connection first makes their next read fail inside them, so each one
+        finishes rather than being left to the garbage collector.
+        """
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
+            await self._upstream.aclose()
+            with suppress(httpx.HTTPError):
+                async for _ in chunks:
+                    pass
 
 
 def _error_frame(dialect: Dialect, request_id: str) -> ErrorFrame:

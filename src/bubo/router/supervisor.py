@@ -192,6 +192,9 @@ class Supervisor:
                             list(instance.args),
                             env=environ,
                             stdin=subprocess.PIPE,  # held open while the router lives (child.py)
+                            # Its own session: a Ctrl-C at the terminal (the process group's SIGINT)
+                            # is the router's, whose drain then signals each child once.
+                            start_new_session=True,
                             check=False,
                             deliver_cancel=partial(self._stop_process, instance),
                             task_status=task_status,

@@ -10,7 +10,10 @@
   const SETTINGS_KEY = "bubo.settings";
   const API_KEY = "bubo.apiKey"; // sessionStorage: gone when the tab closes
 
-  const $ = (id) => document.getElementById(id);
+  // The page's own elements, looked up once before any model text is on the page: an element of
+  // model output can never stand in for one (DOMPurify also renames its id and name, see markdown).
+  const PAGE = new Map(Array.from(document.querySelectorAll("[id]"), (node) => [node.id, node]));
+  const $ = (id) => PAGE.get(id);
   const el = (tag, props = {}, ...children) => {
     const node = document.createElement(tag);
     Object.assign(node, props);
@@ -108,10 +111,10 @@
     return result;
   }
 
-  async function api(path, { body, signal } = {}) {
+  async function api(path, { body, signal, headers: extra = {} } = {}) {
     const response = await fetch(path, {
       method: body === undefined ? "GET" : "POST",
-      headers: headers(body !== undefined),
+      headers: { ...headers(body !== undefined), ...extra },
       body: body === undefined ? undefined : JSON.stringify(body),
       signal,
     });
@@ -159,10 +162,7 @@
     try {
       const models = await (await api("/v1/models")).json();
       state.model = models.data && models.data[0] ? models.data[0].id : null;
-      // ?model= names the model to a router (bubo serve --models-dir); one model ignores it
-      const props = await (await api(`/props?model=${encodeURIComponent(state.model || "")}`)).json();
-      state.nCtx = props.default_generation_settings ? props.default_generation_settings.n_ctx : null;
-      $("model").textContent = `${state.model} · ${state.nCtx} tokens context`;
+      await loadProps();
       $("key-overlay").hidden = true;
       scheduleCount();
     } catch (error) {
@@ -170,6 +170,22 @@
       $("model").textContent = error.status === 503 ? "model loading…" : "server unreachable, retrying…";
       setTimeout(connect, 2000);
     }
+  }
+
+  // The context size. ?model= names the model to a router (bubo serve --models-dir) and
+  // autoload=false keeps this question from loading it; one model ignores both. A 4xx (the
+  // router's model_not_loaded) means the size is unknown until a first answer loads the model:
+  // the page works without it and asks again after that answer. A 503 or no answer is thrown.
+  async function loadProps() {
+    const query = `model=${encodeURIComponent(state.model || "")}&autoload=false`;
+    try {
+      const props = await (await api(`/props?${query}`)).json();
+      state.nCtx = props.default_generation_settings ? props.default_generation_settings.n_ctx : null;
+    } catch (error) {
+      if (!(error.status >= 400 && error.status < 500) || error.status === 401) throw error;
+      state.nCtx = null;
+    }
+    $("model").textContent = state.nCtx ? `${state.model} · ${state.nCtx} tokens context` : state.model;
   }
 
   function askForKey(reason) {
@@ -182,7 +198,9 @@
 
   function markdown(text) {
     const html = window.marked.parse(text, { gfm: true, breaks: false });
-    return window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true } });
+    // SANITIZE_NAMED_PROPS: an id or name in model output becomes user-content-…, so that it cannot
+    // shadow the page's own elements (DOM clobbering).
+    return window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true }, SANITIZE_NAMED_PROPS: true });
   }
 
   function fillAssistant(content, message) {
@@ -383,7 +401,11 @@
     conversation.messages.push(reply);
     render();
     try {
-      const response = await api("/v1/chat/completions", { body, signal: controller.signal });
+      const response = await api("/v1/chat/completions", {
+        body,
+        signal: controller.signal,
+        headers: { "X-Conversation-Id": conversation.id }, // one replica per conversation behind a load balancer
+      });
       for await (const data of events(response)) {
         if (data === "[DONE]") break;
         const chunk = JSON.parse(data);
@@ -408,6 +430,7 @@
       if (state.controller === controller) state.controller = null;
       save();
       render();
+      if (state.nCtx === null && !controller.signal.aborted) await loadProps().catch(() => {}); // loaded now
       scheduleCount();
       $("draft").focus();
     }
@@ -456,7 +479,7 @@
   }
 
   async function countTokens() {
-    if (!state.model) return;
+    if (!state.model || state.nCtx === null) return; // not before the model is known to be loaded
     const conversation = current();
     const draft = $("draft").value;
     const messages = wireMessages(conversation, draft.trim() ? draft : null).filter((m) => m.role !== "system");
