@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bubo.cli import FLUSH_AFTER_DRAIN_S, _flag_values, _parser
-from bubo.config import Settings, load_settings
+from bubo.cli import FLUSH_AFTER_DRAIN_S, _parser
+from bubo.config import Settings, flag_values, load_settings
 from bubo.server import INTERRUPT_WAIT_S
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
@@ -45,7 +45,7 @@ def serve_settings(args: list[str]) -> Settings:
     """What `bubo` makes of the container's arguments (with no BUBO_* variable set)."""
     parsed = _parser().parse_args(args)
     assert parsed.command == "serve"
-    return load_settings(_flag_values(parsed), environ={})
+    return load_settings(flag_values(parsed), environ={})
 
 
 def probe_path(probe: dict[str, Any]) -> str:

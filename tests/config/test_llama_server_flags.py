@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bubo.cli import _flag_values, _parser
-from bubo.config import ConfigError, Settings, load_settings
+from bubo.config import ConfigError, Settings, load_settings, serve_flag_values
 
 
 def parse(*argv: str, environ: dict[str, str] | None = None) -> Settings:
-    return load_settings(_flag_values(_parser().parse_args(["serve", *argv])), environ=environ or {})
+    return load_settings(serve_flag_values(argv), environ=environ or {})
 
 
 class TestContextShift:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bubo.cli import warn_if_exposed
-from bubo.config import OPTIONS, ConfigError, ServerSettings, Settings, load_settings
+from bubo.config import OPTIONS, ConfigError, ServerSettings, Settings, load_settings, serve_flag_values
 
 
 class TestLoading:
@@ -137,10 +137,9 @@ class TestExposure:
             load_settings({"server__debug_hooks": "on", "server__host": "0.0.0.0"}, environ={})
 
     def test_switches_accept_on_off_and_a_bare_flag(self) -> None:
-        from bubo.cli import _flag_values, _parser
-
-        args = _parser().parse_args(["serve", "--debug-hooks", "--memory-guard", "off", "-c", "512"])
-        from_cli = load_settings(_flag_values(args), environ={})
+        from_cli = load_settings(
+            serve_flag_values(["--debug-hooks", "--memory-guard", "off", "-c", "512"]), environ={}
+        )
         assert from_cli.server.debug_hooks  # the bare flag means on
         assert not from_cli.server.memory_guard
         assert from_cli.model.ctx_size == 512
@@ -160,10 +159,7 @@ class TestExposure:
         ],
     )
     def test_repack_mode(self, argv: list[str], environ: dict[str, str], mode: str) -> None:
-        from bubo.cli import _flag_values, _parser
-
-        args = _parser().parse_args(["serve", *argv])
-        assert load_settings(_flag_values(args), environ=environ).model.repack == mode
+        assert load_settings(serve_flag_values(argv), environ=environ).model.repack == mode
 
     def test_repack_probe_timeout_must_be_positive(self) -> None:
         with pytest.raises(ConfigError, match="repack_probe_timeout must be above 0"):
@@ -215,17 +211,14 @@ class TestSamplerFlags:
     )
     def test_the_samplers_order(self, argv: list[str], order: tuple[str, ...]) -> None:
         """--samplers takes names separated by ';', --sampler-seq (--sampling-seq) one letter each."""
-        from bubo.cli import _flag_values, _parser
-
-        values = _flag_values(_parser().parse_args(["serve", *argv]))
+        values = serve_flag_values(argv)
         assert load_settings(values, environ={}).generation.sampling.samplers == order
 
     def test_dry_sequence_breakers_repeat_and_none_clears_them(self) -> None:
         """Each --dry-sequence-breaker adds one, replacing the defaults; 'none' alone leaves none."""
-        from bubo.cli import _flag_values, _parser
 
         def breakers(*argv: str) -> tuple[str, ...]:
-            values = _flag_values(_parser().parse_args(["serve", *argv]))
+            values = serve_flag_values(argv)
             return load_settings(values, environ={}).generation.sampling.dry_sequence_breakers
 
         assert breakers() == ("\n", ":", '"', "*")

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bubo.cli import serve_flag_values
-from bubo.config import OPTIONS, Option
+from bubo.config import OPTIONS, Option, serve_flag_values
 from bubo.errors import InvalidRequest
 
 from .catalog import CatalogEntry
