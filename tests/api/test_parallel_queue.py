@@ -17,8 +17,13 @@ def _fake_engine(script: FakeScript) -> FakeEngine:
     return FakeEngine(script=script, n_slots=2)
 
 
+@pytest.fixture(name="max_queue")
+def _max_queue() -> int:
+    return 1
+
+
 @pytest.fixture(name="make_runtime")
-def _make_runtime(fake_engine: FakeEngine, tokenizer, template):
+def _make_runtime(fake_engine: FakeEngine, tokenizer, template, max_queue: int):
     def make() -> Runtime:
         return Runtime(
             model_id="smollm2-135m-instruct-q4-1",
@@ -27,7 +32,7 @@ def _make_runtime(fake_engine: FakeEngine, tokenizer, template):
             tokenizer=tokenizer,
             template=template,
             defaults=GenerationDefaults(),
-            max_queue=1,
+            max_queue=max_queue,
         )
 
     return make
@@ -57,3 +62,27 @@ async def test_two_run_one_waits_the_next_is_refused(
         assert refused.headers["Retry-After"]
     assert statuses == [200, 200, 200]
     assert sorted(fake_engine.slots_used[:2]) == [0, 1]  # the third took whichever slot freed first
+
+
+@pytest.mark.parametrize("max_queue", [0])
+async def test_with_no_queue_a_free_slot_still_takes_a_request(
+    app, script: FakeScript, fake_engine: FakeEngine
+) -> None:
+    """--max-queue 0 refuses only what would wait: while one slot is free, a request runs in it."""
+    script.piece_delay = 0.05
+    script.reply = "word " * 20
+    client = app.test_client()
+    statuses: list[int] = []
+
+    async def ask() -> None:
+        statuses.append((await client.post(CHAT, data=body(stream=False))).status_code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        await wait_for(fake_engine, lambda s: s.requests_processing == 1)
+        nursery.start_soon(ask)
+        await wait_for(fake_engine, lambda s: s.requests_processing == 2)
+        refused = await client.post(CHAT, data=body(stream=False))
+        assert refused.status_code == 503
+        assert (await refused.get_json())["error"]["code"] == "queue_full"
+    assert statuses == [200, 200]

@@ -431,7 +431,10 @@ def test_a_full_queue_is_shown_as_a_message(
     hold = {"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.base_url}/completion", json=hold, timeout=120) as held:
         assert held.status_code == 200
-        next(line for line in held.iter_lines() if line.startswith("data: "))  # the slot is generating
+        # Keep the line iterator referenced: a dropped one is closed, and closing it hangs up on the
+        # server, which then frees the slot (a race the page's request used to win now and then).
+        lines = held.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # the slot is generating
         page.fill("#draft", "Hello")
         page.press("#draft", "Enter")
         error = page.locator("#error")

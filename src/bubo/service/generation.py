@@ -206,9 +206,11 @@ def open_output(
     """
     if runtime.max_queue is not None:
         statistics = runtime.engine.statistics()
-        if statistics.requests_processing and statistics.requests_deferred >= runtime.max_queue:
+        every_slot_busy = statistics.requests_processing >= len(statistics.slots)
+        if every_slot_busy and statistics.requests_deferred >= runtime.max_queue:
             raise QueueFull(
-                f"{statistics.requests_deferred} requests already wait for the model; retry shortly",
+                f"every slot is busy and {statistics.requests_deferred} requests already wait "
+                f"(at most {runtime.max_queue} may); retry shortly",
                 retry_after_s=QUEUE_RETRY_AFTER_S,
             )
     return _output(runtime, prepared, timeline)
