@@ -217,3 +217,30 @@ class TestDryStagesAtShutdown:
         for late in (stages.prepare, stages.clone):
             with pytest.raises(EngineFailure, match="closed"):
                 late(self.KEY)
+
+
+class TestDryStagesKeepWhatWasPrepared:
+    """A request's DRY stage, built on its worker, is still there when the decode thread starts it."""
+
+    def test_a_burst_of_other_settings_does_not_evict_a_fresh_stage(self, vocab) -> None:
+        now = [1000.0]
+        builds: list[DryKey] = []
+
+        def counted_build(vocab: object, key: DryKey) -> object:
+            builds.append(key)
+            return _dry(vocab, key)
+
+        stages = DryStages(vocab, build=counted_build, clock=lambda: now[0])
+        mine = (0.8, 1.75, 2, 64, ("\n",))
+        stages.prepare(mine)
+        for n in range(DryStages.CAPACITY + 4):  # other requests' settings, prepared meanwhile
+            stages.prepare((0.8, 1.75, 2, 65 + n, ("\n",)))
+        llama_cpp.llama_sampler_free(stages.clone(mine))
+        assert builds.count(mine) == 1  # cloned, not built again (on the decode thread)
+
+        now[0] += DryStages.KEEP_PREPARED_S + 1  # long after: the least recently used go again
+        for n in range(DryStages.CAPACITY):
+            stages.prepare((0.9, 1.75, 2, 64 + n, ("\n",)))
+        llama_cpp.llama_sampler_free(stages.clone(mine))
+        assert builds.count(mine) == 2
+        stages.close()

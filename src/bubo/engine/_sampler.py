@@ -20,6 +20,7 @@ import ctypes
 import math
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -50,18 +51,30 @@ class DryStages:
     ``"ee"`` and 0.5 s for 40 ``"e"``.  :meth:`prepare` does that on the
     request's worker thread, before the request queues, so the decode thread
     (which every running generation waits on) only clones.  The most recently
-    used :data:`CAPACITY` settings are kept.
+    used :data:`CAPACITY` settings are kept, and beyond them every one prepared
+    in the last :data:`KEEP_PREPARED_S` seconds: a request's stage must still be
+    there when the request starts, or the decode thread would build it (up to
+    ≈ 8 s of every stream's time) after a burst of other settings evicted it.
     """
 
     CAPACITY = 16
+    KEEP_PREPARED_S = 300.0
+    """A prepared stage outlives :data:`CAPACITY` this long: longer than a request waits in the queue."""
     CLOSE_WAIT_S = 30.0
     """How long :meth:`close` waits for builds in flight: 16 breakers of 40 characters take ≈ 8 s."""
 
-    def __init__(self, vocab: object, build: Callable[[object, DryKey], object] | None = None) -> None:
+    def __init__(
+        self,
+        vocab: object,
+        build: Callable[[object, DryKey], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._vocab = vocab
         self._build = _dry if build is None else build
+        self._clock = clock
         self._lock = threading.Condition()
         self._built: OrderedDict[DryKey, object] = OrderedDict()
+        self._prepared: dict[DryKey, float] = {}  # when each kept stage was last prepared
         self._building = 0  # builds running outside the lock, on the vocabulary
         self._closed = False
 
@@ -76,6 +89,7 @@ class DryStages:
             self._check_open()
             if key in self._built:
                 self._built.move_to_end(key)
+                self._prepared[key] = self._clock()
                 return
         self._build_counted(key, keep=True)
 
@@ -113,10 +127,21 @@ class DryStages:
                     self._check_open()  # closed meanwhile; else another thread built it meanwhile
                 elif stage is not None and keep:
                     self._built[key] = stage
-                    while len(self._built) > self.CAPACITY:
-                        _, oldest = self._built.popitem(last=False)
-                        llama_cpp.llama_sampler_free(oldest)
+                    self._prepared[key] = self._clock()
+                    self._evict()
         return stage
+
+    def _evict(self) -> None:
+        """Free the least recently used stages past :data:`CAPACITY`, none prepared lately (lock held)."""
+        stale_before = self._clock() - self.KEEP_PREPARED_S
+        excess = len(self._built) - self.CAPACITY
+        for old_key in list(self._built):
+            if excess <= 0:
+                break
+            if self._prepared[old_key] <= stale_before:
+                llama_cpp.llama_sampler_free(self._built.pop(old_key))
+                del self._prepared[old_key]
+                excess -= 1
 
     def close(self) -> None:
         """Refuse new builds, wait (at most :attr:`CLOSE_WAIT_S`) for those in flight, free every kept stage.
@@ -129,6 +154,7 @@ class DryStages:
             for stage in self._built.values():
                 llama_cpp.llama_sampler_free(stage)
             self._built.clear()
+            self._prepared.clear()
 
     def _check_open(self) -> None:
         if self._closed:
