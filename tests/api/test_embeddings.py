@@ -128,6 +128,16 @@ class TestLlamaServer:
         expected = raw if norm is None else raw / np.linalg.norm(raw, ord=norm)
         assert vector == pytest.approx(expected, abs=1e-5)
 
+    @pytest.mark.parametrize("mode", [1000, 2**62])
+    async def test_a_large_p_norm_does_not_overflow(self, emb_app, mode) -> None:
+        """A p-norm for a large p tends to the largest component: the vector's largest is then about 1,
+        not 0 (|x|**p overflowing to infinity would divide every component away)."""
+        response = await emb_app.test_client().post(
+            "/embedding", json={"content": "hello", "embd_normalize": mode}
+        )
+        (vector,) = (await response.get_json())[0]["embedding"]
+        assert float(np.abs(vector).max()) == pytest.approx(1.0, rel=0.01)
+
     @pytest.mark.parametrize("embedder", ["none"], indirect=True)
     async def test_unpooled(self, emb_app, tokenizer) -> None:
         """--pooling none: one unnormalized vector per token."""

@@ -139,6 +139,10 @@ def _check_length(tokens: tuple[int, ...], embedder: EmbeddingModel, param: str)
         )
 
 
+EUCLIDEAN = 2
+"""``embd_normalize`` 2: unit length, what ``/v1/embeddings`` always answers and ``/embedding`` by default."""
+
+
 def normalize(vector: npt.NDArray[np.float32], mode: int) -> npt.NDArray[np.float32]:
     """*vector* normalized as llama.cpp's ``embd_normalize`` says.
 
@@ -151,6 +155,8 @@ def normalize(vector: npt.NDArray[np.float32], mode: int) -> npt.NDArray[np.floa
         norm = float(np.abs(vector).max()) / 32760.0
     elif mode == 2:
         norm = float(np.sqrt(np.sum(np.square(vector, dtype=np.float64))))
-    else:
-        norm = float(np.sum(np.abs(vector, dtype=np.float64) ** mode) ** (1.0 / mode))
+    else:  # the p-norm of the vector scaled by its largest component: no overflow for any p
+        magnitudes = np.abs(vector, dtype=np.float64)
+        largest = float(magnitudes.max(initial=0.0))
+        norm = largest * float(np.sum((magnitudes / largest) ** mode) ** (1.0 / mode)) if largest else 0.0
     return (vector / norm).astype(np.float32) if norm > 0 else vector

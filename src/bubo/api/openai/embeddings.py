@@ -15,14 +15,20 @@ from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import embedding_inputs
 from bubo.api._json import dumps, unstructure
 from bubo.errors import InvalidRequest
-from bubo.service.embeddings import ANSWER_BYTES_PER_FLOAT, Embedded, embed, normalize, require_embedder
+from bubo.service.embeddings import (
+    ANSWER_BYTES_PER_FLOAT,
+    EUCLIDEAN,
+    Embedded,
+    embed,
+    normalize,
+    require_embedder,
+)
 
 from .routes import blueprint
 
 __all__ = ["EmbeddingRequest"]
 
 _converter = make_converter()
-EUCLIDEAN = 2
 
 
 @attrs.frozen(kw_only=True)
