@@ -10,6 +10,7 @@ the last chunk with choices has an empty delta, the ``finish_reason`` and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -78,6 +79,20 @@ class ChatStream:
         self._return_progress = return_progress
         self._live = LiveTimings() if timings_per_token else None
 
+    def _envelope(self, choices: list[wire.ChunkChoice], **fields: Any) -> bytes:
+        """A ``chat.completion.chunk`` frame of this stream: its identity, *choices* and *fields*."""
+        identity = self._identity
+        return _frame(
+            wire.ChatCompletionChunk(
+                id=identity.id,
+                created=identity.created,
+                model=identity.model,
+                system_fingerprint=identity.fingerprint,
+                choices=choices,
+                **fields,
+            )
+        )
+
     def _chunk(
         self,
         delta: wire.Delta,
@@ -86,35 +101,14 @@ class ChatStream:
         logprobs: wire.ChoiceLogprobs | None = None,
         timings: Timings | None = None,
     ) -> bytes:
-        identity = self._identity
         if timings is None and self._live is not None:
             timings = self._live.now()
-        return _frame(
-            wire.ChatCompletionChunk(
-                id=identity.id,
-                created=identity.created,
-                model=identity.model,
-                system_fingerprint=identity.fingerprint,
-                choices=[
-                    wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
-                ],
-                timings=timings,
-            )
-        )
+        choice = wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+        return self._envelope([choice], timings=timings)
 
     def _progress(self, event: PromptProgress) -> bytes:
-        identity = self._identity
-        return _frame(
-            wire.ChatCompletionChunk(
-                id=identity.id,
-                created=identity.created,
-                model=identity.model,
-                system_fingerprint=identity.fingerprint,
-                choices=[],
-                timings=self._live.now() if self._live is not None else None,
-                prompt_progress=progress(event),
-            )
-        )
+        timings = self._live.now() if self._live is not None else None
+        return self._envelope([], timings=timings, prompt_progress=progress(event))
 
     def opening(self) -> Iterable[bytes]:
         """The role chunk."""
@@ -145,21 +139,9 @@ class ChatStream:
                 yield from self._closing(event)
 
     def _closing(self, done: Done) -> list[bytes]:
-        identity = self._identity
         frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=timings(done.stats))]
         if self._include_usage:
-            frames.append(
-                _frame(
-                    wire.ChatCompletionChunk(
-                        id=identity.id,
-                        created=identity.created,
-                        model=identity.model,
-                        system_fingerprint=identity.fingerprint,
-                        choices=[],
-                        usage=usage(done.stats, reasoning_tokens=done.reasoning_tokens),
-                    )
-                )
-            )
+            frames.append(self._envelope([], usage=usage(done.stats, reasoning_tokens=done.reasoning_tokens)))
         frames.append(_DONE)
         return frames
 
