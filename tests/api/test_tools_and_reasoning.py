@@ -163,8 +163,7 @@ class TestStructuredOutput:
             ({"type": "array", "uniqueItems": "yes"}, ".uniqueItems", "must be a boolean"),
             # llama.cpp's converter needs anchored patterns
             ({"type": "string", "pattern": "[a-z]+"}, ".pattern", "must start with ^ and end with $"),
-            # refused by the converter itself, which cannot say where: the param is the schema
-            ({"$ref": "#/$defs/missing"}, "", "Error resolving ref"),
+            ({"$ref": "#/$defs/missing"}, ".$ref", "points at nothing"),
         ],
     )
     async def test_unsupported_constructs_are_refused(self, app, schema, path, keyword) -> None:

@@ -359,6 +359,40 @@ class TestConstraints:
             assert not admits(f"{n}.0")
         assert not admits("-0")
 
+    def test_a_string_holds_no_raw_control_character(self, engine) -> None:
+        """JSON forbids them inside a string (RFC 8259): a newline is written escaped, or not at all."""
+        admits = self.admitter(engine, {"type": "string"})
+        assert admits('"a b"')
+        assert admits('"a\\nb"')
+        assert not admits('"a\nb"')
+        assert not admits('"a\tb"')
+
+    def test_references_resolve_inside_their_own_schema(self, engine) -> None:
+        """Bundled references (root pointers, as check_schema returns them) into $defs, into an array and
+        back to an enclosing schema: each points where it says, two targets with the same last token keep
+        rules of their own, and the schema given to the converter is left as it was."""
+        schema = {
+            "$defs": {
+                "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+                "b": {"type": "object", "properties": {"x": {"type": "boolean"}}},
+            },
+            "anyOf": [{"$ref": "#/$defs/a/properties/x"}, {"$ref": "#/$defs/b/properties/x"}],
+        }
+        untouched = json.loads(json.dumps(schema))
+        admits = self.admitter(engine, schema)
+        assert schema == untouched
+        assert admits("12")
+        assert admits("true")
+        assert not admits('"12"')
+
+        listed = {"prefixItems": [{"type": "string"}, {"$ref": "#/prefixItems/0"}]}
+        assert self.admitter(engine, {**listed, "type": "array"})('["a","b"]')
+
+        tree = {"type": "object", "properties": {"next": {"$ref": "#"}}, "additionalProperties": False}
+        admits = self.admitter(engine, tree)
+        assert admits('{"next":{"next":{}}}')
+        assert not admits('{"next":1}')
+
     @staticmethod
     def admitter(engine, schema):
         """Whether llama.cpp's own grammar engine, fed one character token at a time, admits a text whole."""

@@ -1,4 +1,4 @@
-"""Grammar specs to GBNF text, with llama.cpp's JSON-schema-to-grammar conversion, bounded for its parser.
+r"""Grammar specs to GBNF text, with llama.cpp's JSON-schema-to-grammar conversion, bounded for its parser.
 
 The conversion is llama-cpp-python's port of llama.cpp's
 ``json_schema_to_grammar.py`` (``llama_cpp.llama_grammar.SchemaConverter``).
@@ -10,6 +10,18 @@ grammar, from a schema, a tool format or ``--grammar-file``, is measured here
 first, in one linear pass, and refused above :data:`MAX_GBNF_NESTING` levels
 or :data:`MAX_GBNF_CHARS` characters (docs/operations.md has the measurements).
 
+The port's own reference resolution can fetch a schema over HTTP (``requests.get``)
+and rewrites the schema it is given in place; :class:`_BoundedConverter` replaces
+it: the schemas reaching it are bundled by :func:`bubo.grammar.check_schema`
+(every ``$ref`` a JSON pointer from its own root), so a reference is looked up
+in the schema's own copy and nothing else, and each reference gets a rule name
+of its own (the port names it after the pointer's last token, so
+``#/$defs/a/properties/x`` and ``#/$defs/b/properties/x`` shared one rule).
+
+The port's ``char`` rule (``[^"\\]``) admits raw control characters, which JSON
+forbids inside a string (RFC 8259 §7): a model wrote a newline into a string and
+the answer did not parse.  :data:`JSON_CHAR` is the rule JSON has.
+
 The port ignores numeric bounds and ``multipleOf``; :class:`_BoundedConverter` writes
 those (:mod:`.numeric`): integer bounds as llama.cpp's C++ converter does
 (:mod:`._integer_range`), number bounds (:mod:`._number_range`) and multiples
@@ -18,13 +30,15 @@ those (:mod:`.numeric`): integer bounds as llama.cpp's C++ converter does
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
 
 from bubo.domain.generation import GrammarSpec
+from bubo.grammar import child_schemas, resolve_pointer
 from bubo.grammar.numeric import NUMERIC_KEYWORDS, NumericRefused, numeric_expression
 
 from .base import GrammarRejected
@@ -37,6 +51,9 @@ stack): ≈ 450 bytes of stack a level, SIGSEGV from ≈ 18,700 levels.  The dee
 :class:`bubo.grammar.schema.SchemaLimits` makes is ≈ 1,035 (1,000 repetitions in 32 groups)."""
 MAX_GBNF_CHARS = 4 * 1024 * 1024
 """Characters of GBNF text; llama.cpp parsed 4.4 million in 0.44 s (each request parses its grammar twice)."""
+
+JSON_CHAR = r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+"""One character of a JSON string: anything but a quote, a backslash or a control character, or an escape."""
 
 # what can hold a parenthesis that is not a group: a "literal", a [class], a # comment; and the groups
 # (an unclosed "literal" or [class] runs to the end: the match never fails, so the scan is linear;
@@ -58,11 +75,11 @@ def to_gbnf(spec: GrammarSpec) -> str:
     if not spec.schemas:
         check_gbnf(spec.rules)
         return spec.rules
-    converter = _BoundedConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _BoundedConverter()
     aliases = []
     for name, schema in spec.schemas:
         try:
-            resolved = converter.resolve_refs(dict(schema), name)
+            resolved = converter.resolve_refs(copy.deepcopy(dict(schema)), name)
             rule = converter.visit(resolved, name)
         except (
             AssertionError,
@@ -121,6 +138,46 @@ class _BoundedConverter(SchemaConverter):
     A list of types is a choice between the schema with each type: the base converter
     visits ``{"type": t}`` alone, silently dropping ``properties``, ``maxLength``, bounds, ….
     """
+
+    def __init__(self) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._ref_rules: dict[str, str] = {}  # a reference's key in _refs -> the rule written for it
+
+    def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
+        """The port's primitive rules, with JSON's own string character (:data:`JSON_CHAR`)."""
+        return str(super()._add_primitive(name, BuiltinRule(JSON_CHAR) if name == "char" else rule))
+
+    def resolve_refs(self, schema: dict[str, Any], url: str) -> dict[str, Any]:
+        """Make *schema*'s references (root pointers, ``#/$defs/A``) keys of the converter's table.
+
+        *schema* is the converter's own copy: each ``$ref`` at a schema position
+        becomes ``url#/…`` (unique across the grammar's schemas), its target the
+        value there.  A reference that is not such a pointer into *schema* fails.
+        """
+        pending = [schema]
+        while pending:
+            node = pending.pop()
+            if not isinstance(node, dict):
+                continue
+            reference = node.get("$ref")
+            if reference is not None:
+                found = resolve_pointer(schema, reference[1:]) if reference.startswith("#") else None
+                if found is None:
+                    raise ValueError(f"the reference {reference!r} does not point into the schema")
+                node["$ref"] = f"{url}{reference}"
+                self._refs[node["$ref"]] = found[1]
+            pending.extend(child for _, _, child in child_schemas(node))
+        return schema
+
+    def _resolve_ref(self, ref: str) -> str:
+        """The rule for the schema *ref* points at, written once, named apart from every other rule."""
+        name = self._ref_rules.get(ref)
+        if name is None:  # reserve the name before visiting, so a recursive reference finds it
+            count = len(self._ref_rules)
+            name = str(self._add_rule(f"ref{count}", f"reserved-{count}"))
+            self._ref_rules[ref] = name
+            self._rules[name] = str(self.visit(self._refs[ref], f"{name}-body"))
+        return name
 
     def visit(self, schema: Mapping[str, Any], name: str) -> str:
         """The rule for *schema*: a bounded or stepped number's own, anything else the base converter's."""

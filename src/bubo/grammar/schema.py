@@ -3,15 +3,17 @@
 llama.cpp's JSON-schema-to-grammar conversion enforces types, properties,
 required, additionalProperties, items/prefixItems with minItems/maxItems,
 enum/const, anyOf/oneOf (as a choice), allOf (merging object properties),
-local ``$ref``, string pattern, minLength/maxLength and the uuid and date/time
+``$ref`` inside the schema (resolved by :mod:`._refs`: ``$id``, ``$anchor``,
+``$defs``, ``definitions`` and JSON pointers, as Draft 2020-12 says; nothing is
+fetched), string pattern, minLength/maxLength and the uuid and date/time
 formats; Bubo's engine adds numeric bounds (``minimum``, ``maximum`` and the
-exclusive ones on ``integer`` and ``number``) and ``multipleOf`` where a grammar
-can write them (:mod:`bubo.grammar.numeric` says where).  ``uniqueItems`` no
-grammar enforces: it is accepted and the finished output is validated against
-the whole schema (:mod:`bubo.service.validation`).  The conversion silently
-ignores the rest (``not``, ``if``/``then``/``else``, ``patternProperties``, …):
-a schema using those is refused with a 400 naming the keyword, never run
-unconstrained.
+exclusive ones on ``integer`` and ``number``) and ``multipleOf`` where a
+grammar can write them (:mod:`bubo.grammar.numeric` says where).
+``uniqueItems`` no grammar enforces: it is accepted and the finished output is
+validated against the whole schema (:mod:`bubo.service.validation`).  The
+conversion silently ignores the rest (``not``, ``if``/``then``/``else``,
+``patternProperties``, …): a schema using those is refused with a 400 naming
+the keyword, never run unconstrained.
 
 The conversion also expands what a schema asks for (``maxLength: n`` becomes
 *n* nested optional groups; an enum, one alternative per value), and
@@ -35,11 +37,12 @@ import attrs
 from bubo.domain.generation import GrammarSpec
 from bubo.errors import InvalidRequest
 
+from ._refs import DOCUMENT_URI, SCHEMA_LISTS, SCHEMA_MAPS, Pointer, References, child_schemas
 from .gbnf import THINK_BODY, thinking_prefix
 from .numeric import NUMERIC_KEYWORDS, NumericRefused, check_numeric
 from .pattern import PatternRefused, check_pattern
 
-__all__ = ["LIMITS", "SchemaLimits", "check_schema", "output_grammar"]
+__all__ = ["LIMITS", "SchemaLimits", "check_schema", "output_grammar", "path_segment"]
 
 
 @attrs.frozen
@@ -82,13 +85,11 @@ _ENFORCED = frozenset(
     }
 )  # fmt: skip
 _ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
-     "writeOnly", "strict", "name"}
+    {"title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment", "deprecated",
+     "readOnly", "writeOnly", "strict", "name"}
 )  # fmt: skip
 _FORMATS = frozenset({"uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5", "date", "time", "date-time"})
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"))
 _BESIDE_BOUNDS = ("$ref", "anyOf", "oneOf", "const", "enum")  # the converter reads these before the type
 _SHOWN = 80  # characters of a client's value repeated in a message
@@ -100,19 +101,28 @@ TOO_COMPLEX = "schema_too_complex"
 Path = tuple[str, ...]
 
 
-def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> None:
+def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> Mapping[str, Any]:
     """Refuse a schema the grammar conversion would not enforce in full, or that asks it for too much.
 
     *param* is the request field holding the schema; an error's ``param`` is the
     path of the offending keyword below it (``response_format.json_schema.schema.properties.x.maxLength``).
 
+    Returns:
+        The schema to enforce and to validate the answer against: *schema* itself, or, where it
+        declares ``$id``/``$anchor`` or refers with ``$ref``, its bundled copy (every reference a
+        pointer from the root; see :mod:`bubo.grammar._refs`).  *schema* is never changed.
+
     Raises:
         InvalidRequest: ``unsupported_schema`` (a keyword, value or pattern the
-            conversion cannot enforce) or ``schema_too_complex`` (over a limit),
-            naming the field and, for a limit, the limit.
+            conversion cannot enforce, a reference that does not resolve inside the
+            schema) or ``schema_too_complex`` (over a limit), naming the field and,
+            for a limit, the limit.
 
     """
-    _Walk(param, limits).run(schema)
+    walk = _Walk(param, limits)
+    walk.run(schema)
+    bundled: Mapping[str, Any] = walk.references.bundle(schema)
+    return bundled
 
 
 def _show(value: Any) -> str:
@@ -125,6 +135,11 @@ def _segment(key: str) -> str:
     return f".{key}" if _PLAIN_NAME.fullmatch(key) else f"[{json.dumps(key)}]"
 
 
+def path_segment(token: str | int) -> str:
+    """One step into a schema as a request path writes it: ``.properties``, ``["odd name"]``, ``[0]``."""
+    return f"[{token}]" if isinstance(token, int) else _segment(token)
+
+
 @attrs.define
 class _Walk:
     """One pass over a schema, depth first, with an explicit stack; counts against the limits."""
@@ -135,6 +150,10 @@ class _Walk:
     alternatives: int = 0
     literal_chars: int = 0
     divisors: set[int] = attrs.field(factory=set)
+    references: References = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.references = References(self.refuse)
 
     def refuse(self, path: Path, reason: str, code: str = UNSUPPORTED) -> InvalidRequest:
         """The 400: the message says where (``$.properties.a``) and why; ``param`` is the full path."""
@@ -144,9 +163,9 @@ class _Walk:
         )
 
     def run(self, root: Any) -> None:
-        pending: list[tuple[Any, Path, int]] = [(root, (), 1)]
+        pending: list[tuple[Any, Path, Pointer, str, int]] = [(root, (), (), DOCUMENT_URI, 1)]
         while pending:
-            schema, path, depth = pending.pop()
+            schema, path, pointer, base, depth = pending.pop()
             self.subschemas += 1
             if self.subschemas > self.limits.subschemas:
                 limit = self.limits.subschemas
@@ -164,12 +183,17 @@ class _Walk:
                 raise self.refuse(
                     path, f"is {kind}; constrained decoding needs an object ({{}} admits anything)"
                 )
-            children = self._check(schema, path)
-            pending.extend((child, child_path, depth + 1) for child, child_path in reversed(children))
+            base = self.references.enter(schema, pointer, path, base)
+            self._check(schema, path)
+            children = [
+                (child, (*path, *map(path_segment, tokens)), (*pointer, *tokens))
+                for _, tokens, child in child_schemas(schema)
+            ]
+            pending.extend((child, child_path, child_pointer, base, depth + 1)
+                           for child, child_path, child_pointer in reversed(children))  # fmt: skip
 
-    def _check(self, schema: Mapping[str, Any], path: Path) -> list[tuple[Any, Path]]:
-        """Check one schema's own keywords; its child schemas, with their paths."""
-        children: list[tuple[Any, Path]] = []
+    def _check(self, schema: Mapping[str, Any], path: Path) -> None:
+        """Check one schema's own keywords (its child schemas are walked on their own)."""
         for keyword, value in schema.items():
             if keyword in _ANNOTATIONS:
                 continue
@@ -177,13 +201,13 @@ class _Walk:
             if keyword not in _ENFORCED:
                 raise self.refuse(here, f"uses {keyword!r}; constrained decoding cannot enforce it")
             self._check_value(keyword, value, here)
-            children.extend(self._children(keyword, value, here))
+            self._check_holder(keyword, value, here)
         self._check_bounds(schema, path)
         self._check_numeric(schema, path)
-        return children
 
-    def _children(self, keyword: str, value: Any, here: Path) -> list[tuple[Any, Path]]:
-        if keyword in _SCHEMA_MAPS:
+    def _check_holder(self, keyword: str, value: Any, here: Path) -> None:
+        """A keyword that holds schemas: its shape, and what it counts against the limits."""
+        if keyword in SCHEMA_MAPS:
             if not isinstance(value, Mapping):
                 raise self.refuse(here, "is not an object")
             if keyword == "properties":
@@ -194,16 +218,11 @@ class _Walk:
                     )  # fmt: skip
                 for name in value:
                     self._count_literal(len(json.dumps(name)), here)
-            return [(child, (*here, _segment(name))) for name, child in value.items()]
-        if keyword in _SCHEMA_LISTS:
+        elif keyword in SCHEMA_LISTS:
             if not isinstance(value, list):
                 raise self.refuse(here, "is not an array")
             if keyword in ("anyOf", "oneOf"):
                 self._count_alternatives(len(value), here)
-            return [(child, (*here, f"[{index}]")) for index, child in enumerate(value)]
-        if keyword == "items" or (keyword == "additionalProperties" and not isinstance(value, bool)):
-            return [(value, here)]
-        return []
 
     def _check_value(self, keyword: str, value: Any, here: Path) -> None:
         """The value of a keyword that is not a schema itself."""
@@ -214,8 +233,6 @@ class _Walk:
             unknown = [kind for kind in kinds if not (isinstance(kind, str) and kind in _TYPES)]
             if unknown:
                 raise self.refuse(here, f"names the unknown type {_show(unknown[0])}")
-        elif keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            raise self.refuse(here, f"is {_show(value)}: only local references (#/…) are resolved")
         elif keyword in ("minLength", "maxLength", "minItems", "maxItems"):
             self._check_count(value, here)
         elif keyword == "pattern":

@@ -14,7 +14,7 @@ import attrs
 
 from bubo.domain.generation import CacheTags, GenerationRequest, GrammarSpec, ThinkingBudget
 from bubo.domain.messages import ChatPrompt, ToolSpec
-from bubo.domain.requests import ChatRequest
+from bubo.domain.requests import ChatRequest, OutputFormat
 from bubo.errors import InvalidRequest
 from bubo.grammar import check_request_grammar, check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
@@ -77,7 +77,7 @@ def count_chat_request(runtime: Runtime, request: ChatRequest) -> int:
 
 async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
     """Render, tokenize, check, and plan grammar and parsers for a chat request."""
-    _check_schemas(request)  # first: a schema over the limits must not cost a render of itself
+    checked_schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
     prompt = _with_thinking_variables(runtime, request)  # offers no tools when tool_choice is "none"
 
     def render_and_check() -> tuple[RenderedPrompt, GenerationRequest]:
@@ -96,7 +96,12 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
     thinking = inside or may_think
     max_calls = None if request.parallel_tool_calls else 1
     grammar = await _compiled_grammar(
-        runtime, request, starts_inside=inside, may_think=may_think and not inside, max_calls=max_calls
+        runtime,
+        request,
+        checked_schemas,
+        starts_inside=inside,
+        may_think=may_think and not inside,
+        max_calls=max_calls,
     )
     budget = request.reasoning.budget_tokens
     generation = attrs.evolve(
@@ -114,8 +119,7 @@ async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGenera
             else None
         ),
     )
-    forced = None if request.grammar is not None else _forced_tools(request)
-    output = request.output_format if request.grammar is None and forced is None else None
+    forced, output = checked_schemas.forced, checked_schemas.output
     reasoning_format = runtime.chat.reasoning_format
     plan = OutputPlan(
         reasoning=thinking and reasoning_format != "none",
@@ -154,7 +158,13 @@ def _digest(value: object) -> str:
 
 
 async def _compiled_grammar(
-    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
+    runtime: Runtime,
+    request: ChatRequest,
+    checked: _CheckedSchemas,
+    *,
+    starts_inside: bool,
+    may_think: bool,
+    max_calls: int | None,
 ) -> str | None:
     """The request's grammar as GBNF, else the server's default grammar, else none.
 
@@ -162,7 +172,7 @@ async def _compiled_grammar(
     schema llama.cpp cannot take is a 400 naming the field, not a failed generation.
     """
     planned = _grammar(
-        runtime, request, starts_inside=starts_inside, may_think=may_think, max_calls=max_calls
+        runtime, request, checked, starts_inside=starts_inside, may_think=may_think, max_calls=max_calls
     )
     if planned is None:
         return runtime.default_grammar
@@ -189,7 +199,20 @@ def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...] | None:
     return tools
 
 
-def _check_schemas(request: ChatRequest) -> None:
+@attrs.frozen
+class _CheckedSchemas:
+    """The schemas a chat answer is held to, as :func:`bubo.grammar.check_schema` returned them.
+
+    The forced tools (``tool_choice`` required or named, without a request grammar) with their
+    parameters bundled, else the answer's own schema (``response_format``); the prompt still shows
+    the tools as the client sent them.
+    """
+
+    forced: tuple[ToolSpec, ...] | None = None
+    output: OutputFormat | None = None
+
+
+def _check_schemas(request: ChatRequest) -> _CheckedSchemas:
     """Refuse a schema the grammar will not enforce, or that asks too much of it (one cheap pass each).
 
     A request's own grammar cannot be combined with a forced tool call: each would constrain the answer.
@@ -202,15 +225,27 @@ def _check_schemas(request: ChatRequest) -> None:
         )
     if request.grammar is not None:
         check_request_grammar(request.grammar.rules, request.grammar.param)
+        return _CheckedSchemas()
     if forced is not None:
-        for tool in forced:
-            check_schema(tool.parameters, tool.param)
-    elif request.output_format is not None:
-        check_schema(request.output_format.schema, request.output_format.param)
+        return _CheckedSchemas(
+            forced=tuple(
+                attrs.evolve(tool, parameters=check_schema(tool.parameters, tool.param)) for tool in forced
+            )
+        )
+    if request.output_format is not None:
+        output = request.output_format
+        return _CheckedSchemas(output=attrs.evolve(output, schema=check_schema(output.schema, output.param)))
+    return _CheckedSchemas()
 
 
 def _grammar(
-    runtime: Runtime, request: ChatRequest, *, starts_inside: bool, may_think: bool, max_calls: int | None
+    runtime: Runtime,
+    request: ChatRequest,
+    checked: _CheckedSchemas,
+    *,
+    starts_inside: bool,
+    may_think: bool,
+    max_calls: int | None,
 ) -> tuple[GrammarSpec, str] | None:
     """Forced tool calls, else the request's grammar or JSON answer, else none; with its request field.
 
@@ -219,11 +254,11 @@ def _grammar(
     if request.grammar is not None:
         return GrammarSpec(rules=request.grammar.rules), request.grammar.param
     prefix = thinking_prefix(starts_inside=starts_inside, may_think=may_think)
-    forced = _forced_tools(request)
-    if forced is not None:
+    if checked.forced is not None:
+        forced = checked.forced
         grammar = tool_format(runtime.tool_parser).grammar(forced, prefix=prefix, max_calls=max_calls)
         return grammar, forced[0].param if len(forced) == 1 else "tools"
-    if request.output_format is not None:
-        output = request.output_format
+    if checked.output is not None:
+        output = checked.output
         return output_grammar(output.schema, starts_inside=starts_inside, may_think=may_think), output.param
     return None

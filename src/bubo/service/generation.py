@@ -35,7 +35,7 @@ from bubo.domain.output import (
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
-from bubo.domain.requests import CompletionRequest, GenerationOptions
+from bubo.domain.requests import CompletionRequest, GenerationOptions, OutputFormat
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import EngineFailure, GrammarRejected
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
@@ -73,12 +73,14 @@ class PreparedGeneration:
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
     """Tokenize and check a raw-prompt request (off the event loop, by the workers); compile its grammar."""
     planned: tuple[GrammarSpec, str] | None = None
+    checked: OutputFormat | None = None  # the answer is checked against its schema once it ends
     if request.grammar is not None:
         check_request_grammar(request.grammar.rules, request.grammar.param)
         planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
     elif request.output_format is not None:
         output = request.output_format
-        planned = schema_grammar(output.schema, output.param), output.param
+        checked = attrs.evolve(output, schema=check_schema(output.schema, output.param))
+        planned = output_grammar(checked.schema, starts_inside=False, may_think=False), output.param
 
     def prepare() -> PreparedGeneration:
         rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
@@ -90,7 +92,6 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
     chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
     prepared = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
-    checked = request.output_format if request.grammar is None else None  # the answer is checked against it
     plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
     return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)
 
@@ -102,8 +103,7 @@ def schema_grammar(schema: Mapping[str, Any], param: str) -> GrammarSpec:
         InvalidRequest: the schema asks for what no grammar enforces, or too much; ``param`` below *param*.
 
     """
-    check_schema(schema, param)
-    return output_grammar(schema, starts_inside=False, may_think=False)
+    return output_grammar(check_schema(schema, param), starts_inside=False, may_think=False)
 
 
 async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> str:

@@ -17,14 +17,21 @@ grammar enforces it exactly (only patterns it translates faithfully pass
 :func:`bubo.grammar.check_schema`), and a
 backtracking regex engine on a client's pattern is a way to stall the server.
 ``format`` is an annotation here, as in Draft 2020-12 (the grammar enforces it).
-Every schema reaching this point passed ``check_schema``: local references
-only, bounded depth and size.
+
+Every schema reaching this point passed :func:`bubo.grammar.check_schema` and is
+its bundled form: every ``$ref`` a pointer from the root, no ``$id`` to move the
+base URI, bounded depth and size.  The validator's registry holds that document
+alone and refuses to retrieve anything else, so a reference that somehow did
+not resolve is a failed check, never a request to the network; and any failure
+of the check itself is :class:`~bubo.errors.OutputSchemaMismatch` with the code
+``output_check_failed``, naming the check, rather than an internal error.
 """
 
 from __future__ import annotations
 
 import decimal
 import json
+import logging
 import re
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from fractions import Fraction
@@ -32,20 +39,31 @@ from typing import Any
 
 import attrs
 import jsonschema
+import referencing
+import referencing.exceptions
 from jsonschema.exceptions import ValidationError, best_match
 
 from bubo.domain.messages import ToolSpec
 from bubo.domain.output import OutputEvent, TextDelta, ToolCallArgumentsDelta, ToolCallStart
 from bubo.errors import OutputSchemaMismatch
+from bubo.grammar import path_segment, resolve_pointer
 
 __all__ = ["AnswerCheck", "check_output"]
 
 _PRECISION = 400
 """Decimal digits for ``multipleOf`` on a number: far more than any number the grammar writes (36)."""
 _SHOWN = 80
+_MAX_REFERENCE_HOPS = 64  # references to references, followed to find where a keyword is written
 
 
 _DECIMAL = re.compile(r"Decimal\('([^']*)'\)")
+
+_log = logging.getLogger(__name__)
+
+
+def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
+    """The registry's retrieval: nothing outside the request's own schema is ever read."""
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs field, unseen by mypy
 
 
 def _no_pattern(*_: object) -> Iterator[ValidationError]:
@@ -93,10 +111,20 @@ def check_output(text: str, schema: Mapping[str, Any], param: str) -> None:
         try:
             instance = json.loads(text, parse_float=decimal.Decimal)
             exact_schema = json.loads(json.dumps(schema), parse_float=decimal.Decimal)
-            error = best_match(_Validator(exact_schema).iter_errors(instance))
         except (ValueError, RecursionError, ArithmeticError) as failure:
             raise OutputSchemaMismatch(
                 f"the model's output could not be checked against the JSON schema: {_cut(str(failure))}",
+                param=param,
+            ) from None
+        registry: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+        try:
+            error = best_match(_Validator(exact_schema, registry=registry).iter_errors(instance))
+        except Exception as failure:  # noqa: BLE001  # a bug here must still answer in the dialect's shape
+            _log.exception("the answer's check against the JSON schema in %s could not run", param)
+            raise OutputSchemaMismatch(
+                f"the answer's check against the JSON schema could not run ({type(failure).__name__}: "
+                f"{_cut(str(failure))}); the answer is withheld",
+                code="output_check_failed",
                 param=param,
             ) from None
     if error is not None:
@@ -104,7 +132,7 @@ def check_output(text: str, schema: Mapping[str, Any], param: str) -> None:
         reason = _DECIMAL.sub(r"\1", error.message)
         raise OutputSchemaMismatch(
             f"the model's output does not match the JSON schema: at {where}, {_cut(reason)}",
-            param=param + _path(error.absolute_schema_path),
+            param=param + "".join(map(path_segment, _location(exact_schema, error.absolute_schema_path))),
         )
 
 
@@ -148,6 +176,40 @@ class AnswerCheck:
                     check_output("".join(fragments), tool.parameters, tool.param)
         elif self.schema is not None and not self._calls:
             check_output("".join(self._text), self.schema, self.param)
+
+
+def _location(schema: Any, keywords: Iterable[str | int]) -> list[str | int]:
+    """Where in *schema* the keyword at jsonschema's *keywords* path is written.
+
+    jsonschema's path goes through a ``$ref`` as if the target stood in its place
+    (``items.properties.age`` for ``items: {"$ref": "#/$defs/P"}``); the client wants the
+    keyword as the schema holds it (``$defs.P.properties.age``), so each step that the
+    node itself lacks follows the node's reference (bundled: a pointer from the root).
+    """
+    node, location = schema, list[str | int]()
+    for keyword in keywords:
+        for _ in range(_MAX_REFERENCE_HOPS):
+            if not (isinstance(node, Mapping) and keyword not in node and isinstance(node.get("$ref"), str)):
+                break
+            found = resolve_pointer(schema, node["$ref"].removeprefix("#"))
+            if found is None:
+                return list(keywords)
+            location = list(found[0])
+            node = found[1]
+        inside = (
+            keyword in node if isinstance(node, Mapping) else isinstance(keyword, int) and keyword < len(node)
+        )
+        if not inside:
+            return list(keywords)
+        node = node[keyword]
+        location.append(keyword)
+    return location
+
+
+def _holds(node: Any, keyword: str | int) -> bool:
+    if isinstance(node, Mapping):
+        return keyword in node
+    return isinstance(node, list) and isinstance(keyword, int) and keyword < len(node)
 
 
 def _path(segments: Iterable[str | int]) -> str:
