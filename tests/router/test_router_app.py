@@ -19,6 +19,7 @@ import pytest
 import trio
 import trio.testing
 from quart_trio import QuartTrio
+from tests._listener import Listener
 
 from bubo.config import load_settings
 from bubo.router import create_router_app, drain
@@ -358,6 +359,21 @@ class TestStreams:
         again = await (await post(router, "/completion", {"model": "a"})).get_json()
         assert again["model"] == "a"
         assert again["pid"] != first["pid"]
+
+
+async def test_a_proxy_in_the_environment_is_never_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router talks to its children on loopback and to nothing else, whatever HTTP_PROXY says."""
+    with Listener() as listener:
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
+            monkeypatch.setenv(name, listener.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        async for app in make_router(tmp_path, "a"):
+            response = await post(app, "/v1/chat/completions", {"model": "a", "messages": []})
+            assert response.status_code == 200
+        assert listener.connections == 0
 
 
 async def test_a_drain_lets_running_streams_finish_and_refuses_new_requests(

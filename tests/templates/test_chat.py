@@ -98,6 +98,17 @@ class TestErrors:
                 ChatPrompt(messages=USER),
             )
 
+    @pytest.mark.parametrize("statement", ["include {!r}", "import {!r} as other", "extends {!r}"])
+    def test_a_template_reads_no_file(self, statement: str, tmp_path: Path) -> None:
+        """The environment has no loader: a template naming a file (or a URL) fails, nothing is read."""
+        secret = tmp_path / "secret.jinja"
+        secret.write_text("SECRET")
+        source = "{% " + statement.format(str(secret)) + " %}{{ messages[0].content }}"
+        with pytest.raises(InvalidRequest) as caught:
+            render(source, ChatPrompt(messages=USER))
+        assert "SECRET" not in str(caught.value)
+        assert caught.value.code == "template_error"
+
     def test_render_failure_is_a_400(self) -> None:
         """A template that fails on the input (str + int) is a 400, not a 500."""
         with pytest.raises(InvalidRequest):
