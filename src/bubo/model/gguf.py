@@ -19,6 +19,7 @@ from typing import Any, Final
 __all__ = ["GGUFError", "GGUFMetadata", "read_metadata"]
 
 _MAGIC: Final = b"GGUF"
+_HEADER_BYTES: Final = 24  # magic, version, tensor count, key/value count
 
 # value type id -> (struct format, size in bytes); STRING (8) and ARRAY (9) are handled apart
 _SCALARS: Final[dict[int, tuple[str, int]]] = {
@@ -173,6 +174,9 @@ def read_metadata(path: str | Path) -> GGUFMetadata:
     with buf:
         if buf[:4] != _MAGIC:
             msg = f"{path} is not a GGUF file (no GGUF magic)"
+            raise GGUFError(msg)
+        if len(buf) < _HEADER_BYTES:
+            msg = f"{path} is truncated: its GGUF header is incomplete"
             raise GGUFError(msg)
         (version,) = struct.unpack_from("<I", buf, 4)
         endian = "<"
