@@ -146,7 +146,7 @@ def show(
     if basename is not None:
         info["general.basename"] = basename
     return wire.ShowResponse(
-        license=card.license or None,
+        license=card.license,
         modelfile=modelfile(name, card, parameters),
         parameters=parameters_text(parameters),
         template=template,

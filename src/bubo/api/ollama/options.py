@@ -58,7 +58,9 @@ def _typed(key: str, value: Any, kind: type) -> Any:
 
     """
     ok: bool
-    if kind is bool:
+    if isinstance(value, bool) and kind is not bool:
+        ok = False
+    elif kind is bool:
         ok = isinstance(value, bool)
     elif kind is int:
         ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
@@ -69,8 +71,6 @@ def _typed(key: str, value: Any, kind: type) -> Any:
         ok = isinstance(value, int | float)
     else:
         ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
-    if isinstance(value, bool) and kind is not bool:
-        ok = False
     if not ok:
         raise InvalidRequest(f"option {key!r} must be {_KIND_NAMES[kind]}", param=f"options.{key}")
     return value

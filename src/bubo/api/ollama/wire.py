@@ -314,9 +314,9 @@ class ProcessResponse:
 
 @attrs.frozen(kw_only=True)
 class ShowResponse:
-    """``POST /api/show``; ``model_info`` is always present."""
+    """``POST /api/show``; ``model_info`` and ``license`` (empty when the file has none) always present."""
 
-    license: str | None = None
+    license: str
     modelfile: str
     parameters: str
     template: str
