@@ -37,26 +37,22 @@ RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})  # OpenAI's Respons
 # A request its child dropped waits this long for the child's exit, to say how it ended.
 EXIT_NOTICE_S = 2.0
 
-# Paths the router answers itself; every other route of the single-model app is forwarded.
-OWN_PATHS = (
-    frozenset(
-        {
-            "/health",
-            "/v1/health",
-            "/healthz",
-            "/ready",
-            "/v1/ready",
-            "/readyz",
-            "/models",
-            "/v1/models",
-            "/models/load",
-            "/models/unload",
-            "/props",
-            "/",  # the chat page, or "Ollama is running"
-        }
-    )
-    | router_ollama.OWN_PATHS
-)  # Ollama's listing, pull, and unloading
+# Paths the router answers itself (Ollama's listing, pull and unloading too: router/ollama.py); every
+# other route of the single-model app is forwarded.
+OWN_PATHS = router_ollama.OWN_PATHS | {
+    "/health",
+    "/v1/health",
+    "/healthz",
+    "/ready",
+    "/v1/ready",
+    "/readyz",
+    "/models",
+    "/v1/models",
+    "/models/load",
+    "/models/unload",
+    "/props",
+    "/",  # the chat page, or "Ollama is running"
+}
 
 
 @blueprint.get("/health")
