@@ -22,8 +22,9 @@ nox.options.sessions = ["tests"]
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 # Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
-# (tests/e2e/test_load_balancer.py) and the chat page in a headless browser (test_webui_browser.py).
-DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium"}
+# (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py), and
+# Ollama's JavaScript client under node, installed with npm from tests/e2e/node (test_ollama_clients.py).
+DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium", "node": "nodejs", "npm": "npm"}
 
 
 def _install_debian_packages(session: nox.Session) -> None:

@@ -20,7 +20,7 @@ from quart_trio import QuartTrio
 from bubo.config import Settings, default_model_path, load_settings
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
-from bubo.model import read_metadata
+from bubo.model import ModelCard, read_metadata, read_model_card
 from bubo.server import create_app
 from bubo.service.runtime import Runtime
 from bubo.templates import ChatTemplate
@@ -46,6 +46,12 @@ def _model_path() -> Path:
 @pytest.fixture(name="tokenizer", scope="session")
 def _tokenizer(model_path: Path) -> HFTokenizer:
     return build_hf_tokenizer(read_metadata(model_path))
+
+
+@pytest.fixture(name="model_card", scope="session")
+def _model_card(model_path: Path) -> ModelCard:
+    """The default model file's card (what the loader reads at start-up)."""
+    return read_model_card(model_path)
 
 
 @pytest.fixture(name="template", scope="session")
@@ -74,7 +80,9 @@ RuntimeFactory = Callable[[], Runtime]
 
 
 @pytest.fixture(name="make_runtime")
-def _make_runtime(fake_engine: FakeEngine, tokenizer: HFTokenizer, template: ChatTemplate) -> RuntimeFactory:
+def _make_runtime(
+    fake_engine: FakeEngine, tokenizer: HFTokenizer, template: ChatTemplate, model_card: ModelCard
+) -> RuntimeFactory:
     def make() -> Runtime:
         return Runtime(
             model_id="smollm2-135m-instruct-q4-1",
@@ -83,6 +91,7 @@ def _make_runtime(fake_engine: FakeEngine, tokenizer: HFTokenizer, template: Cha
             tokenizer=tokenizer,
             template=template,
             defaults=GenerationDefaults(),
+            card=model_card,
         )
 
     return make

@@ -19,7 +19,7 @@ from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.errors import InvalidRequest
-from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata
+from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata, read_model_card
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
 from bubo.service.memory import MemoryGuard, SystemMemory
@@ -136,6 +136,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         slot_save_path=model.slot_save_path,
         aliases=aliases,
         chat=_chat_defaults(model),
+        card=read_model_card(path, metadata),
     )
 
 

@@ -24,7 +24,7 @@ from quart_cors import cors
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from bubo.api import anthropic, debug, llamacpp, openai, ops, responses, webui
+from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, responses, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
@@ -107,10 +107,10 @@ def create_app(
     )
     app.extensions[EXTENSION_KEY] = context
 
-    for blueprint in (ops, openai, anthropic, responses, llamacpp, debug):
+    for blueprint in (ops, openai, anthropic, responses, llamacpp, ollama, debug):
         app.register_blueprint(blueprint.blueprint)
-    if settings.server.webui:
-        app.register_blueprint(webui.blueprint)
+    # `/`: the chat page (which answers "Ollama is running" to what is not a browser), else that sentence
+    app.register_blueprint(webui.blueprint if settings.server.webui else _root.blueprint)
     app = install_edge(app, settings)
 
     @app.before_serving
@@ -240,13 +240,19 @@ async def _unexpected_error(error: Exception) -> Response:
 async def _render(error: BuboError) -> Response:
     """The error in the envelope of the dialect that owns the path."""
     body_read = await _finish_reading_body()
-    if request.path == anthropic.PATH_PREFIX or request.path.startswith(anthropic.PATH_PREFIX + "/"):
+    if _under(request.path, anthropic.PATH_PREFIX):
         response = anthropic.render_error(error, request_id())
+    elif _under(request.path, ollama.PATH_PREFIX):
+        response = ollama.render_error(error)
     else:
         response = render_error(error)
     if not body_read:
         response.headers["Connection"] = "close"
     return response
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
 
 
 async def _finish_reading_body() -> bool:

@@ -19,6 +19,7 @@ from ..conftest import wait_until_ready
 
 ASSET_PATHS = ["/", "/webui/app.js", "/webui/style.css", "/webui/icon.svg", "/webui/vendor/marked.umd.js",
                "/webui/vendor/purify.min.js"]  # fmt: skip
+BROWSER = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}  # what a browser asks / for
 
 
 @pytest.fixture(name="make_app")
@@ -53,7 +54,7 @@ class TestPage:
     @pytest.mark.parametrize("path", ASSET_PATHS)
     async def test_each_file_is_served_with_a_self_only_policy(self, app, path) -> None:
         """Each file of the page comes from the package, with a CSP that allows this origin alone."""
-        response = await app.test_client().get(path)
+        response = await app.test_client().get(path, headers=BROWSER)
         assert response.status_code == 200
         policy = response.headers["Content-Security-Policy"]
         assert "script-src 'self';" in policy
@@ -65,7 +66,7 @@ class TestPage:
 
     async def test_the_page_has_no_inline_script_and_loads_nothing_from_elsewhere(self, app) -> None:
         """Every script and stylesheet is one of the page's own files: it works offline, under the CSP."""
-        html = (await (await app.test_client().get("/")).get_data()).decode()
+        html = (await (await app.test_client().get("/", headers=BROWSER)).get_data()).decode()
         parser = _Tags()
         parser.feed(html)
         assert parser.inline_script.strip() == ""
@@ -89,7 +90,7 @@ class TestPage:
         async with app.test_app() as test_app:
             client = test_app.test_client()
             for path in ASSET_PATHS:
-                assert (await client.get(path)).status_code == 200, path
+                assert (await client.get(path, headers=BROWSER)).status_code == 200, path
             assert (await client.get("/v1/models")).status_code == 503
             release.set()
             await wait_until_ready(app)
@@ -125,9 +126,9 @@ class TestSwitch:
     def test_flags_and_variable(self, argv, environ, served) -> None:
         assert load_settings(serve_flag_values(argv), environ=environ).server.webui is served
 
-    @pytest.mark.parametrize("path", ["/", "/webui/app.js"])
+    @pytest.mark.parametrize("path", ["/webui/app.js", "/webui/index.html"])
     async def test_off_means_404(self, make_app, path) -> None:
-        """With --no-webui the paths do not exist, as before the page was added."""
+        """With --no-webui the page's files do not exist (``/`` then answers as Ollama does: test_ollama)."""
         app = make_app({"server__webui": "off"})
         async with app.test_app() as test_app:
             await wait_until_ready(app)
@@ -144,7 +145,7 @@ class TestApiKey:
             await wait_until_ready(app)
             client = test_app.test_client()
             for path in ASSET_PATHS:
-                assert (await client.get(path)).status_code == 200, path
+                assert (await client.get(path, headers=BROWSER)).status_code == 200, path
             for path in ("/v1/models", "/props", "/slots", "/index.html", "/webuix"):
                 assert (await client.get(path)).status_code == 401, path
             assert (await client.post("/v1/chat/completions", json={})).status_code == 401

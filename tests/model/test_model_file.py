@@ -51,6 +51,7 @@ class TestMetadata:
         [
             b"",
             b"GGML" + bytes(20),
+            b"GGUF",
             b"GGUF" + struct.pack("<IQQ", 1, 0, 0),
             b"GGUF" + struct.pack("<IQQ", 3, 0, 5),
         ],

@@ -2,8 +2,8 @@
 
 Run as ``python stand_in_child.py --port N --served-model-name NAME [...]``.  It
 answers ``/ready`` and ``/v1/models``, requires ``BUBO_API_KEY``, echoes every
-other request as JSON, and on request streams (waiting for a gate file, noting
-when its client leaves) or dies (exit status 3) before or while it answers, between
+other request as JSON, and on request streams (server-sent events, or NDJSON
+under ``/api/``; waiting for a gate file, noting when its client leaves) or dies (exit status 3) before or while it answers, between
 events or in the middle of one.
 On SIGTERM it stops accepting and exits once its answers in progress are done.
 A model whose name starts with ``broken`` exits with status 3 at once.
@@ -118,6 +118,9 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _stream(self, body: dict[str, Any]) -> None:
+        if self.path.startswith("/api/"):  # Ollama's NDJSON: one object a line
+            self._ndjson(body)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -141,6 +144,20 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:  # the router closed the connection: its client left
             if "left" in body:
                 Path(body["left"]).write_text("left")
+
+    def _ndjson(self, body: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._chunk(f'{{"model": "{NAME}", "n": 0}}\n'.encode())
+        if body.get("die") == "during":
+            os._exit(DIE_STATUS)
+        if body.get("die") == "mid-event":
+            self._chunk(b'{"n": ')
+            os._exit(DIE_STATUS)
+        self._chunk(b'{"done": true}\n')
+        self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -242,7 +242,7 @@ class TestForwarding:
 
     async def test_the_chat_page_is_the_router_s_own(self, router: QuartTrio) -> None:
         """/ and its files are served by the router, without the key, and load no model."""
-        page = await router.test_client().get("/")
+        page = await router.test_client().get("/", headers={"Accept": "text/html"})
         assert page.status_code == 200
         assert "text/html" in page.headers["Content-Type"]
         script = await router.test_client().get("/webui/app.js")

@@ -20,6 +20,8 @@ from quart import Blueprint, Response
 
 from bubo.errors import NotFound
 
+from ._root import running, wants_html
+
 __all__ = ["ASSETS", "SECURITY_HEADERS", "blueprint", "is_public"]
 
 blueprint = Blueprint("webui", __name__)
@@ -68,8 +70,8 @@ def _asset(name: str) -> Response:
 
 @blueprint.get("/")
 async def page() -> Response:
-    """The chat page."""
-    return _asset("index.html")
+    """The chat page for a browser; ``Ollama is running`` for the apps that probe ``/`` (``_root.py``)."""
+    return _asset("index.html") if wants_html() else running()
 
 
 @blueprint.get("/webui/<path:name>")

@@ -1,5 +1,7 @@
-"""Facts about a GGUF file read without llama.cpp: metadata and the served model id."""
+"""Facts about a GGUF file read without llama.cpp: metadata, the served model id, the file's card."""
 
+from .card import ModelCard as ModelCard
+from .card import read_model_card as read_model_card
 from .gguf import GGUFError as GGUFError
 from .gguf import GGUFMetadata as GGUFMetadata
 from .gguf import read_metadata as read_metadata

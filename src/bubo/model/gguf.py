@@ -19,6 +19,7 @@ from typing import Any, Final
 __all__ = ["GGUFError", "GGUFMetadata", "read_metadata"]
 
 _MAGIC: Final = b"GGUF"
+_HEADER_BYTES: Final = 24  # magic, version, tensor count, key/value count
 
 # value type id -> (struct format, size in bytes); STRING (8) and ARRAY (9) are handled apart
 _SCALARS: Final[dict[int, tuple[str, int]]] = {
@@ -46,13 +47,15 @@ class GGUFMetadata(Mapping[str, Any]):
     """The metadata key/value pairs of one GGUF file, as plain Python values.
 
     Arrays become tuples; strings are decoded as UTF-8 (invalid bytes replaced,
-    as llama.cpp does when it prints them).
+    as llama.cpp does when it prints them).  ``parameter_count`` is the number
+    of weights: the elements of every tensor the file describes.
     """
 
-    def __init__(self, path: Path, version: int, values: dict[str, Any]) -> None:
+    def __init__(self, path: Path, version: int, values: dict[str, Any], parameter_count: int = 0) -> None:
         self.path = path
         self.version = version
         self._values = values
+        self.parameter_count = parameter_count
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -172,6 +175,9 @@ def read_metadata(path: str | Path) -> GGUFMetadata:
         if buf[:4] != _MAGIC:
             msg = f"{path} is not a GGUF file (no GGUF magic)"
             raise GGUFError(msg)
+        if len(buf) < _HEADER_BYTES:
+            msg = f"{path} is truncated: its GGUF header is incomplete"
+            raise GGUFError(msg)
         (version,) = struct.unpack_from("<I", buf, 4)
         endian = "<"
         if version > 0xFFFF:  # a big-endian file read as little-endian
@@ -182,10 +188,22 @@ def read_metadata(path: str | Path) -> GGUFMetadata:
             raise GGUFError(msg)
         cursor = _Cursor(buf, endian)
         cursor.pos = 8
-        cursor.u64()  # tensor count: not needed
+        tensor_count = cursor.u64()
         kv_count = cursor.u64()
         values: dict[str, Any] = {}
         for _ in range(kv_count):
             key = cursor.string()
             values[key] = cursor.value(cursor.u32())
-    return GGUFMetadata(path, version, values)
+        parameters = sum(_tensor_elements(cursor) for _ in range(tensor_count))
+    return GGUFMetadata(path, version, values, parameters)
+
+
+def _tensor_elements(cursor: _Cursor) -> int:
+    """Read one tensor's description (name, shape, type, offset); the number of elements it holds."""
+    size = cursor.u64()
+    cursor.take(size)  # the name
+    elements = 1
+    for _ in range(cursor.u32()):
+        elements *= cursor.u64()
+    cursor.take(4 + 8)  # its type and data offset
+    return elements

@@ -18,12 +18,13 @@ from collections.abc import Mapping, Sequence
 import httpx
 from quart_trio import QuartTrio
 
-from bubo.api import webui
+from bubo.api import _root, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext
 from bubo.config import Settings
 from bubo.server import create_app, install_edge
 from bubo.service.runtime import ServerState
 
+from . import ollama
 from .catalog import scan_models_dir
 from .command import child_command
 from .context import ROUTER_KEY, RouterContext
@@ -95,11 +96,14 @@ def create_router_app(
         models_max=settings.router.models_max,
         autoload=settings.router.models_autoload,
         allow_extra_args=settings.router.models_allow_extra_args,
+        cards=ollama.read_cards(entries),
     )
     app.extensions[ROUTER_KEY] = router
     app.register_blueprint(blueprint)
-    if settings.server.webui:  # the chat page is the router's own: it talks to every model through it
-        app.register_blueprint(webui.blueprint)
+    app.register_blueprint(ollama.blueprint)
+    # `/` is the router's own: the chat page (it talks to every model through the router), or
+    # Ollama's "Ollama is running"
+    app.register_blueprint(webui.blueprint if settings.server.webui else _root.blueprint)
     # Every route a model serves: those of the single-model app (built, never served).
     app.register_blueprint(forwarding_blueprint(create_app(settings).url_map.iter_rules()))
     app = install_edge(app, settings)

@@ -6,6 +6,8 @@ import attrs
 import httpx
 from quart import current_app
 
+from bubo.model import ModelCard
+
 from .registry import Registry
 from .supervisor import Supervisor
 
@@ -25,6 +27,7 @@ class RouterContext:
     models_max: int
     autoload: bool
     allow_extra_args: bool
+    cards: dict[str, ModelCard] = attrs.field(factory=dict)  # each model file's card, read at start-up
     stopping: bool = False  # a shutdown signal arrived: no new requests
 
 

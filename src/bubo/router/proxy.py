@@ -7,7 +7,7 @@ reads it, and leaving the body (the client went away: quart-trio cancels the
 request) closes the upstream response, so the child sees the disconnect and
 frees its slot.  A child that dies before answering gives a 503 in the
 dialect's error shape; one that dies mid-stream ends an event stream with the
-dialect's error event.
+dialect's error event (an Ollama NDJSON stream with an ``{"error"}`` line).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from werkzeug.datastructures import Headers
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, unstructure
 from bubo.api.anthropic.errors import error_envelope as anthropic_error_envelope
+from bubo.api.ollama import wire as ollama_wire
 from bubo.errors import BuboError
 
 __all__ = ["Dialect", "ProxiedBody", "forward", "forwarded_headers"]
@@ -54,7 +55,9 @@ CLOSE_UPSTREAM_S = 2.0  # closing the child's response after the client left
 
 Failure = Callable[[], Awaitable[BuboError]]
 ErrorFrame = Callable[[BuboError, int], bytes]  # the error, the number of events already passed on
-Dialect = Literal["anthropic", "responses", "openai"]  # whose error event ends a broken stream
+Dialect = Literal["anthropic", "responses", "openai", "ollama"]  # whose error event ends a broken stream
+SSE_END = b"\n\n"  # what ends a server-sent event
+NDJSON_END = b"\n"  # what ends a line of an NDJSON stream (Ollama's)
 
 
 def forwarded_headers(
@@ -90,9 +93,15 @@ async def forward(
     headers = Headers(
         [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in _NOT_FORWARDED_DOWN]
     )
-    event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    content_type = upstream.headers.get("content-type", "")
+    end = SSE_END if content_type.startswith("text/event-stream") else None
+    if content_type.startswith("application/x-ndjson"):
+        end = NDJSON_END
     body = ProxiedBody(
-        upstream, failure=failure, error_frame=_error_frame(dialect, request_id) if event_stream else None
+        upstream,
+        failure=failure,
+        error_frame=_error_frame(dialect, request_id) if end is not None else None,
+        frame_end=end or SSE_END,
     )
     response = Response(body, status=upstream.status_code, headers=headers)
     response.timeout = None  # the child applies its own limits; a long stream must not be cut here
@@ -117,8 +126,10 @@ class ProxiedBody(ResponseBody):
         *,
         failure: Failure,
         error_frame: ErrorFrame | None,
+        frame_end: bytes = SSE_END,
     ) -> None:
         self._upstream = upstream
+        self._frame_end = frame_end
         self._failure = failure
         self._error_frame = error_frame
         self._frames_sent = 0  # complete server-sent events passed on (the next sequence_number)
@@ -162,7 +173,8 @@ class ProxiedBody(ResponseBody):
                 error = await self._failure()
                 logger.warning("the child stopped while streaming a response: %s", error.message)
                 if self._error_frame is not None:
-                    fresh = b"" if self._tail == b"\n\n" else b"\n\n"  # end the event the child cut off
+                    end = self._frame_end  # end the event (or line) the child cut off
+                    fresh = b"" if self._tail.endswith(end) else end
                     await send.send(fresh + self._error_frame(error, self._frames_sent))
             finally:
                 await self._unwind(chunks)
@@ -187,6 +199,8 @@ def _error_frame(dialect: Dialect, request_id: str) -> ErrorFrame:
     def frame(error: BuboError, sequence_number: int) -> bytes:
         if dialect == "anthropic":
             return _sse("error", unstructure(anthropic_error_envelope(error, request_id)))
+        if dialect == "ollama":
+            return (dumps(unstructure(ollama_wire.ErrorBody(error=error.message))) + "\n").encode()
         if dialect == "responses":
             data = {"code": error.code, "message": error.message, "param": error.param}
             return _sse("error", {"type": "error", "sequence_number": sequence_number, **data})

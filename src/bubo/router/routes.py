@@ -16,13 +16,14 @@ import trio
 from quart import Blueprint, Response, request
 from werkzeug.routing import Rule
 
-from bubo.api import webui
+from bubo.api import ollama, webui
 from bubo.api._context import INLINE_BODY_BYTES, request_id
 from bubo.api._converter import parse_json_object
 from bubo.api._json import json_response
 from bubo.api.anthropic import PATH_PREFIX as ANTHROPIC_PREFIX
 from bubo.errors import BuboError, InvalidRequest, ServiceUnavailable
 
+from . import ollama as router_ollama
 from .command import extra_args
 from .context import RouterContext, router_context
 from .proxy import Dialect, forward, forwarded_headers
@@ -36,22 +37,22 @@ RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})  # OpenAI's Respons
 # A request its child dropped waits this long for the child's exit, to say how it ended.
 EXIT_NOTICE_S = 2.0
 
-# Paths the router answers itself; every other route of the single-model app is forwarded.
-OWN_PATHS = frozenset(
-    {
-        "/health",
-        "/v1/health",
-        "/healthz",
-        "/ready",
-        "/v1/ready",
-        "/readyz",
-        "/models",
-        "/v1/models",
-        "/models/load",
-        "/models/unload",
-        "/props",
-    }
-)
+# Paths the router answers itself (Ollama's listing, pull and unloading too: router/ollama.py); every
+# other route of the single-model app is forwarded.
+OWN_PATHS = router_ollama.OWN_PATHS | {
+    "/health",
+    "/v1/health",
+    "/healthz",
+    "/ready",
+    "/v1/ready",
+    "/readyz",
+    "/models",
+    "/v1/models",
+    "/models/load",
+    "/models/unload",
+    "/props",
+    "/",  # the chat page, or "Ollama is running"
+}
 
 
 @blueprint.get("/health")
@@ -141,7 +142,6 @@ async def forward_request(**_path: Any) -> Response:
     """Forward the request to the child of the model it names (loading it first when allowed)."""
     router = router_context()
     _check_open(router)
-    autoload = _autoload(router)
     body = b""
     if request.method == "POST":
         body = await _raw_body()
@@ -149,6 +149,11 @@ async def forward_request(**_path: Any) -> Response:
     else:
         name = request.args.get("model")
         record = router.registry.get(name) if name else router.registry.only_loaded()
+    return await _forward(router, record, body)
+
+
+async def _forward(router: RouterContext, record: ModelRecord, body: bytes) -> Response:
+    autoload = _autoload(router)
     instance = await router.supervisor.ensure_loaded(record, autoload=autoload)
     if request.method == "POST":  # what keeps a model from LRU unloading (as in llama-server)
         record.last_used = trio.current_time()
@@ -165,6 +170,27 @@ async def forward_request(**_path: Any) -> Response:
         dialect=_dialect(request.path),
         request_id=request_id(),
     )
+
+
+@blueprint.post("/api/chat")
+@blueprint.post("/api/generate")
+async def ollama_generation() -> Response:
+    """Ollama's chat and generate: an empty request with ``keep_alive: 0`` unloads, any other is forwarded."""
+    router = router_context()
+    _check_open(router)
+    raw = await _raw_body()
+    body = await _parse(raw)
+    answer = router_ollama.unload(router, "chat" if request.path == "/api/chat" else "generate", body)
+    if answer is not None:
+        return answer
+    return await _forward(router, router_ollama.record_named(router, body), raw)
+
+
+@blueprint.post("/api/pull")
+async def ollama_pull() -> Response:
+    """A model of the directory "pulls" at once, without loading (``bubo.router.ollama``)."""
+    router = router_context()
+    return await router_ollama.pull(router, await _json_body())
 
 
 def forwarding_blueprint(rules: Iterable[Rule]) -> Blueprint:
@@ -198,10 +224,16 @@ async def _failure(router: RouterContext, instance: Instance) -> BuboError:
     return ServiceUnavailable(f"model {instance.model!r} {why}; send the request again", code="not_ready")
 
 
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
 def _dialect(path: str) -> Dialect:
     """Whose error events the stream at *path* speaks (an error that ends it must match)."""
-    if path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
+    if _under(path, ANTHROPIC_PREFIX):
         return "anthropic"
+    if _under(path, ollama.PATH_PREFIX):
+        return "ollama"
     if path in RESPONSES_PATHS:
         return "responses"
     return "openai"
@@ -241,6 +273,8 @@ async def _parse(body: bytes) -> dict[str, Any]:
 
 async def _record_of_body(router: RouterContext, body: bytes) -> ModelRecord:
     """The model a POST body names; a body that names none goes to the one loaded model."""
+    if _under(request.path, ollama.PATH_PREFIX):  # Ollama's names: NAME, NAME:latest, any case
+        return router_ollama.record_named(router, await _parse(body) if body.strip() else {})
     if not body.strip():
         return router.registry.only_loaded()
     name = _model_field(await _parse(body))

@@ -75,13 +75,21 @@ def count_chat_request(runtime: Runtime, request: ChatRequest) -> int:
     return count_chat(runtime, _with_thinking_variables(runtime, request))
 
 
-async def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedGeneration:
-    """Render, tokenize, check, and plan grammar and parsers for a chat request."""
+async def prepare_chat(
+    runtime: Runtime, request: ChatRequest, *, prefix: tuple[int, ...] = ()
+) -> PreparedGeneration:
+    """Render, tokenize, check, and plan grammar and parsers for a chat request.
+
+    *prefix* are token ids placed before the rendered prompt (Ollama's ``context``: an
+    earlier exchange the client sends back); the context check counts them.
+    """
     checked_schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
     prompt = _with_thinking_variables(runtime, request)  # offers no tools when tool_choice is "none"
 
     def render_and_check() -> tuple[RenderedPrompt, GenerationRequest]:
         rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
+        if prefix:
+            rendered = attrs.evolve(rendered, tokens=(*prefix, *rendered.tokens))
         checked = generation_request(runtime, rendered, request.options, prompt_param="messages")
         return rendered, attrs.evolve(
             checked,

@@ -57,11 +57,15 @@ def require_embedder(runtime: Runtime) -> EmbeddingModel:
     return embedder
 
 
-async def embed(runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: str) -> list[Embedded]:
+async def embed(
+    runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: str, truncate: bool = False
+) -> list[Embedded]:
     """Embed every input, in order (each is one decode of the embedding context).
 
     *param* names the request field; an input's errors name ``<param>[<index>]``
-    (``<param>`` alone for a single input).
+    (``<param>`` alone for a single input).  With *truncate*, a text longer than
+    one embedding may be keeps its first tokens (Ollama's ``truncate``) instead
+    of being refused.
 
     Every input is tokenized and checked, and the answer's size bounded, before any is embedded.
 
@@ -83,7 +87,7 @@ async def embed(runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: st
         where = param if len(inputs) == 1 else f"{param}[{index}]"
         chars = len(item) if isinstance(item, str) else 0
         tokens = await runtime.workers.run(
-            functools.partial(_tokens, runtime, embedder, item, where),
+            functools.partial(_tokens, runtime, embedder, item, where, truncate=truncate),
             need_bytes=chars * PREPARE_BYTES_PER_CHAR,
         )
         n_tokens += len(tokens)
@@ -108,12 +112,16 @@ def _check_floats(n_floats: int, what: str, n_embd: int, *, param: str) -> None:
         )
 
 
-def _tokens(runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, param: str) -> tuple[int, ...]:
+def _tokens(
+    runtime: Runtime, embedder: EmbeddingModel, item: EmbeddingInput, param: str, *, truncate: bool
+) -> tuple[int, ...]:
     tokenizer = runtime.tokenizer
     if isinstance(item, str):
         if not item:
             raise InvalidRequest("an input must not be empty", param=param)
         tokens = tuple(tokenizer.encode(item, add_special=True, parse_special=False))
+        if truncate:
+            tokens = tokens[: embedder.n_tokens]
     else:
         tokens = item
         _check_length(tokens, embedder, param)

@@ -11,7 +11,7 @@ import trio
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
-from bubo.model import ALIAS
+from bubo.model import ALIAS, ModelCard
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
@@ -56,6 +56,7 @@ class Runtime:
     slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
     aliases: tuple[str, ...] = ()  # more names the model answers to (--alias a,b: a is the id)
     chat: ChatDefaults = attrs.field(factory=ChatDefaults)
+    card: ModelCard | None = None  # the model file's identity and metadata, read at load (None: no file)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -1,0 +1,175 @@
+"""Ollama's ``options`` object, its ``keep_alive`` and its ``think``: wire values to the domain's.
+
+Ollama reads ``options`` key by key (``api.Options.FromMap``): a key it does not
+know is ignored with a warning; a known key of the wrong type is an error; a
+``null`` value is skipped.  Bubo does the same (the ignored keys are logged at
+debug level).  The load-time options (``num_ctx``, ``num_thread``, ``num_gpu``,
+…) are checked and then ignored: Bubo's model is loaded once, with its flags,
+and a request never reloads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from bubo.api._converter import INT64_MAX, INT64_MIN
+from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.domain.requests import GenerationOptions, ReasoningControl
+from bubo.domain.sampling import SamplingOverrides
+from bubo.errors import InvalidRequest
+
+__all__ = ["FOREVER_S", "generation_options", "keep_alive_seconds", "reasoning", "thinks"]
+
+logger = logging.getLogger(__name__)
+
+FOREVER_S = math.inf
+"""``keep_alive`` below zero: keep the model loaded for good."""
+
+# the options Bubo applies, by the kind of JSON value Ollama takes for each
+_SAMPLER_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                   "frequency_penalty", "mirostat_tau", "mirostat_eta")  # fmt: skip
+_SAMPLER_INTS = ("top_k", "repeat_last_n", "mirostat")
+# known to Ollama (or to its Python client), read only when the model loads or no longer used: ignored
+_IGNORED = {
+    "num_ctx": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
+    "draft_num_predict": int, "use_mmap": bool, "numa": bool, "low_vram": bool, "f16_kv": bool,
+    "logits_all": bool, "vocab_only": bool, "use_mlock": bool, "embedding_only": bool,
+    "tfs_z": float, "penalize_newline": bool,
+}  # fmt: skip
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "a boolean", list: "an array of strings"}
+
+# a Go duration: an optional sign, then one or more decimal numbers each with a unit
+_DURATION = re.compile(r"([-+]?)((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+)")
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """*value* if it has the JSON type Ollama takes for *key* (an integral number for an integer).
+
+    Raises:
+        InvalidRequest: ``param`` ``options.<key>``.
+
+    """
+    ok: bool
+    if isinstance(value, bool) and kind is not bool:
+        ok = False
+    elif kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        value = int(value) if ok else value
+        if ok and not INT64_MIN <= value <= INT64_MAX:
+            raise InvalidRequest(f"option {key!r} must fit in 64 bits", param=f"options.{key}")
+    elif kind is float:
+        ok = isinstance(value, int | float)
+    else:
+        ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if not ok:
+        raise InvalidRequest(f"option {key!r} must be {_KIND_NAMES[kind]}", param=f"options.{key}")
+    return value
+
+
+def generation_options(options: Mapping[str, Any] | None, *, n_probs: int | None = None) -> GenerationOptions:
+    """The limits and samplers an ``options`` object sets (see the module docstring).
+
+    Raises:
+        InvalidRequest: a known option of the wrong type or out of range; ``param`` ``options.<key>``.
+
+    """
+    given = {key: value for key, value in (options or {}).items() if value is not None}
+    sampling = _sampling(given)
+    max_tokens = _num_predict(given.pop("num_predict", None))
+    stop = tuple(_typed("stop", given.pop("stop"), list)) if "stop" in given else ()
+    n_keep = _typed("num_keep", given.pop("num_keep"), int) if "num_keep" in given else 0
+    if n_keep < -1:
+        raise InvalidRequest("option 'num_keep' must be -1 (all) or more", param="options.num_keep")
+    for key, kind in _IGNORED.items():
+        if key in given:
+            _typed(key, given.pop(key), kind)
+            logger.debug("option %r is read when the model loads; ignored for this request", key)
+    if given:
+        logger.debug("ignoring unknown options: %s", ", ".join(sorted(given)))
+    return GenerationOptions(
+        max_tokens=max_tokens, sampling=sampling, stop=stop, n_keep=n_keep, n_probs=n_probs
+    )
+
+
+def _sampling(given: dict[str, Any]) -> SamplingOverrides:
+    """The sampler options, taken out of *given*, checked (types and ranges)."""
+    values: dict[str, Any] = {}
+    for key in _SAMPLER_FLOATS:
+        if key in given:
+            values[key] = float(_typed(key, given.pop(key), float))
+    for key in _SAMPLER_INTS:
+        if key in given:
+            values[key] = _typed(key, given.pop(key), int)
+    if "seed" in given:
+        seed = _typed("seed", given.pop("seed"), int)
+        values["seed"] = seed if seed >= 0 else None  # Ollama's -1: a fresh seed each time
+    try:
+        return check_sampling(SamplingOverrides(**values))
+    except InvalidRequest as error:
+        raise InvalidRequest(error.message, param=f"options.{error.param}") from None
+
+
+def _num_predict(value: Any) -> int | None:
+    """``num_predict``: -1 (no limit) and -2 (until the context is full) are both "until the end"."""
+    if value is None:
+        return None
+    limit: int = _typed("num_predict", value, int)
+    if limit in (-1, -2):
+        return -1
+    if limit < 0:
+        raise InvalidRequest(
+            f"option 'num_predict' must be -1, -2 or a number of tokens, got {limit}",
+            param="options.num_predict",
+        )
+    return check_token_limit(limit, "options.num_predict")
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """``keep_alive`` in seconds: a number of seconds or a Go duration (``"5m"``, ``"1h30m"``, ``"0"``).
+
+    Negative means for good (:data:`FOREVER_S`); ``None`` when not sent.
+
+    Raises:
+        InvalidRequest: any other value; ``param`` ``keep_alive``.
+
+    """
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value in ("0", "+0", "-0"):
+        seconds = 0.0
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
+        sign, body = match.groups()
+        magnitude = sum(float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART.findall(body))
+        seconds = -magnitude if sign == "-" else magnitude
+    else:
+        raise InvalidRequest(
+            f'keep_alive must be a number of seconds or a duration such as "5m", got {value!r}',
+            param="keep_alive",
+        )
+    return FOREVER_S if seconds < 0 else seconds
+
+
+def reasoning(think: bool | str | None) -> ReasoningControl:
+    """``think``: a switch, or a level (``low``, ``medium``, ``high``, ``max``) that also turns it on."""
+    if think is None:
+        return ReasoningControl()
+    if isinstance(think, bool):
+        return ReasoningControl(enabled=think)
+    return attrs.evolve(ReasoningControl.from_effort(think), enabled=True)
+
+
+def thinks(think: bool | str | None) -> bool:
+    """Whether *think* asks for thinking."""
+    return think is not None and think is not False

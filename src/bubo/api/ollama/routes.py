@@ -1,0 +1,473 @@
+"""Ollama's routes under ``/api``: version, tags, ps, show, chat, generate, embed, pull; 501 for the rest.
+
+Model names resolve as :mod:`.names` says.  ``keep_alive`` is read (a bad one
+is a 400) but a single-model server never unloads its model: an empty request
+with ``keep_alive: 0`` answers ``done_reason: "unload"`` and the server goes on
+serving, as it does for every other value (router mode really unloads:
+``bubo.router``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import cattrs
+import trio
+from quart import Blueprint, Response, current_app, request
+from quart.blueprints import BlueprintSetupState
+
+from bubo.api._context import request_timeline, require_runtime, structured_body
+from bubo.api._converter import make_converter
+from bubo.api._embedding_inputs import MAX_EMBEDDING_INPUTS
+from bubo.api._json import json_response
+from bubo.errors import InternalError, InvalidRequest, NotImplementedOnThisModel
+from bubo.model import ModelCard
+from bubo.service.chat import prepare_chat
+from bubo.service.embeddings import (
+    ANSWER_BYTES_PER_FLOAT,
+    EUCLIDEAN,
+    Embedded,
+    embed,
+    normalize,
+    require_embedder,
+)
+from bubo.service.generation import PreparedGeneration, open_output, prepare_completion
+from bubo.service.infill import InfillParts, chunk_chars, infill_tokens
+from bubo.service.runtime import Runtime
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
+
+from . import models, translate, wire
+from .names import require_name
+from .options import generation_options, keep_alive_seconds, thinks
+from .stream import NDJSON, ChatChunks, GenerateChunks, answer, line, ndjson_response
+
+__all__ = [
+    "COPILOT_USER_AGENT",
+    "PATH_PREFIX",
+    "VERSION",
+    "blueprint",
+    "capabilities",
+    "pull_lines",
+    "pull_response",
+    "unload_answer",
+]
+
+logger = logging.getLogger(__name__)
+
+PATH_PREFIX = "/api"
+"""Errors on paths under this prefix use Ollama's ``{"error": "..."}``."""
+
+VERSION = "0.22.0"
+"""What ``/api/version`` says: the Ollama release whose API Bubo follows (``think: "max"`` came in it).
+Clients refuse a version that is not numeric or older than they need (VS Code Copilot: 0.6.4)."""
+
+COPILOT_USER_AGENT = "GitHubCopilotChat/"
+"""Ollama writes the requested name into ``general.basename`` for this client; so does Bubo."""
+
+_CONTEXT_KEY = "bubo.ollama"
+
+blueprint = Blueprint("ollama", __name__)
+
+
+@attrs.frozen
+class _Dialect:
+    """The dialect's per-app objects (never module globals)."""
+
+    converter: cattrs.Converter
+
+
+@blueprint.record_once
+def _install(state: BlueprintSetupState) -> None:
+    state.app.extensions[_CONTEXT_KEY] = _Dialect(converter=make_converter())
+
+
+def _converter() -> cattrs.Converter:
+    dialect: _Dialect = current_app.extensions[_CONTEXT_KEY]
+    return dialect.converter
+
+
+def _card(runtime: Runtime) -> ModelCard:
+    if runtime.card is None:
+        raise InternalError("the served model has no card (the runtime was built without its file)")
+    return runtime.card
+
+
+def capabilities(*, fim: bool, embeddings: bool, thinking: bool) -> list[str]:
+    """``capabilities``, in Ollama's order.
+
+    Every model completes and calls tools (a template without a tools section
+    gets Bubo's); ``insert`` with fill-in-the-middle tokens; ``embedding`` with
+    ``--embeddings``; ``thinking`` for a template that thinks.
+    """
+    found = ["completion", "tools"]
+    found += ["insert"] if fim else []
+    found += ["embedding"] if embeddings else []
+    found += ["thinking"] if thinking else []
+    return found
+
+
+def _parameters(runtime: Runtime) -> dict[str, Any]:
+    """The server's defaults as Ollama's parameters."""
+    sampling = runtime.defaults.sampling
+    values: dict[str, Any] = {"num_ctx": runtime.engine.info.n_ctx}
+    if runtime.defaults.n_predict >= 0:
+        values["num_predict"] = runtime.defaults.n_predict
+    values.update(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        typical_p=sampling.typical_p,
+        repeat_penalty=sampling.repeat_penalty,
+        repeat_last_n=sampling.repeat_last_n,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+    )
+    if sampling.seed is not None:
+        values["seed"] = sampling.seed
+    return values
+
+
+def _check_thinking(runtime: Runtime, think: bool | str | None, model: str) -> None:
+    """Ollama refuses ``think`` for a model that does not think; so does Bubo (400)."""
+    if thinks(think) and not runtime.template.supports_thinking:
+        raise InvalidRequest(f'"{model}" does not support thinking', param="think")
+
+
+def _ignored(body: Any, keep_alive: float | None) -> None:
+    if keep_alive is not None:
+        logger.debug(
+            "keep_alive %s: the model stays loaded (a single-model server never unloads)", keep_alive
+        )
+    for name in ("truncate", "shift"):
+        if getattr(body, name, None) is not None:
+            logger.debug("%s is ignored: a prompt that does not fit is a 400 (context_length_exceeded)", name)
+
+
+def unload_answer(kind: str, model: str, reason: str) -> Response:
+    """The answer to an empty ``/api/chat`` (*kind* ``chat``) or ``/api/generate``.
+
+    *reason* is ``load`` or ``unload``; one JSON object whatever ``stream`` says, as Ollama answers.
+    """
+    if kind == "chat":
+        return json_response(
+            wire.ChatResponse(
+                model=model,
+                created_at=translate.created_at(),
+                message=wire.MessageOut(),
+                done=True,
+                done_reason=reason,
+            )
+        )
+    return json_response(
+        wire.GenerateResponse(
+            model=model, created_at=translate.created_at(), response="", done=True, done_reason=reason
+        )
+    )
+
+
+# ---- information --------------------------------------------------------------------------
+
+
+@blueprint.get("/api/version")
+async def version() -> Response:
+    """``{"version": "0.22.0"}``."""
+    return json_response(wire.Version(version=VERSION))
+
+
+@blueprint.get("/api/tags")
+async def tags() -> Response:
+    """The served model under each of its names, as ``NAME:latest``."""
+    runtime = require_runtime()
+    card = _card(runtime)
+    n_ctx = runtime.engine.info.n_ctx
+    return json_response(
+        wire.ListResponse(models=[models.listed(n, card, n_ctx) for n in runtime.model_names])
+    )
+
+
+@blueprint.get("/api/ps")
+async def ps() -> Response:
+    """The loaded model (the served one, always loaded) under each of its names."""
+    runtime = require_runtime()
+    card = _card(runtime)
+    n_ctx = runtime.engine.info.n_ctx
+    return json_response(
+        wire.ProcessResponse(models=[models.running(n, card, n_ctx) for n in runtime.model_names])
+    )
+
+
+@blueprint.post("/api/show")
+async def show() -> Response:
+    """The model's details, metadata, template, parameters and capabilities."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.ShowRequest)
+    requested = body.model or body.name
+    name = require_name(requested, runtime.model_names)
+    if body.verbose:
+        logger.debug("/api/show verbose: long metadata arrays are always shown empty")
+    info = runtime.engine.info
+    copilot = request.headers.get("User-Agent", "").startswith(COPILOT_USER_AGENT)
+    return json_response(
+        models.show(
+            name,
+            _card(runtime),
+            template=runtime.template.source,
+            parameters=_parameters(runtime),
+            capabilities=capabilities(
+                fim=info.fim is not None,
+                embeddings=runtime.engine.embedder is not None,
+                thinking=runtime.template.supports_thinking,
+            ),
+            context_length=info.n_ctx,
+            basename=requested if copilot else None,
+        )
+    )
+
+
+# ---- generation ---------------------------------------------------------------------------
+
+
+@blueprint.post("/api/chat")
+async def chat() -> Response:
+    """A chat turn; streamed as NDJSON unless ``stream`` is ``false``."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.ChatRequest)
+    name = require_name(body.model, runtime.model_names)
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    _ignored(body, keep_alive)
+    model = body.model or name
+    if not body.messages:
+        generation_options(body.options)
+        return unload_answer("chat", model, "unload" if keep_alive == 0 else "load")
+    _check_thinking(runtime, body.think, model)
+    prepared = await prepare_chat(runtime, translate.chat_request(body))
+    chunks = ChatChunks(
+        model=model, received=request_timeline().received, top_logprobs=bool(body.top_logprobs)
+    )
+    return await _respond(runtime, prepared, chunks, stream=translate.streams(body.stream))
+
+
+@blueprint.post("/api/generate")
+async def generate() -> Response:
+    """A completion of ``prompt``: through the chat template, ``raw``, or filling in before ``suffix``."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.GenerateRequest)
+    name = require_name(body.model, runtime.model_names)
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    _ignored(body, keep_alive)
+    model = body.model or name
+    if body.raw and (body.template or body.system or body.context):
+        raise InvalidRequest("raw mode does not support template, system, or context", param="raw")
+    if body.template:
+        raise InvalidRequest(
+            "template is not supported: Bubo renders the model's own chat template; send raw: true with a "
+            "prompt formatted as you need it",
+            param="template",
+        )
+    if not body.prompt:
+        generation_options(body.options)
+        return unload_answer("generate", model, "unload" if keep_alive == 0 else "load")
+    _check_thinking(runtime, body.think, model)
+    context = translate.check_context(body.context or (), runtime.tokenizer.n_vocab)
+    with_context = True
+    if body.suffix:
+        prepared = await _infill(runtime, body, model, context)
+    elif body.raw:
+        prepared = await prepare_completion(runtime, translate.raw_request(body, (body.prompt,)))
+        with_context = False  # Ollama leaves context out of raw answers
+    else:
+        prepared = await prepare_chat(runtime, translate.generate_chat_request(body), prefix=context)
+    chunks = GenerateChunks(
+        model=model,
+        received=request_timeline().received,
+        top_logprobs=bool(body.top_logprobs),
+        prompt_tokens=prepared.prompt.tokens if with_context else None,
+    )
+    return await _respond(runtime, prepared, chunks, stream=translate.streams(body.stream))
+
+
+async def _infill(
+    runtime: Runtime, body: wire.GenerateRequest, model: str, context: Sequence[int]
+) -> PreparedGeneration:
+    """``prompt`` before the gap, ``suffix`` after it, in the model's fill-in-the-middle tokens.
+
+    Raises:
+        InvalidRequest: the model has no such tokens (Ollama's ``does not support insert``).
+
+    """
+    info = runtime.engine.info
+    fim = info.fim
+    if fim is None:
+        raise InvalidRequest(
+            f'"{model}" does not support insert: its vocabulary has no fill-in-the-middle tokens',
+            code="infill_not_supported",
+            param="suffix",
+        )
+    request_ = translate.raw_request(body, ())
+    n_predict = request_.options.max_tokens
+    budget = runtime.defaults.n_predict if n_predict is None else n_predict
+    parts = InfillParts(prefix=body.prompt or "", suffix=body.suffix or "")
+    tokens = await runtime.workers.run(
+        functools.partial(
+            infill_tokens,
+            runtime.tokenizer,
+            fim,
+            parts,
+            n_batch=info.n_batch,
+            n_ctx=info.n_ctx,
+            n_predict=max(0, budget),
+            spm=runtime.spm_infill,
+        ),
+        need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR,
+    )
+    return await prepare_completion(runtime, attrs.evolve(request_, prompt=(*context, *tokens)))
+
+
+async def _respond(
+    runtime: Runtime, prepared: PreparedGeneration, chunks: ChatChunks | GenerateChunks, *, stream: bool
+) -> Response:
+    output = open_output(runtime, prepared, request_timeline())
+    if stream:
+        return ndjson_response(output, chunks)
+    return await answer(output, chunks)
+
+
+# ---- embeddings ---------------------------------------------------------------------------
+
+
+def _texts(value: Any) -> list[str]:
+    """``input``: a string (none when empty) or a list of strings (400 otherwise)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if not isinstance(value, list):
+        raise InvalidRequest("invalid input type: input must be a string or a list of strings", param="input")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise InvalidRequest("invalid input type: each input must be a string", param=f"input[{index}]")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"input holds {len(value)} texts; at most {MAX_EMBEDDING_INPUTS} are accepted in one request",
+            param="input",
+        )
+    return value
+
+
+def _vectors(results: Sequence[Embedded], dimensions: int | None) -> list[list[float]]:
+    """Unit-length vectors; shortened to *dimensions* (and normalized again) when asked, as Ollama does."""
+    vectors = []
+    for result in results:
+        vector = normalize(result.vectors, EUCLIDEAN)
+        if dimensions and dimensions < vector.size:
+            vector = normalize(vector[:dimensions], EUCLIDEAN)
+        vectors.append(vector.tolist())
+    return vectors
+
+
+async def _embedded(runtime: Runtime, texts: list[str], *, param: str, truncate: bool) -> list[Embedded]:
+    embedder = require_embedder(runtime)
+    if embedder.pooling == "none":
+        raise InvalidRequest(
+            "the server pools no embeddings (--pooling none); start it with --pooling mean",
+            code="pooling_not_supported",
+        )
+    return await embed(runtime, texts, param=param, truncate=truncate)
+
+
+@blueprint.post("/api/embed")
+async def embed_route() -> Response:
+    """One unit-length vector per input.
+
+    ``truncate`` (default true) cuts an input to what one embedding may hold.
+    """
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.EmbedRequest)
+    name = require_name(body.model, runtime.model_names)
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    _ignored(None, keep_alive)
+    generation_options(body.options)
+    if body.dimensions is not None and body.dimensions < 0:
+        raise InvalidRequest("dimensions must be a positive number", param="dimensions")
+    texts = _texts(body.input)
+    model = body.model or name
+    if not texts:
+        require_embedder(runtime)
+        return json_response(wire.EmbedResponse(model=model, embeddings=[]))
+    clock = translate.Clock(received=request_timeline().received, loaded=trio.current_time())
+    results = await _embedded(runtime, texts, param="input", truncate=body.truncate is not False)
+    vectors = await runtime.workers.run(
+        functools.partial(_vectors, results, body.dimensions),
+        need_bytes=sum(r.vectors.size for r in results) * ANSWER_BYTES_PER_FLOAT,
+    )
+    metrics = clock.embed_metrics(sum(r.n_tokens for r in results), trio.current_time())
+    return json_response(wire.EmbedResponse(model=model, embeddings=vectors, **metrics))
+
+
+@blueprint.post("/api/embeddings")
+async def embeddings() -> Response:
+    """The older form: ``prompt`` → ``embedding`` (``[]`` for an empty prompt)."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.EmbeddingsRequest)
+    require_name(body.model, runtime.model_names)
+    _ignored(None, keep_alive_seconds(body.keep_alive))
+    generation_options(body.options)
+    if not body.prompt:
+        require_embedder(runtime)
+        return json_response(wire.EmbeddingResponse(embedding=[]))
+    results = await _embedded(runtime, [body.prompt], param="prompt", truncate=False)
+    (vector,) = _vectors(results, None)
+    return json_response(wire.EmbeddingResponse(embedding=vector))
+
+
+# ---- model management ---------------------------------------------------------------------
+
+
+def pull_lines(card: ModelCard) -> list[wire.Progress]:
+    """The progress of "pulling" a model that is already here, ending in ``success``."""
+    return [
+        wire.Progress(status="pulling manifest"),
+        wire.Progress(
+            status=f"pulling {card.digest[:12]}",
+            digest=f"sha256:{card.digest}",
+            total=card.size_bytes,
+            completed=card.size_bytes,
+        ),
+        wire.Progress(status="verifying sha256 digest"),
+        wire.Progress(status="writing manifest"),
+        wire.Progress(status="success"),
+    ]
+
+
+def pull_response(lines: list[wire.Progress], *, stream: bool | None) -> Response:
+    """The progress lines as NDJSON, or the last alone when ``stream`` is ``false``."""
+    if not translate.streams(stream):
+        return json_response(lines[-1])
+    return Response(b"".join(line(item) for item in lines), content_type=NDJSON)
+
+
+@blueprint.post("/api/pull")
+async def pull() -> Response:
+    """A served model is here already: its progress ends in ``success`` at once; any other name is 404."""
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter(), wire.PullRequest)
+    require_name(body.model or body.name, runtime.model_names)
+    return pull_response(pull_lines(_card(runtime)), stream=body.stream)
+
+
+@blueprint.post("/api/push")
+@blueprint.post("/api/create")
+@blueprint.post("/api/copy")
+@blueprint.delete("/api/delete")
+@blueprint.route("/api/blobs/<path:digest>", methods=["POST", "HEAD"])
+async def not_implemented(**_path: str) -> Response:
+    """501: Bubo serves the models it was started with."""
+    raise NotImplementedOnThisModel(
+        f"{request.path} is not supported: Bubo serves the models it was started with "
+        "(-m, or the GGUFs of --models-dir) and does not create, copy, push or delete models"
+    )
