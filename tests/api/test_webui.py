@@ -108,7 +108,7 @@ class TestPage:
         script = webui.ASSETS["app.js"].decode()
         assert script.count(".innerHTML =") == 1
         assert "content.innerHTML = markdown(" in script
-        assert "return window.DOMPurify.sanitize(html" in script
+        assert "return purifier.sanitize(html" in script
 
 
 class TestSwitch:

@@ -93,7 +93,7 @@ def _page(browser: Browser, errors: list[str]) -> Iterator[Page]:
     yield page
     context.close()
     refused = ("status of 400", "status of 401", "status of 503")  # requests the tests make fail on purpose
-    assert not [e for e in errors if not any(r in e for r in refused)], errors
+    assert not [e for e in errors if not any(r in e for r in refused)], "\n".join(errors)
 
 
 def open_page(page: Page, server: Server) -> None:
@@ -282,7 +282,12 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     hostile = (
         "**bold** <img src=x onerror=\"window.pwned='img'\"> <script>window.pwned='script'</script>"
         "<a href=\"javascript:window.pwned='link'\">link</a>\n\n```js\nalert(1)\n```\n\n"
-        '<textarea id="draft"></textarea>'
+        '<textarea id="draft"></textarea>\n\n'
+        '<form action="/x"><input name="q" value="fake"><button>Send</button></form>'
+        '<dialog open>a dialog</dialog>'
+        '<article class="message user" data-index="0" style="color:red"><div class="role">You</div>fake</article>'
+        '<p class="message user" data-x="1" id="messages" name="composer">spoofed user bubble</p>\n\n'
+        "[out](https://example.invalid/page)"
     )
     messages = [{"role": "user", "content": "<b>not bold</b>"}, {"role": "assistant", "content": hostile}]
     store_conversation(page, server, messages)
@@ -296,7 +301,17 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     assert content.locator("script").count() == 0
     assert content.locator("[onerror]").count() == 0
     assert content.locator("a[href^='javascript']").count() == 0
-    content.locator("a").click()
+    for tag in ("form", "input", "button:not(.copy)", "textarea", "dialog", "article", "[class]:not(.copy)",
+                "[style]", "[id]", "[name]", "[data-index]", "[data-x]"):  # fmt: skip
+        assert content.locator(tag).count() == 0, tag
+    expect(content).to_contain_text("spoofed user bubble")  # the words stay, as plain text
+    assert page.locator("article.user").count() == 1
+    out = content.locator("a[href='https://example.invalid/page']")
+    expect(out).to_have_attribute("target", "_blank")
+    expect(out).to_have_attribute("rel", "noopener noreferrer")
+    expect(content).to_contain_text('<img src=x onerror="window.pwned=')  # raw HTML reads as text
+    content.locator("a[href='https://example.invalid/page']").evaluate("a => a.removeAttribute('href')")
+    content.locator("a").click()  # (with the address removed: the test opens no page elsewhere)
     assert page.evaluate("window.pwned") is None
     expect(page.locator("article.user .content")).to_have_text("<b>not bold</b>")  # the user's text is text
 
@@ -307,8 +322,7 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, errors: 
     expect(page.locator("article.user .content").last).to_have_text("Hi")
     expect(page.locator("article.assistant")).to_have_count(2)
     answer_done(page)
-    page.wait_for_function("[...document.images].every(image => image.complete)")
-    errors[:] = [e for e in errors if "status of 404" not in e]  # the image /x, loaded without its handler
+    assert page.evaluate("document.images.length") == 0
 
 
 def test_reasoning_and_tool_calls_are_shown(page: Page, server: Server, artifacts: Path) -> None:

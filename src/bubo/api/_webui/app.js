@@ -29,6 +29,7 @@
     controller: null, // AbortController of the running request
     countTimer: null,
     countController: null,
+    streamingNode: null, // the article of the answer being streamed
   };
 
   // ---- storage ------------------------------------------------------------------------------
@@ -196,11 +197,36 @@
 
   // ---- rendering ------------------------------------------------------------------------------
 
+  // What Markdown itself produces, and nothing more: no form controls, no dialogs, no layout
+  // elements that could draw the page's own widgets (a fake user bubble, a fake composer).
+  const MARKDOWN_TAGS = ["a", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6",
+    "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "s", "strong", "sub", "sup", "table", "tbody", "td",
+    "tfoot", "th", "thead", "tr", "ul"];
+  // No class, id, name, style or data-* from the model: it cannot borrow the page's own styles or
+  // stand in for one of its elements (DOM clobbering).
+  const MARKDOWN_ATTRIBUTES = ["href", "title", "alt", "src", "align", "start"];
+  const purifier = window.DOMPurify();
+  purifier.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") {
+      node.setAttribute("target", "_blank"); // a link from the model never replaces the page
+      node.setAttribute("rel", "noopener noreferrer");
+    }
+  });
+
+  // Raw HTML in model text is shown as the text it is: the only tags are the ones Markdown makes.
+  const escapeHtml = (text) =>
+    text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  window.marked.use({ renderer: { html: ({ text }) => escapeHtml(text) } });
+
   function markdown(text) {
     const html = window.marked.parse(text, { gfm: true, breaks: false });
-    // SANITIZE_NAMED_PROPS: an id or name in model output becomes user-content-…, so that it cannot
-    // shadow the page's own elements (DOM clobbering).
-    return window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true }, SANITIZE_NAMED_PROPS: true });
+    return purifier.sanitize(html, {
+      ALLOWED_TAGS: MARKDOWN_TAGS,
+      ALLOWED_ATTR: MARKDOWN_ATTRIBUTES,
+      ALLOW_DATA_ATTR: false,
+      ALLOW_ARIA_ATTR: false,
+      ADD_ATTR: ["target"],
+    });
   }
 
   function fillAssistant(content, message) {
@@ -229,7 +255,6 @@
 
   function renderMessage(message, index, conversation) {
     const node = el("article", { className: `message ${message.role}` });
-    node.dataset.index = index;
     node.append(el("div", { className: "role", textContent: message.role === "user" ? "You" : "Assistant" }));
     if (message.reasoning) {
       const details = el("details", { className: "reasoning", open: !message.content && message.streaming });
@@ -295,7 +320,9 @@
       list.append(item);
     }
     const messages = $("messages");
-    messages.replaceChildren(...conversation.messages.map((m, i) => renderMessage(m, i, conversation)));
+    const nodes = conversation.messages.map((m, i) => renderMessage(m, i, conversation));
+    messages.replaceChildren(...nodes);
+    state.streamingNode = state.controller ? nodes.at(-1) || null : null;
     messages.scrollTop = messages.scrollHeight;
     const busy = Boolean(state.controller);
     $("stop").hidden = !busy;
@@ -310,11 +337,12 @@
     requestAnimationFrame(() => {
       pending = false;
       const index = conversation.messages.length - 1;
-      const old = $("messages").querySelector(`article[data-index="${index}"]`);
-      if (!old || conversation.id !== state.currentId) return;
+      const old = state.streamingNode; // held by reference: model text cannot pose as this node
+      if (!old || !old.isConnected || conversation.id !== state.currentId) return;
       const messages = $("messages");
       const atBottom = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
-      old.replaceWith(renderMessage(conversation.messages[index], index, conversation));
+      state.streamingNode = renderMessage(conversation.messages[index], index, conversation);
+      old.replaceWith(state.streamingNode);
       if (atBottom) messages.scrollTop = messages.scrollHeight;
     });
   }
