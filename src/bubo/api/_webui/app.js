@@ -160,7 +160,7 @@ async function exportConversations(all) {
   const list = [];
   for (const conversation of chosen) {
     const messages = (await state.store.messages(conversation.id)).sort((a, b) => a.created - b.created || (a.id < b.id ? -1 : 1));
-    list.push({ ...conversation, messages });
+    if (messages.length) list.push({ ...conversation, messages }); // an empty new chat is not worth a file
   }
   const name = all ? "bubo-conversations.json" : `bubo-${titleOf(state.current).replace(/[^\w-]+/g, "-").slice(0, 40) || "chat"}.json`;
   download(name, JSON.stringify({ format: EXPORT_FORMAT, version: 1, conversations: list }, null, 2));
@@ -311,9 +311,10 @@ async function modelAction(path) {
 
 // ---- rendering -------------------------------------------------------------------------------------
 
+// After opening a conversation: its end in view.
 function renderAll() {
   renderList();
-  renderChat();
+  renderChat(true);
 }
 
 function renderList() {
@@ -377,7 +378,8 @@ function messageActions(message) {
   };
 }
 
-function renderChat() {
+// Redraws the shown path; the view follows the end only if it was there (or *toBottom*): a reader who scrolled up stays put.
+function renderChat(toBottom = false) {
   const conversation = state.current;
   $("title").textContent = titleOf(conversation);
   document.title = `${titleOf(conversation)} · Bubo`;
@@ -391,7 +393,7 @@ function renderChat() {
     return node;
   });
   container.replaceChildren(...nodes);
-  if (stick || !state.controller) container.scrollTop = container.scrollHeight;
+  if (stick || toBottom) container.scrollTop = container.scrollHeight;
   const busy = Boolean(state.controller);
   container.setAttribute("aria-busy", String(busy));
   $("stop").hidden = !busy;
@@ -558,7 +560,7 @@ async function generate({ parent, continuing }) {
   const controller = new AbortController();
   state.controller = controller;
   state.streamingId = reply.id;
-  renderChat();
+  renderChat(!continuing);
   const started = performance.now();
   let firstToken = null;
   let finished = false; // a finish_reason or [DONE] arrived
