@@ -44,7 +44,7 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(name="artifacts", scope="session")
+@pytest.fixture(name="artifacts", scope="module")
 def _artifacts(request: pytest.FixtureRequest) -> Path:
     folder = Path(os.environ.get("BUBO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "webui"
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def _artifacts(request: pytest.FixtureRequest) -> Path:
     return folder
 
 
-@pytest.fixture(name="browser", scope="session")
+@pytest.fixture(name="browser", scope="module")  # one Playwright at a time: each test file starts its own
 def _browser() -> Iterator[Browser]:
     executable = chromium_path()
     with sync_playwright() as playwright:
@@ -117,7 +117,9 @@ def answered(page: Page, count: int = 1) -> Iterator[None]:
     """Wait, after the block, until *count* more answers have ended."""
     before = answers(page)
     yield
-    expect(page.locator("#messages")).to_have_attribute("data-answers", str(before + count), timeout=ANSWER_MS)
+    expect(page.locator("#messages")).to_have_attribute(
+        "data-answers", str(before + count), timeout=ANSWER_MS
+    )
 
 
 def ask(page: Page, text: str) -> None:
@@ -173,5 +175,8 @@ def wait_until_idle(server: Server) -> float:
 def chat_bodies(page: Page) -> list[dict[str, Any]]:
     """Records the JSON body of each chat request the page sends from now on."""
     bodies: list[dict[str, Any]] = []
-    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+    page.on(
+        "request",
+        lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None,
+    )
     return bodies

@@ -23,9 +23,14 @@ from playwright.sync_api import Error as PlaywrightError
 from bubo.config import default_model_path
 
 from .._models import gemma3_path
-from ._webui import (
+from ._webui import (  # noqa: F401 - the shared fixtures
     ANSWER_MS,
     TOKEN_COUNT,
+    _artifacts,
+    _browser,
+    _errors,
+    _page,
+    _profile,
     answered,
     ask,
     chat_bodies,
@@ -35,11 +40,6 @@ from ._webui import (
     store_conversations,
     wait_until_idle,
 )
-from ._webui import _artifacts as _artifacts
-from ._webui import _browser as _browser
-from ._webui import _errors as _errors
-from ._webui import _page as _page
-from ._webui import _profile as _profile
 from .conftest import Server, bubo_command, free_port, hypercorn_command, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -138,7 +138,9 @@ def test_stop_ends_the_generation_on_the_server(page: Page, server: Server, arti
     page.click("#stop")
     print(f"slot idle {wait_until_idle(server):.2f} s after Stop")  # noqa: T201
     expect(page.locator("article.assistant .note")).to_have_text("stopped")
-    expect(page.locator("article.assistant .sibling-position")).to_have_text("2/2")  # the first answer is kept
+    expect(page.locator("article.assistant .sibling-position")).to_have_text(
+        "2/2"
+    )  # the first answer is kept
 
 
 def test_an_answer_stopped_before_its_first_token_is_not_sent_back(page: Page, server: Server) -> None:
@@ -146,7 +148,7 @@ def test_an_answer_stopped_before_its_first_token_is_not_sent_back(page: Page, s
     open_page(page, server)
     set_setting(page, "max_tokens", "4")
     held: list[Route] = []  # the first request waits here, so Stop certainly comes before any token
-    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    page.route("**/v1/chat/completions", lambda route: held.append(route))  # noqa: PLW0108 - a builtin is refused
     with answered(page):
         page.fill("#draft", "First question")
         page.press("#draft", "Enter")
@@ -213,7 +215,9 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, artifact
         assert content.locator(tag).count() == 0, tag
     classes = content.evaluate("c => [...c.querySelectorAll('[class]')].map(n => n.className)")
     own = {"code-block", "code-head", "lang", "copy", "hljs"}  # the page's own, and highlight.js's tokens
-    assert all(c in own or re.fullmatch(r"(hljs-[\w-]+|[a-z]+_)( (hljs-[\w-]+|[a-z]+_))*", c) for c in classes), classes
+    assert all(
+        c in own or re.fullmatch(r"(hljs-[\w-]+|[a-z]+_)( (hljs-[\w-]+|[a-z]+_))*", c) for c in classes
+    ), classes
     expect(content).to_contain_text('<img src=x onerror="window.pwned=')  # raw HTML reads as text
     expect(content).to_contain_text("spoofed user bubble")
     assert page.locator("article.user").count() == 1
@@ -241,7 +245,12 @@ def test_reasoning_and_tool_calls_are_shown(page: Page, server: Server, artifact
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city":"<Paris>"}'},
     }
-    answer = {"role": "assistant", "content": "", "reasoning": "The user wants the weather.", "tool_calls": [call]}
+    answer = {
+        "role": "assistant",
+        "content": "",
+        "reasoning": "The user wants the weather.",
+        "tool_calls": [call],
+    }
     store_conversations(page, server, [[{"role": "user", "content": "Weather in Paris?"}, answer]])
     article = page.locator("article.assistant")
     reasoning = article.locator("details.reasoning")
@@ -422,7 +431,10 @@ def _router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def model_status(server: Server) -> dict[str, str]:
-    return {m["id"]: m["status"]["value"] for m in httpx.get(server.base_url + "/models", timeout=10).json()["data"]}
+    return {
+        m["id"]: m["status"]["value"]
+        for m in httpx.get(server.base_url + "/models", timeout=10).json()["data"]
+    }
 
 
 def test_a_router_s_model_that_is_not_loaded_is_named_and_left_unloaded(page: Page, router: Server) -> None:
@@ -467,7 +479,10 @@ def test_the_router_s_picker_loads_and_unloads_a_model(page: Page, router: Serve
     page.screenshot(path=artifacts / "router-picker.png")
     set_setting(page, "max_tokens", "4")
     bodies: list[dict] = []
-    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+    page.on(
+        "request",
+        lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None,
+    )
     ask(page, "Hello")
     assert bodies[0]["model"] == "gemma3"
     expect(page.locator("article.assistant")).to_have_count(1)

@@ -16,7 +16,12 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
-from ._webui import (
+from ._webui import (  # noqa: F401 - the shared fixtures
+    _artifacts,
+    _browser,
+    _errors,
+    _page,
+    _profile,
     answered,
     ask,
     chat_bodies,
@@ -25,11 +30,6 @@ from ._webui import (
     store_conversations,
     watch,
 )
-from ._webui import _artifacts as _artifacts
-from ._webui import _browser as _browser
-from ._webui import _errors as _errors
-from ._webui import _page as _page
-from ._webui import _profile as _profile
 from .conftest import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -54,8 +54,10 @@ def make_pdf(lines: list[str]) -> bytes:
     objects = [
         "<< /Type /Catalog /Pages 2 0 R >>",
         "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
-        " /Resources << /Font << /F1 5 0 R >> >> >>",
+        (
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+            " /Resources << /Font << /F1 5 0 R >> >> >>"
+        ),
         f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream",
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
@@ -73,7 +75,11 @@ def make_pdf(lines: list[str]) -> bytes:
 
 def count_tokens(server: Server, messages: list[dict]) -> int:
     body = {"model": "bubo", "messages": messages}
-    return int(httpx.post(f"{server.base_url}/v1/messages/count_tokens", json=body, timeout=30).json()["input_tokens"])
+    return int(
+        httpx.post(f"{server.base_url}/v1/messages/count_tokens", json=body, timeout=30).json()[
+            "input_tokens"
+        ]
+    )
 
 
 def record_streams(page: Page) -> list[str]:
@@ -115,7 +121,11 @@ class TestRendering:
         requested: list[str] = []
         page.on("request", lambda r: requested.append(r.url))
         open_page(page, server)
-        store_conversations(page, server, [[{"role": "user", "content": "Show me"}, {"role": "assistant", "content": MARKDOWN}]])
+        store_conversations(
+            page,
+            server,
+            [[{"role": "user", "content": "Show me"}, {"role": "assistant", "content": MARKDOWN}]],
+        )
         content = page.locator("article.assistant .content")
         python = content.locator("code.hljs[data-language='python']")
         expect(python.locator(".hljs-keyword").first).to_have_text("def")
@@ -142,7 +152,9 @@ class TestRendering:
 
 
 class TestAttachments:
-    def test_a_pdf_s_text_reaches_the_prompt(self, page: Page, server: Server, tmp_path: Path, artifacts: Path) -> None:
+    def test_a_pdf_s_text_reaches_the_prompt(
+        self, page: Page, server: Server, tmp_path: Path, artifacts: Path
+    ) -> None:
         """A PDF's text, read in the browser, is sent as a text part and counted: the meter, count_tokens and /slots agree."""
         pdf = tmp_path / "lantern.pdf"
         pdf.write_bytes(make_pdf(PDF_TEXT))
@@ -168,7 +180,9 @@ class TestAttachments:
         expect(page.locator("article.user .chip")).to_contain_text("lantern.pdf")
         expect(page.locator("#attachments .chip")).to_have_count(0)
 
-    def test_text_files_long_pastes_and_images(self, page: Page, server: Server, tmp_path: Path, artifacts: Path) -> None:
+    def test_text_files_long_pastes_and_images(
+        self, page: Page, server: Server, tmp_path: Path, artifacts: Path
+    ) -> None:
         """A dropped text file and a long paste become chips sent as text; an image is shown but not sent to a text model."""
         open_page(page, server)
         set_setting(page, "max_tokens", "4")
@@ -211,8 +225,10 @@ class TestAttachments:
 
 
 class TestConversationTree:
-    def test_editing_makes_a_branch_that_can_be_navigated_back(self, page: Page, server: Server, artifacts: Path) -> None:
-        """Editing an earlier question adds a sibling: ‹ 2/2 › shows the new branch, ‹ back shows the old one whole."""
+    def test_editing_makes_a_branch_that_can_be_navigated_back(
+        self, page: Page, server: Server, artifacts: Path
+    ) -> None:
+        """Editing an earlier question adds a sibling: 2/2 shows the new branch, the previous-version button the old one, whole."""
         open_page(page, server)
         set_setting(page, "max_tokens", "4")
         ask(page, "Name a fruit.")
@@ -252,7 +268,8 @@ class TestConversationTree:
         assert bodies[0]["continue_final_message"] is True
         assert bodies[0]["messages"][-1] == {"role": "assistant", "content": before}
         after = stored_answer(page)
-        assert after.startswith(before) and len(after) > len(before), (before, after)
+        assert after.startswith(before), (before, after)
+        assert len(after) > len(before), (before, after)
         shown = answer.locator(".content").text_content() or ""
         with answered(page):
             answer.locator(".regenerate").click()
@@ -300,7 +317,9 @@ class TestStatistics:
               }).observe(box, {attributes: true, childList: true, subtree: true});
             }"""
         )
-        long_text = " ".join(f"Line {i} of the report says the harbour is calm." for i in range(110))  # ~1,400 tokens
+        long_text = " ".join(
+            f"Line {i} of the report says the harbour is calm." for i in range(110)
+        )  # ~1,400 tokens
         page.evaluate(
             """(text) => { const data = new DataTransfer(); data.setData('text/plain', text);
               document.getElementById('draft').dispatchEvent(
@@ -314,7 +333,9 @@ class TestStatistics:
             page.screenshot(path=artifacts / "prompt-progress.png")
         progress = page.evaluate("window.progress")
         assert any(0 < value < 1 for value, _text in progress), progress
-        assert any(re.fullmatch(r"Reading the prompt: \d+ / \d+ tokens · about \d+ s left", t) for _v, t in progress), progress
+        assert any(
+            re.fullmatch(r"Reading the prompt: \d+ / \d+ tokens · about \d+ s left", t) for _v, t in progress
+        ), progress
         expect(page.locator("#progress")).to_be_hidden()
 
 
@@ -369,7 +390,9 @@ class TestStorage:
         open_page(page, server)
         expect(page.locator("#conversations li")).to_have_count(2)
 
-    def test_export_then_import_into_a_fresh_profile(self, page: Page, browser: Browser, server: Server, tmp_path: Path, errors: list[str]) -> None:
+    def test_export_then_import_into_a_fresh_profile(
+        self, page: Page, browser: Browser, server: Server, tmp_path: Path, errors: list[str]
+    ) -> None:
         """Export all writes every conversation with its branches; importing it into an empty profile gives the same export."""
         open_page(page, server)
         store_conversations(page, server, [
@@ -434,7 +457,9 @@ class TestStorage:
 
 
 class TestSettings:
-    def test_every_sampler_and_the_custom_json_reach_the_request(self, page: Page, server: Server, artifacts: Path) -> None:
+    def test_every_sampler_and_the_custom_json_reach_the_request(
+        self, page: Page, server: Server, artifacts: Path
+    ) -> None:
         """Each sampler field is sent as a number, reasoning effort as chosen, custom JSON merged last; kept per browser."""
         open_page(page, server)
         values = {
@@ -518,7 +543,9 @@ CONTRAST = """() => {
 
 class TestAccessibility:
     @pytest.mark.parametrize("theme", ["light", "dark"])
-    def test_every_text_has_a_contrast_of_4_5(self, page: Page, server: Server, theme: str, artifacts: Path) -> None:
+    def test_every_text_has_a_contrast_of_4_5(
+        self, page: Page, server: Server, theme: str, artifacts: Path
+    ) -> None:
         """Each visible text's colour against its computed background is at least 4.5:1, in the theme chosen and as the system's."""
         page.emulate_media(color_scheme=theme)  # the theme "system" follows it
         open_page(page, server)
@@ -546,11 +573,17 @@ class TestStreamFailures:
         def cut(route: Route) -> None:
             body = route.fetch().text()
             frames = [f for f in body.split("\n\n") if f and '"finish_reason":null' in f.replace(" ", "")]
-            route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body="\n\n".join(frames[:3]) + "\n\n")
+            route.fulfill(
+                status=200,
+                headers={"Content-Type": "text/event-stream"},
+                body="\n\n".join(frames[:3]) + "\n\n",
+            )
 
         page.route("**/v1/chat/completions", cut)
         ask(page, "Hello")
-        expect(page.locator("article.assistant .note")).to_have_text("incomplete: the stream ended before the answer did")
+        expect(page.locator("article.assistant .note")).to_have_text(
+            "incomplete: the stream ended before the answer did"
+        )
         expect(page.locator("#error")).to_contain_text("The connection ended before the answer was complete")
         expect(page.locator("#announce")).to_have_text("The answer failed.")
 
@@ -566,8 +599,12 @@ class TestStreamFailures:
 
         page.route("**/v1/chat/completions", corrupt)
         ask(page, "Hello")
-        expect(page.locator("#error")).to_contain_text("The server sent an event the page cannot read, so the request was stopped: {not json")
-        assert page.locator("article.assistant .stats").count() == 0  # the final chunk after it was never read
+        expect(page.locator("#error")).to_contain_text(
+            "The server sent an event the page cannot read, so the request was stopped: {not json"
+        )
+        assert (
+            page.locator("article.assistant .stats").count() == 0
+        )  # the final chunk after it was never read
 
     def test_a_reader_who_scrolled_up_stays_there(self, page: Page, server: Server) -> None:
         """While an answer streams, a reader who scrolled up is not pulled down to the end."""
