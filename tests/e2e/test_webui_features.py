@@ -241,7 +241,9 @@ class TestConversationTree:
         with answered(page):
             page.locator("article.user .edit-send").click()
         expect(page.locator("article")).to_have_count(2)  # the new branch has no second turn yet
-        expect(page.locator("article.user .content")).to_have_text("Name a colour.")
+        expect(page.locator("article.user .content")).to_have_text(
+            ["Name a colour."]
+        )  # a list: it waits while two are shown
         expect(page.locator("article.user .sibling-position")).to_have_text("2/2")
         page.screenshot(path=artifacts / "branches.png")
         page.locator("article.user .sibling-previous").click()
@@ -252,7 +254,9 @@ class TestConversationTree:
         open_page(page, server)  # the chosen branch is kept
         expect(page.locator("article.user .content")).to_have_text(["Name a fruit.", "Name a vegetable."])
         page.locator("article.user").first.locator(".sibling-next").click()
-        expect(page.locator("article.user .content")).to_have_text("Name a colour.")
+        expect(page.locator("article.user .content")).to_have_text(
+            ["Name a colour."]
+        )  # a list: it waits while two are shown
 
     def test_regenerate_and_continue(self, page: Page, server: Server) -> None:
         """Regenerate adds a sibling answer; an answer stopped at the token limit can be continued where it stopped."""

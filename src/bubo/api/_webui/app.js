@@ -37,7 +37,11 @@ const state = {
   settings: loadSettings(),
   countTimer: null,
   countController: null,
-  undo: null,
+  searchTimer: null,
+  searchHits: null, // ids of the conversations matching the search
+  routerTimer: null,
+  toastTimer: null,
+  undo: null, // what the toast's Undo does
 };
 
 // ---- conversations -----------------------------------------------------------------------------
