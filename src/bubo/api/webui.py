@@ -52,7 +52,7 @@ ASSETS: MappingProxyType[str, bytes] = MappingProxyType(dict(sorted(_read(_ROOT)
 SECURITY_HEADERS: MappingProxyType[str, str] = MappingProxyType(
     {
         "Content-Security-Policy": (
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
             "font-src 'self'; connect-src 'self'; worker-src 'self'; base-uri 'none'; form-action 'none'; "
             "frame-ancestors 'none'"
         ),
