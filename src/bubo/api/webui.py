@@ -13,7 +13,10 @@ reached the page as HTML could not run even if the sanitizer missed it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import PurePosixPath
 from types import MappingProxyType
 
 from quart import Blueprint, Response
@@ -29,22 +32,31 @@ blueprint = Blueprint("webui", __name__)
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
+    ".woff2": "font/woff2",
 }
-_FILES = ("index.html", "app.js", "style.css", "icon.svg", "vendor/marked.umd.js", "vendor/purify.min.js")
 _ROOT = files("bubo.api").joinpath("_webui")
 
-ASSETS: MappingProxyType[str, bytes] = MappingProxyType(
-    {name: _ROOT.joinpath(name).read_bytes() for name in _FILES}
-)
-"""The page's files by path under ``/webui/`` (read once: about 110 KB in all)."""
+
+def _read(folder: Traversable, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            yield from _read(entry, f"{prefix}{entry.name}/")
+        elif PurePosixPath(entry.name).suffix in _TYPES:  # not the licence files beside the libraries
+            yield f"{prefix}{entry.name}", entry.read_bytes()
+
+
+ASSETS: MappingProxyType[str, bytes] = MappingProxyType(dict(sorted(_read(_ROOT))))
+"""The page's files by path under ``/webui/`` (read once; docs/webui.md gives their weight)."""
 
 SECURITY_HEADERS: MappingProxyType[str, str] = MappingProxyType(
     {
         "Content-Security-Policy": (
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+            "font-src 'self'; connect-src 'self'; worker-src 'self'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'"
         ),
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
@@ -64,8 +76,7 @@ def _asset(name: str) -> Response:
         body = ASSETS[name]
     except KeyError:
         raise NotFound(f"no such file: /webui/{name}") from None
-    suffix = name[name.rindex(".") :]
-    return Response(body, content_type=_TYPES[suffix], headers=dict(SECURITY_HEADERS))
+    return Response(body, content_type=_TYPES[PurePosixPath(name).suffix], headers=dict(SECURITY_HEADERS))
 
 
 @blueprint.get("/")

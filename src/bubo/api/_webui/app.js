@@ -1,573 +1,915 @@
 // Bubo's chat page. It uses only Bubo's public HTTP API: GET /v1/models, GET /props,
-// POST /v1/messages/count_tokens and POST /v1/chat/completions (streamed as server-sent events).
-// Model output is Markdown rendered by marked and ALWAYS sanitized by DOMPurify before it
-// becomes HTML; everything else the user or the model wrote is inserted as text.
-"use strict";
+// POST /v1/messages/count_tokens, POST /v1/chat/completions (streamed as server-sent events) and,
+// in router mode, GET /models, POST /models/load and POST /models/unload.
+// Model output becomes HTML only through markdown.js (sanitized); everything else is inserted as text.
+import { ApiError, api, apiKey, events, whenUnauthorized } from "./api.js";
+import { AttachmentError, PASTE_LIMIT, pastedText, readFile, wireContent } from "./attachments.js";
+import { coarsePointer, download, el, newId } from "./dom.js";
+import { SettingsError, buildSettingsForm, loadSettings, requestFields, saveSettings } from "./settings.js";
+import { StorageError, openStore } from "./store.js";
+import { newestLeaf, pathTo, siblingPosition } from "./tree.js";
+import { attachmentChips, renderMessage } from "./view.js";
 
-(() => {
-  const STORE_KEY = "bubo.conversations";
-  const CURRENT_KEY = "bubo.current";
-  const SETTINGS_KEY = "bubo.settings";
-  const API_KEY = "bubo.apiKey"; // sessionStorage: gone when the tab closes
+const CURRENT_KEY = "bubo.current";
+const EXPORT_FORMAT = "bubo.conversations";
 
-  // The page's own elements, looked up once before any model text is on the page: an element of
-  // model output can never stand in for one (DOMPurify also renames its id and name, see markdown).
-  const PAGE = new Map(Array.from(document.querySelectorAll("[id]"), (node) => [node.id, node]));
-  const $ = (id) => PAGE.get(id);
-  const el = (tag, props = {}, ...children) => {
-    const node = document.createElement(tag);
-    Object.assign(node, props);
-    for (const child of children) node.append(child);
-    return node;
-  };
+// The page's own elements, looked up once before any model text is on the page: an element of
+// model output can never stand in for one (and the sanitizer lets no id through anyway).
+const PAGE = new Map(Array.from(document.querySelectorAll("[id]"), (node) => [node.id, node]));
+const $ = (id) => PAGE.get(id);
 
-  const state = {
-    model: null, // the served model id
-    nCtx: null, // context size from /props
-    conversations: loadConversations(),
-    currentId: localStorage.getItem(CURRENT_KEY),
-    controller: null, // AbortController of the running request
-    countTimer: null,
-    countController: null,
-  };
+const state = {
+  store: null,
+  model: null, // the model id requests name
+  nCtx: null, // context size from /props (null: unknown until loaded)
+  vision: false, // whether the model takes images
+  router: false, // bubo serve --models-dir: a model picker
+  routerModels: [],
+  conversations: [], // conversation records, newest first
+  current: null, // the conversation shown
+  messages: [], // all messages of the current conversation (every branch)
+  controller: null, // AbortController of the running generation
+  streamingId: null, // the message being streamed
+  nodes: new Map(), // message id → its <article> (held by reference, never looked up by selector)
+  editing: null, // id of the user message being edited
+  attachments: [], // the composer's
+  pasted: 0,
+  settings: loadSettings(),
+  countTimer: null,
+  countController: null,
+  searchTimer: null,
+  searchHits: null, // ids of the conversations matching the search
+  routerTimer: null,
+  toastTimer: null,
+  undo: null, // what the toast's Undo does
+};
 
-  // ---- storage ------------------------------------------------------------------------------
+// ---- conversations -----------------------------------------------------------------------------
 
-  function loadConversations() {
-    try {
-      const value = JSON.parse(localStorage.getItem(STORE_KEY) || "[]");
-      return Array.isArray(value) ? value : [];
-    } catch {
-      return [];
+function newConversation() {
+  const now = Date.now();
+  return { id: newId("c"), title: "", leaf: null, system: state.settings.default_system || "", model: null, created: now, updated: now };
+}
+
+const currentPath = () => (state.current ? pathTo(state.messages, state.current.leaf) : []);
+
+async function persist(records) {
+  try {
+    await state.store.put(records);
+    return true;
+  } catch (error) {
+    if (!(error instanceof StorageError)) throw error;
+    showError(error.message);
+    return false;
+  }
+}
+
+async function openConversation(id) {
+  const found = state.conversations.find((c) => c.id === id) || state.conversations[0];
+  if (!found) {
+    state.current = newConversation();
+    state.conversations.unshift(state.current);
+    await persist({ conversations: [state.current] });
+  } else {
+    state.current = found;
+  }
+  localStorage.setItem(CURRENT_KEY, state.current.id);
+  state.messages = await state.store.messages(state.current.id);
+  state.editing = null;
+  if (state.router && state.current.model && state.routerModels.some((m) => m.id === state.current.model)) selectModel(state.current.model, false);
+}
+
+async function reloadConversations() {
+  state.conversations = await state.store.conversations();
+}
+
+// Another tab changed some conversations: read them again (this tab's running answer is its own).
+async function changedElsewhere({ conversations }) {
+  await reloadConversations();
+  if (!state.current) return;
+  const mine = state.current.id;
+  const fresh = state.conversations.find((c) => c.id === mine);
+  if (conversations.includes(mine) && !state.controller) {
+    if (fresh) {
+      state.current = fresh;
+      state.messages = await state.store.messages(mine);
+    } else {
+      await openConversation(null);
     }
+    renderChat();
+  } else if (fresh) {
+    state.conversations = state.conversations.map((c) => (c.id === mine ? state.current : c));
+  } else {
+    state.conversations.unshift(state.current);
   }
+  renderList();
+}
 
-  function save() {
-    localStorage.setItem(STORE_KEY, JSON.stringify(state.conversations));
-    if (state.currentId) localStorage.setItem(CURRENT_KEY, state.currentId);
-  }
+function titleOf(conversation) {
+  return conversation.title || "New chat";
+}
 
-  function current() {
-    let conversation = state.conversations.find((c) => c.id === state.currentId);
-    if (!conversation) {
-      conversation = state.conversations[0] || newConversation();
-      state.currentId = conversation.id;
+async function switchTo(id) {
+  if (state.controller) stop();
+  await openConversation(id);
+  showError("");
+  renderAll();
+  scheduleCount();
+  setDrawer(false);
+}
+
+async function startNewChat() {
+  if (state.controller) stop();
+  state.current = newConversation();
+  state.conversations.unshift(state.current);
+  state.messages = [];
+  localStorage.setItem(CURRENT_KEY, state.current.id);
+  await persist({ conversations: [state.current] });
+  showError("");
+  renderAll();
+  scheduleCount();
+  setDrawer(false);
+  focusDraft();
+}
+
+async function renameConversation(conversation) {
+  const title = window.prompt("Rename conversation", titleOf(conversation));
+  if (title === null) return;
+  conversation.title = title.trim();
+  conversation.updated = Date.now();
+  await persist({ conversations: [conversation] });
+  renderAll();
+}
+
+async function deleteConversation(conversation) {
+  if (state.controller && conversation.id === state.current.id) stop();
+  const removed = await state.store.remove(conversation.id);
+  state.conversations = state.conversations.filter((c) => c.id !== conversation.id);
+  if (state.current.id === conversation.id) await openConversation(state.conversations[0] && state.conversations[0].id);
+  renderAll();
+  scheduleCount();
+  showToast(`Deleted “${titleOf(conversation)}”.`, async () => {
+    if (await persist(removed)) {
+      await reloadConversations();
+      await openConversation(conversation.id);
+      renderAll();
     }
-    return conversation;
+  });
+}
+
+// ---- export and import -----------------------------------------------------------------------------
+
+async function exportConversations(all) {
+  const chosen = all ? await state.store.conversations() : [state.current];
+  const list = [];
+  for (const conversation of chosen) {
+    const messages = (await state.store.messages(conversation.id)).sort((a, b) => a.created - b.created || (a.id < b.id ? -1 : 1));
+    if (messages.length) list.push({ ...conversation, messages }); // an empty new chat is not worth a file
   }
+  const name = all ? "bubo-conversations.json" : `bubo-${titleOf(state.current).replace(/[^\w-]+/g, "-").slice(0, 40) || "chat"}.json`;
+  download(name, JSON.stringify({ format: EXPORT_FORMAT, version: 1, conversations: list }, null, 2));
+}
 
-  function newConversation() {
-    const conversation = { id: `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`, title: "", messages: [] };
-    state.conversations.unshift(conversation);
-    state.currentId = conversation.id;
-    return conversation;
-  }
-
-  function titleOf(conversation) {
-    if (conversation.title) return conversation.title;
-    const first = conversation.messages.find((m) => m.role === "user");
-    return first ? first.content.slice(0, 48) : "New chat";
-  }
-
-  function loadSettings() {
-    try {
-      return JSON.parse(localStorage.getItem(SETTINGS_KEY) || "{}") || {};
-    } catch {
-      return {};
-    }
-  }
-
-  function readSettings() {
-    return { system: $("system-prompt").value, temperature: $("temperature").value, maxTokens: $("max-tokens").value };
-  }
-
-  // ---- HTTP ---------------------------------------------------------------------------------
-
-  class ApiError extends Error {
-    constructor(status, body, retryAfter) {
-      super(describeError(status, body, retryAfter));
-      this.status = status;
-    }
-  }
-
-  function describeError(status, body, retryAfter) {
-    const error = (body && body.error) || {};
-    const message = typeof error === "string" ? error : error.message || "";
-    const code = error.code || error.type || "";
-    const param = error.param ? ` (${error.param})` : "";
-    const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
-    if (status === 401) return "The server refused the API key (401). Enter the key again.";
-    if (code === "queue_full") return `The server is busy: its queue is full (503 queue_full).${wait}\n${message}`;
-    if (code === "memory_pressure") return `The server is low on memory (503 memory_pressure).${wait}\n${message}`;
-    if (code === "insufficient_memory") return `The server has too little memory for this request now (503 insufficient_memory).${wait}\n${message}`;
-    if (code === "not_ready") return `The model is not ready yet (503 not_ready).${wait}\n${message}`;
-    return `Error${status ? ` ${status}` : ""}${code ? ` ${code}` : ""}${param}: ${message || "the request failed"}`;
-  }
-
-  function headers(json = true) {
-    const result = json ? { "Content-Type": "application/json" } : {};
-    const key = sessionStorage.getItem(API_KEY);
-    if (key) result.Authorization = `Bearer ${key}`;
-    return result;
-  }
-
-  async function api(path, { body, signal, headers: extra = {} } = {}) {
-    const response = await fetch(path, {
-      method: body === undefined ? "GET" : "POST",
-      headers: { ...headers(body !== undefined), ...extra },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      signal,
+function checkImport(value) {
+  const bad = (why) => new Error(`Not a Bubo export: ${why}.`);
+  if (!value || value.format !== EXPORT_FORMAT || !Array.isArray(value.conversations)) throw bad(`"format" must be "${EXPORT_FORMAT}" with a list of conversations`);
+  value.conversations.forEach((c, i) => {
+    if (!c || typeof c.id !== "string" || !Array.isArray(c.messages)) throw bad(`conversations[${i}] needs an id and messages`);
+    c.messages.forEach((m, j) => {
+      if (!m || typeof m.id !== "string" || !["user", "assistant"].includes(m.role) || typeof (m.content ?? "") !== "string") {
+        throw bad(`conversations[${i}].messages[${j}] needs an id, a role (user or assistant) and text content`);
+      }
     });
-    if (!response.ok) throw await errorOf(response);
-    return response;
-  }
+  });
+  return value.conversations;
+}
 
-  async function errorOf(response) {
-    let body = null;
-    try {
-      body = await response.json();
-    } catch {
-      body = null;
+async function importConversations(file) {
+  let list;
+  try {
+    list = checkImport(JSON.parse(await file.text()));
+  } catch (error) {
+    showError(`Import failed: ${error.message}`);
+    return;
+  }
+  const taken = new Set(state.conversations.map((c) => c.id));
+  const records = { conversations: [], messages: [] };
+  for (const { messages, ...conversation } of list) {
+    // An id this browser has already gets fresh ids: an import never overwrites a conversation.
+    const renamed = taken.has(conversation.id) ? new Map(messages.map((m) => [m.id, newId("m")])) : null;
+    const id = renamed ? newId("c") : conversation.id;
+    const map = (old) => (renamed && old !== null && old !== undefined ? renamed.get(old) ?? null : old ?? null);
+    records.conversations.push({ ...conversation, id, leaf: map(conversation.leaf) });
+    for (const m of messages) records.messages.push({ ...m, id: renamed ? renamed.get(m.id) : m.id, parent: map(m.parent), conversation: id });
+  }
+  if (!(await persist(records))) return;
+  await reloadConversations();
+  await openConversation(records.conversations[0] ? records.conversations[0].id : state.current.id);
+  showError("");
+  renderAll();
+  announce(`Imported ${records.conversations.length} conversation${records.conversations.length === 1 ? "" : "s"}.`);
+}
+
+// ---- connecting ----------------------------------------------------------------------------------
+
+async function connect() {
+  $("model").textContent = "connecting…";
+  try {
+    const models = await (await api("/v1/models")).json();
+    const first = models.data && models.data[0] ? models.data[0].id : null;
+    const props = await (await api("/props")).json();
+    state.router = props.role === "router";
+    closeDialog($("key-dialog"));
+    if (state.router) {
+      await loadRouterModels();
+      const wanted = state.current && state.current.model;
+      selectModel(wanted && state.routerModels.some((m) => m.id === wanted) ? wanted : first, false);
+    } else {
+      state.model = first;
+      takeProps(props);
     }
-    if (response.status === 401) askForKey("The server refused this key.");
-    return new ApiError(response.status, body, response.headers.get("Retry-After"));
+    $("router").hidden = !state.router;
+    scheduleCount();
+  } catch (error) {
+    if (error.status === 401) return; // the key prompt is showing
+    $("model").textContent = error.status === 503 ? "model loading…" : "server unreachable, retrying…";
+    setTimeout(connect, 2000);
   }
+}
 
-  // Server-sent events from a fetch body: yields each event's data field.
-  async function* events(response) {
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buffer += value.replace(/\r\n?/g, "\n");
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const frame = buffer.slice(0, end);
-        buffer = buffer.slice(end + 2);
-        const data = frame
-          .split("\n")
-          .filter((line) => line.startsWith("data:"))
-          .map((line) => line.slice(5).replace(/^ /, ""))
-          .join("\n");
-        if (data) yield data;
-      }
-    }
+function takeProps(props) {
+  const settings = props.default_generation_settings;
+  state.nCtx = settings && settings.n_ctx ? settings.n_ctx : null;
+  state.vision = Boolean(props.modalities && props.modalities.vision);
+  showModel();
+}
+
+function showModel() {
+  $("model").textContent = state.nCtx ? `${state.model} · ${state.nCtx} tokens context` : state.model || "no model";
+  renderAttachments();
+}
+
+// The context size of a router's model. autoload=false keeps this question from loading it; a 4xx
+// (model_not_loaded) means the size is unknown until the model is loaded.
+async function loadModelProps() {
+  const query = `model=${encodeURIComponent(state.model || "")}&autoload=false`;
+  try {
+    takeProps(await (await api(`/props?${query}`)).json());
+  } catch (error) {
+    if (!(error.status >= 400 && error.status < 500) || error.status === 401) throw error;
+    state.nCtx = null;
+    state.vision = false;
+    showModel();
   }
+}
 
-  // ---- connecting -----------------------------------------------------------------------------
+// ---- router mode: the models directory ---------------------------------------------------------------
 
-  async function connect() {
-    $("model").textContent = "connecting…";
-    try {
-      const models = await (await api("/v1/models")).json();
-      state.model = models.data && models.data[0] ? models.data[0].id : null;
-      await loadProps();
-      $("key-overlay").hidden = true;
-      scheduleCount();
-    } catch (error) {
-      if (error.status === 401) return; // the key prompt is showing
-      $("model").textContent = error.status === 503 ? "model loading…" : "server unreachable, retrying…";
-      setTimeout(connect, 2000);
-    }
+const statusOf = (model) => {
+  const status = model.status || {};
+  return status.failed ? `failed (exit ${status.exit_code})` : status.value || "unknown";
+};
+
+async function loadRouterModels() {
+  clearTimeout(state.routerTimer);
+  state.routerModels = (await (await api("/models")).json()).data || [];
+  renderPicker();
+  const busy = state.routerModels.some((m) => m.status && m.status.value === "loading");
+  const shown = state.routerModels.find((m) => m.id === state.model);
+  if (shown && shown.status && shown.status.value === "loaded" && state.nCtx === null) await loadModelProps().catch(() => {});
+  state.routerTimer = setTimeout(() => loadRouterModels().catch(() => {}), busy ? 1000 : 5000);
+}
+
+function renderPicker() {
+  const picker = $("model-picker");
+  picker.replaceChildren(...state.routerModels.map((m) => el("option", { value: m.id, textContent: `${m.id} (${statusOf(m)})` })));
+  picker.value = state.model || "";
+  const shown = state.routerModels.find((m) => m.id === state.model);
+  const status = shown ? statusOf(shown) : "";
+  $("model-status").textContent = status;
+  $("model-load").disabled = !shown || ["loaded", "loading"].includes(shown.status && shown.status.value);
+  $("model-unload").disabled = !shown || !["loaded", "loading"].includes(shown.status && shown.status.value);
+}
+
+function selectModel(id, remember) {
+  state.model = id;
+  state.nCtx = null;
+  renderPicker();
+  loadModelProps().catch(() => {});
+  if (remember && state.current) {
+    state.current.model = id;
+    persist({ conversations: [state.current] });
   }
+  scheduleCount();
+}
 
-  // The context size. ?model= names the model to a router (bubo serve --models-dir) and
-  // autoload=false keeps this question from loading it; one model ignores both. A 4xx (the
-  // router's model_not_loaded) means the size is unknown until a first answer loads the model:
-  // the page works without it and asks again after that answer. A 503 or no answer is thrown.
-  async function loadProps() {
-    const query = `model=${encodeURIComponent(state.model || "")}&autoload=false`;
-    try {
-      const props = await (await api(`/props?${query}`)).json();
-      state.nCtx = props.default_generation_settings ? props.default_generation_settings.n_ctx : null;
-    } catch (error) {
-      if (!(error.status >= 400 && error.status < 500) || error.status === 401) throw error;
-      state.nCtx = null;
-    }
-    $("model").textContent = state.nCtx ? `${state.model} · ${state.nCtx} tokens context` : state.model;
-  }
-
-  function askForKey(reason) {
-    $("key-error").textContent = sessionStorage.getItem(API_KEY) ? reason : "";
-    $("key-overlay").hidden = false;
-    $("key-input").focus();
-  }
-
-  // ---- rendering ------------------------------------------------------------------------------
-
-  function markdown(text) {
-    const html = window.marked.parse(text, { gfm: true, breaks: false });
-    // SANITIZE_NAMED_PROPS: an id or name in model output becomes user-content-…, so that it cannot
-    // shadow the page's own elements (DOM clobbering).
-    return window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true }, SANITIZE_NAMED_PROPS: true });
-  }
-
-  function fillAssistant(content, message) {
-    content.innerHTML = markdown(message.content || "");
-    for (const pre of content.querySelectorAll("pre")) {
-      const button = el("button", { type: "button", className: "copy", textContent: "Copy" });
-      button.addEventListener("click", () => copy(pre.querySelector("code") || pre, button));
-      pre.append(button);
-    }
-  }
-
-  async function copy(node, button) {
-    const text = node.textContent;
-    try {
-      await navigator.clipboard.writeText(text);
-    } catch {
-      const area = el("textarea", { value: text });
-      document.body.append(area);
-      area.select();
-      document.execCommand("copy");
-      area.remove();
-    }
-    button.textContent = "Copied";
-    setTimeout(() => (button.textContent = "Copy"), 1200);
-  }
-
-  function renderMessage(message, index, conversation) {
-    const node = el("article", { className: `message ${message.role}` });
-    node.dataset.index = index;
-    node.append(el("div", { className: "role", textContent: message.role === "user" ? "You" : "Assistant" }));
-    if (message.reasoning) {
-      const details = el("details", { className: "reasoning", open: !message.content && message.streaming });
-      details.append(el("summary", { textContent: "Reasoning" }), el("div", { className: "text", textContent: message.reasoning }));
-      node.append(details);
-    }
-    const content = el("div", { className: "content" });
-    if (message.role === "user") content.textContent = message.content;
-    else fillAssistant(content, message);
-    node.append(content);
-    if (message.tool_calls && message.tool_calls.length) {
-      const details = el("details", { className: "tool-calls", open: true });
-      details.append(el("summary", { textContent: `Tool calls (${message.tool_calls.length})` }));
-      for (const call of message.tool_calls) {
-        details.append(el("pre", { textContent: `${call.function.name}(${call.function.arguments})` }));
-      }
-      node.append(details);
-    }
-    if (message.note) node.append(el("div", { className: "note", textContent: message.note }));
-    const last = index === conversation.messages.length - 1;
-    if (last && !state.controller) {
-      const actions = el("div", { className: "actions" });
-      if (message.role === "assistant") {
-        const again = el("button", { type: "button", className: "regenerate", textContent: "Regenerate" });
-        again.addEventListener("click", regenerate);
-        actions.append(again);
-      }
-      const userIndex = lastUserIndex(conversation);
-      if (userIndex >= 0 && (message.role === "user" || userIndex === index - 1)) {
-        const edit = el("button", { type: "button", className: "edit", textContent: "Edit" });
-        edit.addEventListener("click", editLast);
-        actions.append(edit);
-      }
-      node.append(actions);
-    }
-    return node;
-  }
-
-  function lastUserIndex(conversation) {
-    for (let i = conversation.messages.length - 1; i >= 0; i -= 1) {
-      if (conversation.messages[i].role === "user") return i;
-    }
-    return -1;
-  }
-
-  function render() {
-    const conversation = current();
-    $("title").textContent = titleOf(conversation);
-    document.title = `${titleOf(conversation)} · Bubo`;
-    const list = $("conversations");
-    list.replaceChildren();
-    for (const c of state.conversations) {
-      const item = el("li", { className: c.id === conversation.id ? "current" : "" });
-      const open = el("button", { type: "button", className: "open", textContent: titleOf(c), title: titleOf(c) });
-      open.addEventListener("click", () => switchTo(c.id));
-      const rename = el("button", { type: "button", className: "rename", textContent: "✎", title: "Rename" });
-      rename.setAttribute("aria-label", `Rename ${titleOf(c)}`);
-      rename.addEventListener("click", () => renameConversation(c));
-      const remove = el("button", { type: "button", className: "delete", textContent: "✕", title: "Delete" });
-      remove.setAttribute("aria-label", `Delete ${titleOf(c)}`);
-      remove.addEventListener("click", () => deleteConversation(c));
-      item.append(open, rename, remove);
-      list.append(item);
-    }
-    const messages = $("messages");
-    messages.replaceChildren(...conversation.messages.map((m, i) => renderMessage(m, i, conversation)));
-    messages.scrollTop = messages.scrollHeight;
-    const busy = Boolean(state.controller);
-    $("stop").hidden = !busy;
-    $("send").disabled = busy;
-  }
-
-  // Redraws only the streaming message, at most once per animation frame.
-  let pending = false;
-  function renderStreaming(conversation) {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(() => {
-      pending = false;
-      const index = conversation.messages.length - 1;
-      const old = $("messages").querySelector(`article[data-index="${index}"]`);
-      if (!old || conversation.id !== state.currentId) return;
-      const messages = $("messages");
-      const atBottom = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
-      old.replaceWith(renderMessage(conversation.messages[index], index, conversation));
-      if (atBottom) messages.scrollTop = messages.scrollHeight;
-    });
-  }
-
-  function showError(text) {
-    $("error").textContent = text;
-    $("error").hidden = !text;
-  }
-
-  // ---- conversations ---------------------------------------------------------------------------
-
-  function switchTo(id) {
-    if (state.controller) stop();
-    state.currentId = id;
-    save();
+async function modelAction(path) {
+  try {
+    await api(path, { body: { model: state.model } });
     showError("");
-    render();
-    scheduleCount();
-    $("sidebar").classList.remove("open");
+  } catch (error) {
+    showError(error instanceof ApiError ? error.message : `The request failed: ${error.message}`);
   }
+  await loadRouterModels().catch(() => {});
+}
 
-  function renameConversation(conversation) {
-    const title = window.prompt("Rename conversation", titleOf(conversation));
-    if (title === null) return;
-    conversation.title = title.trim();
-    save();
-    render();
+// ---- rendering -------------------------------------------------------------------------------------
+
+// After opening a conversation: its end in view.
+function renderAll() {
+  renderList();
+  renderChat(true);
+}
+
+function renderList() {
+  const query = $("search").value.trim().toLowerCase();
+  const list = $("conversations");
+  const matches = query ? state.searchHits || new Set() : null;
+  list.replaceChildren();
+  for (const c of state.conversations) {
+    if (matches && !matches.has(c.id)) continue;
+    const item = el("li", { className: state.current && c.id === state.current.id ? "current" : "" });
+    const open = el("button", { type: "button", className: "open", textContent: titleOf(c), title: titleOf(c) });
+    open.addEventListener("click", () => switchTo(c.id));
+    if (state.current && c.id === state.current.id) open.setAttribute("aria-current", "true");
+    const rename = el("button", { type: "button", className: "rename", textContent: "✎", title: "Rename" });
+    rename.setAttribute("aria-label", `Rename ${titleOf(c)}`);
+    rename.addEventListener("click", () => renameConversation(c));
+    const remove = el("button", { type: "button", className: "delete", textContent: "✕", title: "Delete" });
+    remove.setAttribute("aria-label", `Delete ${titleOf(c)}`);
+    remove.addEventListener("click", () => deleteConversation(c));
+    item.append(open, rename, remove);
+    list.append(item);
   }
+  if (matches && !list.children.length) list.append(el("li", { className: "empty", textContent: "No conversation matches." }));
+}
 
-  function deleteConversation(conversation) {
-    if (!window.confirm(`Delete "${titleOf(conversation)}"?`)) return;
-    if (state.controller && conversation.id === state.currentId) stop();
-    state.conversations = state.conversations.filter((c) => c.id !== conversation.id);
-    if (state.currentId === conversation.id) state.currentId = null;
-    current();
-    save();
-    render();
-    scheduleCount();
-  }
-
-  // ---- generation ------------------------------------------------------------------------------
-
-  function wireMessages(conversation, extra) {
-    const messages = [];
-    const system = readSettings().system.trim();
-    if (system) messages.push({ role: "system", content: system });
-    for (const m of conversation.messages) {
-      const wire = { role: m.role, content: m.content || "" };
-      if (m.tool_calls && m.tool_calls.length) wire.tool_calls = m.tool_calls;
-      messages.push(wire);
+async function search() {
+  const query = $("search").value.trim().toLowerCase();
+  if (query) {
+    const hits = new Set(state.conversations.filter((c) => titleOf(c).toLowerCase().includes(query)).map((c) => c.id));
+    for (const m of await state.store.allMessages()) {
+      const texts = [m.content || "", m.reasoning || "", ...(m.attachments || []).map((a) => a.text || a.name)];
+      if (texts.some((t) => t.toLowerCase().includes(query))) hits.add(m.conversation);
     }
-    if (extra) messages.push({ role: "user", content: extra });
-    return messages;
+    if ($("search").value.trim().toLowerCase() !== query) return; // typed on meanwhile
+    state.searchHits = hits;
   }
+  renderList();
+}
 
-  function requestBody(conversation) {
-    const body = { model: state.model || "bubo", messages: wireMessages(conversation), stream: true };
-    const { temperature, maxTokens } = readSettings();
-    if (temperature !== "") body.temperature = Number(temperature);
-    if (maxTokens !== "") body.max_tokens = Number(maxTokens);
-    return body;
+const atBottom = (node) => node.scrollHeight - node.scrollTop - node.clientHeight < 40;
+
+function messageActions(message) {
+  return {
+    busy: Boolean(state.controller),
+    streaming: message.id === state.streamingId,
+    position: siblingPosition(state.messages, message),
+    editing: state.editing === message.id,
+    vision: state.vision,
+    edit: () => {
+      state.editing = message.id;
+      renderChat();
+    },
+    cancelEdit: () => {
+      state.editing = null;
+      renderChat();
+    },
+    submitEdit: (text) => submitEdit(message, text),
+    regenerate: () => regenerate(message),
+    continue: () => generate({ continuing: message }),
+    navigate: (step) => navigate(message, step),
+  };
+}
+
+// Redraws the shown path; the view follows the end only if it was there (or *toBottom*): a reader who scrolled up stays put.
+function renderChat(toBottom = false) {
+  const conversation = state.current;
+  $("title").textContent = titleOf(conversation);
+  document.title = `${titleOf(conversation)} · Bubo`;
+  $("system-prompt").value = conversation.system || "";
+  const container = $("messages");
+  const stick = atBottom(container);
+  state.nodes = new Map();
+  const nodes = currentPath().map((m) => {
+    const node = renderMessage(m, messageActions(m));
+    state.nodes.set(m.id, node);
+    return node;
+  });
+  container.replaceChildren(...nodes);
+  if (stick || toBottom) container.scrollTop = container.scrollHeight;
+  const busy = Boolean(state.controller);
+  container.setAttribute("aria-busy", String(busy));
+  $("stop").hidden = !busy;
+  $("send").disabled = busy;
+}
+
+// Redraws only the streaming message, at most once per animation frame; a reader who scrolled up stays where they are.
+let frame = false;
+function renderStreaming(message) {
+  if (frame) return;
+  frame = true;
+  requestAnimationFrame(() => {
+    frame = false;
+    const old = state.nodes.get(message.id);
+    if (!old || !old.isConnected) return;
+    const container = $("messages");
+    const stick = atBottom(container);
+    const node = renderMessage(message, messageActions(message));
+    state.nodes.set(message.id, node);
+    old.replaceWith(node);
+    if (stick) container.scrollTop = container.scrollHeight;
+  });
+}
+
+function showError(text) {
+  $("error").textContent = text;
+  $("error").hidden = !text;
+}
+
+// One announcement for screen readers (the messages are not a live region redrawn every frame).
+function announce(text) {
+  $("announce").textContent = "";
+  setTimeout(() => ($("announce").textContent = text), 50);
+}
+
+function showToast(text, undo) {
+  clearTimeout(state.toastTimer);
+  $("toast-text").textContent = text;
+  $("toast").hidden = false;
+  state.undo = undo;
+  state.toastTimer = setTimeout(() => ($("toast").hidden = true), 10_000);
+}
+
+function showProgress(progress) {
+  const { total, cache, processed, time_ms: elapsed } = progress;
+  if (!total) return;
+  const read = processed - cache;
+  const rate = elapsed > 0 ? read / elapsed : 0; // tokens per millisecond
+  const left = rate > 0 ? Math.ceil((total - processed) / rate / 1000) : null;
+  $("progress").hidden = processed >= total;
+  $("progress-bar").value = processed / total;
+  $("progress-text").textContent = `Reading the prompt: ${processed} / ${total} tokens${cache ? ` (${cache} cached)` : ""}${left !== null ? ` · about ${left} s left` : ""}`;
+}
+
+// ---- generation ------------------------------------------------------------------------------------
+
+function wireMessages(path) {
+  const messages = [];
+  const system = (state.current.system || "").trim();
+  if (system) messages.push({ role: "system", content: system });
+  for (const m of path) {
+    // An empty answer (stopped before its first token) is not sent back as a turn.
+    if (m.role === "assistant" && !m.content && !(m.tool_calls && m.tool_calls.length)) continue;
+    const wire = { role: m.role, content: m.role === "user" ? wireContent(m.content, m.attachments, { vision: state.vision }) : m.content || "" };
+    if (m.tool_calls && m.tool_calls.length) wire.tool_calls = m.tool_calls;
+    messages.push(wire);
   }
+  return messages;
+}
 
-  async function send() {
-    if (state.controller) return;
-    const text = $("draft").value;
-    const conversation = current();
-    if (!text.trim()) {
-      if (conversation.messages.length && conversation.messages.at(-1).role === "user") await generate(conversation);
-      return;
-    }
-    conversation.messages.push({ role: "user", content: text });
+function requestBody(path, continuing) {
+  const body = {
+    model: state.model || "bubo",
+    messages: wireMessages(path),
+    stream: true,
+    return_progress: true,
+    ...requestFields(state.settings),
+  };
+  if (continuing) body.continue_final_message = true;
+  return body;
+}
+
+async function send() {
+  if (state.controller) return;
+  const text = $("draft").value;
+  const conversation = state.current;
+  const path = currentPath();
+  const last = path.at(-1);
+  if (!text.trim() && !state.attachments.length) {
+    if (last && last.role === "user") await generate({ parent: last.id }); // the question whose answer failed
+    return;
+  }
+  const user = { id: newId("m"), conversation: conversation.id, parent: last ? last.id : null, role: "user", content: text, created: Date.now() };
+  if (state.attachments.length) user.attachments = state.attachments;
+  await addUserMessage(user, () => {
     $("draft").value = "";
-    save();
-    await generate(conversation);
-  }
+    state.attachments = [];
+    renderAttachments();
+  });
+}
 
-  async function generate(conversation) {
-    showError("");
-    const controller = new AbortController();
-    state.controller = controller;
-    const body = requestBody(conversation);
-    const reply = { role: "assistant", content: "", reasoning: "", streaming: true };
-    conversation.messages.push(reply);
-    render();
-    try {
-      const response = await api("/v1/chat/completions", {
-        body,
-        signal: controller.signal,
-        headers: { "X-Conversation-Id": conversation.id }, // one replica per conversation behind a load balancer
-      });
-      for await (const data of events(response)) {
-        if (data === "[DONE]") break;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new ApiError(null, chunk, null); // after the headers: no status, only the code
-        const choice = chunk.choices && chunk.choices[0];
-        if (!choice) continue;
-        const delta = choice.delta || {};
-        if (delta.content) reply.content += delta.content;
-        if (delta.reasoning_content) reply.reasoning += delta.reasoning_content;
-        if (delta.tool_calls) mergeToolCalls(reply, delta.tool_calls);
-        if (choice.finish_reason === "length") reply.note = "stopped at the token limit";
-        renderStreaming(conversation);
+// Stores the question first: with the storage full it is not sent, and the typed text stays in the box.
+async function addUserMessage(user, accepted) {
+  const conversation = state.current;
+  const before = { leaf: conversation.leaf, title: conversation.title, updated: conversation.updated, model: conversation.model };
+  conversation.leaf = user.id;
+  conversation.updated = Date.now();
+  if (!conversation.title) conversation.title = (user.content.trim() || (user.attachments && user.attachments[0].name) || "").slice(0, 48);
+  if (state.router) conversation.model = state.model;
+  if (!(await persist({ conversations: [conversation], messages: [user] }))) {
+    Object.assign(conversation, before);
+    $("error").textContent += " Nothing was sent; your message is still in the box.";
+    return;
+  }
+  state.messages.push(user);
+  state.editing = null;
+  accepted();
+  renderList();
+  await generate({ parent: user.id });
+}
+
+async function submitEdit(original, text) {
+  if (state.controller || !text.trim()) return;
+  const user = { id: newId("m"), conversation: state.current.id, parent: original.parent, role: "user", content: text, created: Date.now() };
+  if (original.attachments) user.attachments = original.attachments;
+  await addUserMessage(user, () => {});
+}
+
+async function regenerate(answer) {
+  if (state.controller) return;
+  await generate({ parent: answer.parent });
+}
+
+async function navigate(message, step) {
+  const [position, , siblings] = siblingPosition(state.messages, message);
+  const target = siblings[position - 1 + step];
+  if (!target || state.controller) return;
+  state.current.leaf = newestLeaf(state.messages, target.id);
+  await persist({ conversations: [state.current] });
+  renderChat();
+  scheduleCount();
+}
+
+class StreamError extends Error {}
+
+async function generate({ parent, continuing }) {
+  if (state.controller) return;
+  showError("");
+  const conversation = state.current;
+  let body;
+  try {
+    body = requestBody(continuing ? pathTo(state.messages, continuing.id) : pathTo(state.messages, parent), Boolean(continuing));
+  } catch (error) {
+    if (!(error instanceof SettingsError)) throw error;
+    showError(error.message);
+    return;
+  }
+  const reply = continuing || { id: newId("m"), conversation: conversation.id, parent, role: "assistant", content: "", reasoning: "", created: Date.now() };
+  if (!continuing) {
+    state.messages.push(reply);
+    conversation.leaf = reply.id;
+  }
+  delete reply.note;
+  const controller = new AbortController();
+  state.controller = controller;
+  state.streamingId = reply.id;
+  renderChat(!continuing);
+  const started = performance.now();
+  let firstToken = null;
+  let finished = false; // a finish_reason or [DONE] arrived
+  let failed = false;
+  let userStopped = false;
+  try {
+    const response = await api("/v1/chat/completions", {
+      body,
+      signal: controller.signal,
+      headers: { "X-Conversation-Id": conversation.id }, // one replica per conversation behind a load balancer
+    });
+    for await (const data of events(response)) {
+      if (data === "[DONE]") {
+        finished = true;
+        break;
       }
-    } catch (error) {
-      if (controller.signal.aborted) reply.note = "stopped";
-      else showError(error instanceof ApiError ? error.message : `The request failed: ${error.message}`);
-    } finally {
-      delete reply.streaming;
-      if (!reply.content && !reply.reasoning && !(reply.tool_calls && reply.tool_calls.length) && !controller.signal.aborted) {
-        conversation.messages.pop(); // nothing came: keep the user's message for a retry
+      let chunk;
+      try {
+        chunk = JSON.parse(data);
+      } catch {
+        throw new StreamError(`The server sent an event the page cannot read, so the request was stopped: ${data.slice(0, 80)}`);
       }
-      if (state.controller === controller) state.controller = null;
-      save();
-      render();
-      if (state.nCtx === null && !controller.signal.aborted) await loadProps().catch(() => {}); // loaded now
-      scheduleCount();
-      $("draft").focus();
+      if (chunk.error) throw new ApiError(null, chunk, null); // after the headers: no status, only the code
+      if (chunk.prompt_progress) showProgress(chunk.prompt_progress);
+      const choice = chunk.choices && chunk.choices[0];
+      if (!choice) continue;
+      const delta = choice.delta || {};
+      if (firstToken === null && (delta.content || delta.reasoning_content || delta.tool_calls)) {
+        firstToken = performance.now() - started;
+        $("progress").hidden = true;
+      }
+      if (delta.content) reply.content += delta.content;
+      if (delta.reasoning_content) reply.reasoning = (reply.reasoning || "") + delta.reasoning_content;
+      if (delta.tool_calls) mergeToolCalls(reply, delta.tool_calls);
+      if (choice.finish_reason) {
+        finished = true;
+        reply.finish_reason = choice.finish_reason;
+        if (chunk.timings) reply.stats = { timings: chunk.timings, ttft_ms: firstToken };
+      }
+      renderStreaming(reply);
     }
-  }
-
-  function mergeToolCalls(reply, deltas) {
-    reply.tool_calls = reply.tool_calls || [];
-    for (const delta of deltas) {
-      const index = delta.index || 0;
-      const call = (reply.tool_calls[index] = reply.tool_calls[index] || { id: "", type: "function", function: { name: "", arguments: "" } });
-      if (delta.id) call.id = delta.id;
-      if (delta.function && delta.function.name) call.function.name += delta.function.name;
-      if (delta.function && delta.function.arguments) call.function.arguments += delta.function.arguments;
+    if (!finished) {
+      failed = true;
+      reply.note = "incomplete: the stream ended before the answer did";
+      showError("The connection ended before the answer was complete (no finish_reason, no [DONE]).");
+    } else if (reply.finish_reason === "length") {
+      reply.note = "stopped at the token limit";
     }
-  }
-
-  function stop() {
-    if (state.controller) state.controller.abort();
-  }
-
-  async function regenerate() {
-    const conversation = current();
-    if (state.controller || conversation.messages.at(-1)?.role !== "assistant") return;
-    conversation.messages.pop();
-    save();
-    await generate(conversation);
-  }
-
-  function editLast() {
-    const conversation = current();
-    const index = lastUserIndex(conversation);
-    if (state.controller || index < 0) return;
-    $("draft").value = conversation.messages[index].content;
-    conversation.messages.splice(index);
-    save();
-    render();
+  } catch (error) {
+    if (controller.signal.aborted && !failed) {
+      userStopped = true;
+      reply.note = "stopped";
+    } else {
+      failed = true;
+      controller.abort(); // a parse error or an error event ends the request: the server frees the slot
+      if (reply.content) reply.note = "incomplete";
+      showError(error instanceof ApiError || error instanceof StreamError ? error.message : `The request failed: ${error.message}`);
+    }
+  } finally {
+    $("progress").hidden = true;
+    if (state.controller === controller) state.controller = null;
+    state.streamingId = null;
+    const empty = !reply.content && !reply.reasoning && !(reply.tool_calls && reply.tool_calls.length);
+    if (empty && !continuing && !userStopped) {
+      state.messages = state.messages.filter((m) => m.id !== reply.id); // nothing came: the question stays for a retry
+      conversation.leaf = parent;
+      await persist({ conversations: [conversation] });
+    } else {
+      conversation.updated = Date.now();
+      await persist({ conversations: [conversation], messages: [reply] });
+    }
+    if (state.current === conversation) renderChat();
+    $("messages").dataset.answers = String(Number($("messages").dataset.answers || 0) + 1); // requests ended (for tests and tools)
+    announce(reply.note === "stopped" ? "Answer stopped." : failed ? "The answer failed." : "Answer complete.");
+    if (state.nCtx === null && !failed && state.router) await loadRouterModels().catch(() => {}); // loaded now
     scheduleCount();
-    $("draft").focus();
+    focusDraft();
   }
+}
 
-  // ---- live token count ------------------------------------------------------------------------
-
-  function scheduleCount() {
-    clearTimeout(state.countTimer);
-    state.countTimer = setTimeout(countTokens, 250);
+function mergeToolCalls(reply, deltas) {
+  reply.tool_calls = reply.tool_calls || [];
+  for (const delta of deltas) {
+    const index = delta.index || 0;
+    const call = (reply.tool_calls[index] = reply.tool_calls[index] || { id: "", type: "function", function: { name: "", arguments: "" } });
+    if (delta.id) call.id = delta.id;
+    if (delta.function && delta.function.name) call.function.name += delta.function.name;
+    if (delta.function && delta.function.arguments) call.function.arguments += delta.function.arguments;
   }
+}
 
-  async function countTokens() {
-    if (!state.model || state.nCtx === null) return; // not before the model is known to be loaded
-    const conversation = current();
-    const draft = $("draft").value;
-    const messages = wireMessages(conversation, draft.trim() ? draft : null).filter((m) => m.role !== "system");
-    const label = $("token-count");
-    if (!messages.length) {
-      label.textContent = `0 / ${state.nCtx} tokens`;
-      label.classList.remove("over");
-      return;
-    }
-    if (state.countController) state.countController.abort();
-    const controller = new AbortController();
-    state.countController = controller;
-    const system = readSettings().system.trim();
-    const body = {
-      model: state.model,
-      messages: messages.map((m) => ({ role: m.role, content: m.content || " " })),
-      ...(system ? { system } : {}),
-    };
+function stop() {
+  if (state.controller) state.controller.abort();
+}
+
+// ---- attachments ---------------------------------------------------------------------------------------
+
+async function addFiles(files) {
+  for (const file of files) {
     try {
-      const counted = await (await api("/v1/messages/count_tokens", { body, signal: controller.signal })).json();
-      const n = counted.input_tokens;
-      label.textContent = `${n} / ${state.nCtx} tokens`;
-      label.classList.toggle("over", state.nCtx !== null && n >= state.nCtx);
+      state.attachments.push(await readFile(file));
     } catch (error) {
-      if (!controller.signal.aborted) label.textContent = "";
+      showError(error instanceof AttachmentError ? error.message : `${file.name}: ${error.message}`);
     }
   }
+  renderAttachments();
+  scheduleCount();
+}
 
-  // ---- wiring ----------------------------------------------------------------------------------
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  if (!state.attachments.length) return;
+  box.append(attachmentChips(state.attachments, {
+    vision: state.vision,
+    remove: (index) => {
+      state.attachments.splice(index, 1);
+      renderAttachments();
+      scheduleCount();
+    },
+  }));
+}
 
-  function init() {
-    const settings = loadSettings();
-    $("system-prompt").value = settings.system || "";
-    $("temperature").value = settings.temperature ?? "";
-    $("max-tokens").value = settings.maxTokens ?? "";
-    for (const id of ["system-prompt", "temperature", "max-tokens"]) {
-      $(id).addEventListener("input", () => {
-        localStorage.setItem(SETTINGS_KEY, JSON.stringify(readSettings()));
-        scheduleCount();
-      });
+// ---- live token count ------------------------------------------------------------------------------------
+
+function scheduleCount() {
+  clearTimeout(state.countTimer);
+  state.countTimer = setTimeout(countTokens, 250);
+}
+
+// Anthropic blocks for count_tokens: the text parts (images are not counted: a text model is not sent them).
+function countContent(content) {
+  if (typeof content === "string") return content || " ";
+  const blocks = content.filter((p) => p.type === "text").map((p) => ({ type: "text", text: p.text }));
+  return blocks.length ? blocks : " ";
+}
+
+async function countTokens() {
+  if (!state.model || state.nCtx === null || !state.current) return; // not before the model is known to be loaded
+  const draft = $("draft").value;
+  const path = currentPath();
+  const messages = wireMessages(path).filter((m) => m.role !== "system");
+  if (draft.trim() || state.attachments.length) messages.push({ role: "user", content: wireContent(draft, state.attachments, { vision: state.vision }) });
+  const label = $("token-count");
+  if (!messages.length) {
+    label.textContent = `0 / ${state.nCtx} tokens`;
+    label.classList.remove("over");
+    return;
+  }
+  if (state.countController) state.countController.abort();
+  const controller = new AbortController();
+  state.countController = controller;
+  const system = (state.current.system || "").trim();
+  const body = { model: state.model, messages: messages.map((m) => ({ role: m.role, content: countContent(m.content) })), ...(system ? { system } : {}) };
+  try {
+    const counted = await (await api("/v1/messages/count_tokens", { body, signal: controller.signal })).json();
+    const n = counted.input_tokens;
+    label.textContent = `${n} / ${state.nCtx} tokens`;
+    label.classList.toggle("over", n >= state.nCtx);
+  } catch {
+    if (!controller.signal.aborted) label.textContent = "";
+  }
+}
+
+// ---- dialogs, drawer, theme ----------------------------------------------------------------------------------
+
+const FOCUSABLE = "button:not([disabled]), input:not([disabled]), select, textarea, [href], [tabindex]:not([tabindex='-1'])";
+
+// A modal dialog keeps Tab and Shift+Tab inside itself.
+function trapFocus(dialog) {
+  dialog.addEventListener("keydown", (event) => {
+    if (event.key !== "Tab") return;
+    const focusable = [...dialog.querySelectorAll(FOCUSABLE)].filter((n) => n.offsetParent !== null);
+    if (!focusable.length) return;
+    const first = focusable[0];
+    const last = focusable.at(-1);
+    if (event.shiftKey && document.activeElement === first) {
+      event.preventDefault();
+      last.focus();
+    } else if (!event.shiftKey && document.activeElement === last) {
+      event.preventDefault();
+      first.focus();
     }
-    $("composer").addEventListener("submit", (event) => {
+  });
+}
+
+function closeDialog(dialog) {
+  if (dialog.open) dialog.close();
+}
+
+function askForKey(reason) {
+  $("key-error").textContent = apiKey.get() ? reason : "";
+  if (!$("key-dialog").open) $("key-dialog").showModal();
+  $("key-input").focus();
+}
+
+const narrow = window.matchMedia("(max-width: 700px)");
+
+// At phone width the conversation list is a drawer: out of the tab order (inert) while folded away.
+function setDrawer(open) {
+  $("sidebar").classList.toggle("open", open);
+  $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+  $("sidebar").inert = narrow.matches && !open;
+}
+
+function applyTheme() {
+  document.documentElement.dataset.theme = state.settings.theme || "system";
+}
+
+function focusDraft() {
+  if (!coarsePointer()) $("draft").focus();
+}
+
+// ---- wiring -----------------------------------------------------------------------------------------------
+
+function wireComposer() {
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  $("draft").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       send();
-    });
-    $("draft").addEventListener("keydown", (event) => {
-      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
-        event.preventDefault();
-        send();
-      }
-    });
-    $("draft").addEventListener("input", scheduleCount);
-    document.addEventListener("keydown", (event) => {
-      if (event.key === "Escape" && state.controller) {
-        event.preventDefault();
-        stop();
-      } else if (event.key === "Escape") {
-        $("sidebar").classList.remove("open");
-      }
-    });
-    $("stop").addEventListener("click", stop);
-    $("new-chat").addEventListener("click", () => {
-      if (state.controller) stop();
-      newConversation();
-      save();
-      showError("");
-      render();
-      scheduleCount();
-      $("sidebar").classList.remove("open");
-      $("draft").focus();
-    });
-    $("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
-    $("chat").addEventListener("click", (event) => {
-      if (!event.target.closest("#toggle-sidebar")) $("sidebar").classList.remove("open"); // phone width: fold it
-    });
-    $("key-form").addEventListener("submit", (event) => {
+    }
+  });
+  $("draft").addEventListener("input", scheduleCount);
+  $("draft").addEventListener("paste", (event) => {
+    const text = event.clipboardData && event.clipboardData.getData("text/plain");
+    const files = event.clipboardData ? [...event.clipboardData.files] : [];
+    if (files.length) {
       event.preventDefault();
-      sessionStorage.setItem(API_KEY, $("key-input").value);
-      $("key-input").value = "";
-      $("key-overlay").hidden = true;
-      connect();
-    });
-    current();
-    save();
-    render();
-    connect();
-    $("draft").focus();
-  }
+      addFiles(files);
+    } else if (text && text.length > PASTE_LIMIT) {
+      event.preventDefault(); // a long paste becomes an attachment, not a wall of text in the box
+      state.pasted += 1;
+      state.attachments.push(pastedText(text, state.pasted));
+      renderAttachments();
+      scheduleCount();
+    }
+  });
+  $("attach").addEventListener("click", () => $("attach-file").click());
+  $("attach-file").addEventListener("change", () => {
+    addFiles([...$("attach-file").files]);
+    $("attach-file").value = "";
+  });
+  const composer = $("composer");
+  composer.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    composer.classList.add("dropping");
+  });
+  composer.addEventListener("dragleave", () => composer.classList.remove("dropping"));
+  composer.addEventListener("drop", (event) => {
+    event.preventDefault();
+    composer.classList.remove("dropping");
+    addFiles([...event.dataTransfer.files]);
+  });
+  $("stop").addEventListener("click", stop);
+}
 
-  init();
-})();
+function wireSidebar() {
+  $("new-chat").addEventListener("click", startNewChat);
+  $("search").addEventListener("input", () => {
+    clearTimeout(state.searchTimer);
+    state.searchTimer = setTimeout(search, 150);
+  });
+  $("export-all").addEventListener("click", () => exportConversations(true));
+  $("export-one").addEventListener("click", () => exportConversations(false));
+  $("import").addEventListener("click", () => $("import-file").click());
+  $("import-file").addEventListener("change", () => {
+    const [file] = $("import-file").files;
+    $("import-file").value = "";
+    if (file) importConversations(file);
+  });
+  $("toast-undo").addEventListener("click", () => {
+    $("toast").hidden = true;
+    const undo = state.undo;
+    state.undo = null;
+    if (undo) undo();
+  });
+  $("toggle-sidebar").addEventListener("click", () => setDrawer(!$("sidebar").classList.contains("open")));
+  $("chat").addEventListener("click", (event) => {
+    if (!event.target.closest("#toggle-sidebar")) setDrawer(false); // phone width: a tap beside the list folds it
+  });
+  narrow.addEventListener("change", () => setDrawer(false));
+  $("system-prompt").addEventListener("change", async () => {
+    state.current.system = $("system-prompt").value;
+    await persist({ conversations: [state.current] });
+    scheduleCount();
+  });
+  $("model-picker").addEventListener("change", () => selectModel($("model-picker").value, true));
+  $("model-load").addEventListener("click", () => modelAction("/models/load"));
+  $("model-unload").addEventListener("click", () => modelAction("/models/unload"));
+}
+
+function wireDialogs() {
+  for (const dialog of [$("key-dialog"), $("settings-dialog")]) trapFocus(dialog);
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    apiKey.set($("key-input").value);
+    $("key-input").value = "";
+    closeDialog($("key-dialog"));
+    connect();
+  });
+  $("key-dialog").addEventListener("cancel", (event) => event.preventDefault()); // nothing works without the key
+  buildSettingsForm($("settings-fields"), state.settings, (settings) => {
+    saveSettings(settings);
+    applyTheme();
+    scheduleCount();
+  });
+  $("open-settings").addEventListener("click", () => {
+    $("settings-dialog").showModal();
+    $("open-settings").setAttribute("aria-expanded", "true");
+  });
+  $("settings-dialog").addEventListener("close", () => $("open-settings").setAttribute("aria-expanded", "false"));
+  $("settings-close").addEventListener("click", () => closeDialog($("settings-dialog")));
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || event.isComposing || event.keyCode === 229) return; // an IME's Esc cancels its composition only
+    if (state.controller && !document.querySelector("dialog[open]")) {
+      event.preventDefault();
+      stop();
+    } else {
+      setDrawer(false);
+    }
+  });
+}
+
+async function init() {
+  applyTheme();
+  whenUnauthorized(askForKey);
+  wireComposer();
+  wireSidebar();
+  wireDialogs();
+  setDrawer(false);
+  try {
+    state.store = await openStore((change) => changedElsewhere(change));
+    await reloadConversations();
+    await openConversation(localStorage.getItem(CURRENT_KEY));
+  } catch (error) {
+    showError(error instanceof StorageError ? error.message : `The browser's storage is not available: ${error.message}`);
+    return;
+  }
+  renderAll();
+  connect();
+  focusDraft();
+}
+
+init();
