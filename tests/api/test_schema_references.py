@@ -196,3 +196,18 @@ def test_the_check_never_retrieves_even_a_reference_that_slipped_past(listener: 
     assert caught.value.code == "output_check_failed"
     assert "could not run" in str(caught.value)
     assert listener.connections == 0
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+@pytest.mark.parametrize("case", ["nested $id", "relative to a root $id", "http", "file"])
+async def test_ollama_format_is_held_to_the_same_rule(
+    app, fake_engine: FakeEngine, listener: Listener, path: str, case: str
+) -> None:
+    schema, _ = hostile(listener.url)[case]
+    body = {"model": "bubo", "stream": False, "format": schema}
+    body |= {"messages": MESSAGES} if path == "/api/chat" else {"prompt": "Who?"}
+    response = await app.test_client().post(path, json=body)
+    assert response.status_code == 400
+    assert "$ref" in (await response.get_json())["error"]
+    assert fake_engine.requests == []
+    assert listener.connections == 0
