@@ -1,16 +1,20 @@
 """The decode loop's scheduling and failure handling, with a scripted context and scripted sequences.
 
 What goes into each batch (every generating token, then prompt chunks up to the
-chunk size, oldest first), who ends when a decode fails, and how a full shared
-KV cache is made room in; the real engine's behaviour is in test_parallel.py.
+chunk size, oldest first), who ends when a decode fails, how a full shared KV
+cache is made room in, and what a bug anywhere in the loop leaves behind
+(nothing that waits for ever); the real engine's behaviour is in
+test_parallel.py and test_llama_failures.py.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 import attrs
+import pytest
 
 from bubo.domain.generation import StopCause
 from bubo.engine._context import BatchEntry, ContextFull
@@ -44,8 +48,13 @@ class ScriptedContext:
     batches: list[list[tuple[int, int]]] = attrs.field(factory=list)  # (seq_id, n_tokens) per entry
     failures: list[Exception] = attrs.field(factory=list)
     fail_once: Callable[[list[BatchEntry]], Exception | None] | None = None  # a failure for some batch
+    wedged: threading.Event | None = None  # decodes block until it is set (a device that hangs)
+    stuck: threading.Event = attrs.field(factory=threading.Event)  # a decode is blocked on wedged
 
     def decode_batch(self, entries: list[BatchEntry]) -> list[int]:
+        if self.wedged is not None:
+            self.stuck.set()
+            self.wedged.wait()
         if self.failures:
             raise self.failures.pop(0)
         failure = self.fail_once(entries) if self.fail_once is not None else None
@@ -75,6 +84,7 @@ class ScriptedSequence:
     read: int = 0
     generated: int = 0
     on_step: Callable[[], None] | None = None
+    close_error: Exception | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -105,6 +115,8 @@ class ScriptedSequence:
 
     def close(self) -> None:
         self.closed = True
+        if self.close_error is not None:
+            raise self.close_error
 
 
 class Run:
@@ -112,7 +124,8 @@ class Run:
 
     def __init__(self, n_slots: int = 4, chunk: int = 8) -> None:
         self.context = ScriptedContext(tuple(ScriptedCache(i) for i in range(n_slots)))
-        self.loop = DecodeLoop(self.context, prefill_chunk=chunk, drafting=None)  # type: ignore[arg-type]
+        self.lost: list[EngineFailure] = []
+        self.loop = DecodeLoop(self.context, prefill_chunk=chunk, drafting=None, on_lost=self.lost.append)  # type: ignore[arg-type]
         self.ended: dict[int, BaseException | None] = {}
         self._done: dict[int, threading.Event] = {}
 
@@ -138,6 +151,37 @@ class Run:
     def wait(self) -> None:
         for event in self._done.values():
             assert event.wait(WAIT_S)
+
+    def generating(self, slot: int) -> ScriptedSequence:
+        """A sequence in *slot* that generates until it is failed; returned once it has generated."""
+        sequence = self.sequence(slot, prompt=2, generate=10**9)
+        generated = threading.Event()
+        sequence.on_step = generated.set
+        self.submit(sequence)
+        assert generated.wait(WAIT_S)
+        return sequence
+
+    def call_in_thread(self, function: Callable[[], object]) -> Callable[[], BaseException | None]:
+        """Run ``loop.call(function)`` from a worker thread; the returned function waits for its error."""
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                self.loop.call(function, start_within_s=WAIT_S)
+            except BaseException as error:  # noqa: BLE001 - reported to the test
+                outcome.append(error)
+            else:
+                outcome.append(None)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+
+        def result() -> BaseException | None:
+            worker.join(WAIT_S)
+            assert not worker.is_alive()
+            return outcome[0]
+
+        return result
 
     def close(self) -> None:
         self.loop.stop()
@@ -257,3 +301,117 @@ class TestAFullSharedContext:
         assert run.context.caches[1].evicted == 1
         assert run.ended == {0: None, 1: None}
         assert short.generated == 50
+
+
+def break_(loop: DecodeLoop, method: str, error: BaseException | None = None) -> None:
+    """Make the loop's *method* raise *error* (a bug) from its next call on."""
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise error or KeyError(f"a bug in {method}")
+
+    setattr(loop, method, broken)
+
+
+class TestABugAnywhereInTheLoop:
+    """The guard around the whole loop: what it held ends with an error, the engine is lost, nothing hangs."""
+
+    @staticmethod
+    def assert_lost(run: Run, caplog: pytest.LogCaptureFixture, *, ended: set[int]) -> None:
+        """The sequences in *ended* failed with a 500; the engine heard once; later work is refused."""
+        run.wait()
+        assert set(run.ended) == ended
+        for error in run.ended.values():
+            assert isinstance(error, EngineFailure)
+            assert not error.fatal  # their requests get a 500: an engine bug, not a lost device
+        assert len(run.lost) == 1
+        assert run.lost[0].fatal
+        critical = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+        assert len(critical) == 1
+        with pytest.raises(EngineFailure) as refused:
+            run.loop.submit(run.sequence(3, prompt=2, generate=1), lambda _error: None)  # type: ignore[arg-type]
+        assert refused.value.fatal
+        with pytest.raises(EngineFailure):
+            run.loop.call(lambda: None, start_within_s=WAIT_S)
+        run.loop.schedule_idle(lambda: None)  # dropped
+        run.loop.wait_settled()  # returns: nothing will run
+        thread = run.loop._thread
+        assert run.loop.stop(WAIT_S)
+        assert thread is not None
+        assert not thread.is_alive()
+
+    def test_in_admission(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run()
+        run.generating(0)
+        break_(run.loop, "_admit")
+        run.submit(run.sequence(1, prompt=2, generate=3))
+        self.assert_lost(run, caplog, ended={0, 1})
+
+    def test_in_a_call(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run()
+        run.generating(0)
+        break_(run.loop, "_run_call")
+        error = run.call_in_thread(lambda: "saved")()
+        assert isinstance(error, EngineFailure)
+        self.assert_lost(run, caplog, ended={0})
+
+    def test_in_idle_work(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run()
+        break_(run.loop, "_run_idle")
+        run.loop.schedule_idle(lambda: None)
+        run.loop.wait_settled()
+        run.wait()
+        assert len(run.lost) == 1
+        self.assert_lost(run, caplog, ended=set())
+
+    def test_in_the_handler_of_a_failed_step(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run()
+        run.generating(0)
+        run.generating(1).close_error = RuntimeError("and its sampler cannot be freed")
+        break_(run.loop, "_step_failed", RuntimeError("a bug in the handler"))
+        break_(run.loop, "_step")
+        self.assert_lost(run, caplog, ended={0, 1})
+
+    def test_calls_and_arrivals_not_yet_taken_up_end_too(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run()
+        run.generating(0)
+        run.context.wedged = threading.Event()  # the loop's next turn takes everything queued meanwhile
+        assert run.context.stuck.wait(WAIT_S)
+        break_(run.loop, "_run_call")
+        first, second = run.call_in_thread(lambda: 1), run.call_in_thread(lambda: 2)
+        run.submit(run.sequence(1, prompt=2, generate=3), run.sequence(2, prompt=2, generate=3))
+        with run.loop._wakeup:
+            assert run.loop._wakeup.wait_for(lambda: len(run.loop._calls) == 2, timeout=WAIT_S)
+        run.context.wedged.set()
+        assert isinstance(first(), EngineFailure)
+        assert isinstance(second(), EngineFailure)
+        self.assert_lost(run, caplog, ended={0, 1, 2})
+
+
+class TestAStuckThread:
+    """A thread stuck in llama.cpp cannot be ended; the waits on it are bounded instead."""
+
+    def test_a_call_it_does_not_take_up_in_time_fails_as_fatal(self) -> None:
+        run = Run()
+        run.context.wedged = threading.Event()
+        run.submit(run.sequence(0, prompt=2, generate=3))
+        assert run.context.stuck.wait(WAIT_S)
+        try:
+            with pytest.raises(EngineFailure) as late:
+                run.loop.call(lambda: None, start_within_s=0.2)
+            assert late.value.fatal
+        finally:
+            run.context.wedged.set()
+            run.close()
+
+    def test_stop_says_when_it_did_not_stop(self) -> None:
+        run = Run()
+        run.context.wedged = threading.Event()
+        run.submit(run.sequence(0, prompt=2, generate=3))
+        assert run.context.stuck.wait(WAIT_S)
+        try:
+            assert not run.loop.stop(0.2)  # the context must not be freed under it
+        finally:
+            run.context.wedged.set()
+        assert run.loop.stop(WAIT_S)
+        run.wait()
+        assert isinstance(run.ended[0], EngineFailure)  # closed while generating

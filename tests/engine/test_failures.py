@@ -9,7 +9,7 @@ import pytest
 
 from bubo.domain.generation import GenerationFailed, GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure
-from bubo.engine._decode_loop import DecodeLoop, IdleJob
+from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.fake import FakeEngine
 from bubo.errors import DeviceLost, InternalError
 
@@ -65,25 +65,27 @@ async def test_a_fatal_engine_failure_loses_the_engine() -> None:
 
 @pytest.mark.parametrize("fatal", [False, True])
 def test_idle_work_failures(fatal: bool) -> None:
-    """A failed warm-up leaves the next turn cold; a fatal one ends every later sequence with its error."""
-    loop = DecodeLoop(SimpleNamespace(n_batch=8, caches=()), prefill_chunk=8, drafting=None)  # type: ignore[arg-type]
-    heard: list[EngineFailure] = []
+    """A failed warm-up leaves the next turn cold; a fatal one loses the engine and refuses later sequences."""
+    lost: list[EngineFailure] = []
+    context = SimpleNamespace(n_batch=8, caches=())
+    loop = DecodeLoop(context, prefill_chunk=8, drafting=None, on_lost=lost.append)  # type: ignore[arg-type]
+    failure = EngineFailure("warm-up decode failed", fatal=fatal)
     ran_after = threading.Event()
 
     def failing_job() -> None:
-        raise EngineFailure("warm-up decode failed", fatal=fatal)
+        raise failure
 
-    loop.schedule_idle(IdleJob(run=failing_job, failed=heard.append))
-    loop.schedule_idle(IdleJob(run=ran_after.set, failed=heard.append))
+    loop.schedule_idle(failing_job)
+    loop.schedule_idle(ran_after.set)
     try:
         assert ran_after.wait(timeout=5)
-        assert [failure.fatal for failure in heard] == [fatal]
+        assert lost == ([failure] if fatal else [])
         if fatal:  # a sequence that arrives later is refused with the failure, never decoded
             ended: list[BaseException | None] = []
             done = threading.Event()
             sequence = SimpleNamespace(cancelled=False)
             loop.submit(sequence, lambda error: (ended.append(error), done.set()))  # type: ignore[arg-type]
             assert done.wait(timeout=5)
-            assert ended == [heard[0]]
+            assert ended == [failure]
     finally:
         loop.stop()

@@ -1,21 +1,26 @@
 """The real engine's failure path: which llama.cpp results lose it, and what a bug leaves behind.
 
 llama.cpp is made to fail by replacing ``llama_decode`` with one that returns a
-chosen status, as a broken device or a bad batch would; a bug is a Python
-exception raised inside a generation step.  Each case then asks the engine for
-another answer, which must be the one a fresh engine gives (or, for a fatal
-status, a clear refusal).
+chosen status (as a broken device or a bad batch would) or never returns (a
+hung device); a bug is a Python exception raised inside a generation step or
+anywhere else on the decode thread.  Each case then asks the engine for
+another answer, which must be the one a fresh engine gives (or, once the
+engine is lost, a clear refusal), and closes it within a deadline.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
+from dirty_equals import IsStr
 
+from bubo.config import load_settings
 from bubo.domain.generation import (
     GenerationFailed,
     GenerationFinished,
@@ -24,10 +29,14 @@ from bubo.domain.generation import (
     TokenGenerated,
 )
 from bubo.domain.sampling import SamplingParams
-from bubo.engine import _context, _sequence
+from bubo.engine import EngineFailure, _context, _sequence
+from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
-from bubo.errors import DeviceLost, InternalError
+from bubo.errors import DeviceLost, InternalError, ServiceUnavailable
+from bubo.loader import load_runtime
+from bubo.server import create_app
 
+from ..conftest import wait_until_ready
 from .test_llama import QUESTION, prompt
 
 pytestmark = pytest.mark.llama
@@ -140,3 +149,195 @@ async def test_a_bug_mid_generation_forgets_the_sequence(engine, request_, monke
     again, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFinished)
     assert again == expected
+
+
+# ---- a bug on the decode thread, wherever it happens ---------------------------------------------
+#
+# The guard around the decode loop ends whatever the thread held (every request gets a 500),
+# loses the engine (later requests get 503 device_lost) and ends the thread; nothing waits for
+# ever, and closing the engine takes as long as stopping an idle thread.
+
+DEADLINE_S = 30
+
+
+def bug(*_args: object, **_kwargs: object) -> None:
+    raise KeyError("a bug on the decode thread")
+
+
+@pytest.fixture(name="two_slots")
+def _two_slots(model_path: Path) -> Iterator[LlamaEngine]:
+    engine = load_llama_engine(
+        LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=2, prefill_chunk=64)
+    )
+    yield engine
+    engine.close()
+
+
+async def closes_cleanly(engine: LlamaEngine) -> None:
+    """``aclose`` (what shutdown calls) returns within its deadline and leaves no decode thread."""
+    thread = engine._loop._thread
+    with trio.fail_after(DEADLINE_S):
+        await engine.aclose()
+    assert thread is None or not thread.is_alive()
+
+
+async def is_lost(engine: LlamaEngine, request: GenerationRequest) -> None:
+    """The engine says it is lost, and a new request is refused with 503 device_lost."""
+    with trio.fail_after(DEADLINE_S):
+        await engine.wait_lost()
+    with pytest.raises(DeviceLost):
+        await outcome(engine, request)
+
+
+def failed_with_a_500(last: object) -> None:
+    assert isinstance(last, GenerationFailed)
+    assert type(last.error) is EngineFailure
+    assert last.error.status == 500
+
+
+async def generating(engine: LlamaEngine, request: GenerationRequest, nursery: trio.Nursery) -> list[object]:
+    """Start *request*; return (once it has generated a token) the list its last event will be put in."""
+    last: list[object] = []
+    started = trio.Event()
+
+    async def run() -> None:
+        async with engine.open_generation(request) as events:
+            async for event in events:
+                if isinstance(event, TokenGenerated):
+                    started.set()
+                last[:] = [event]
+
+    nursery.start_soon(run)
+    with trio.fail_after(DEADLINE_S):
+        await started.wait()
+    return last
+
+
+class TestABugOnTheDecodeThread:
+    async def test_in_scheduling_the_warm_up_costs_only_the_warm_up(
+        self, engine, request_, monkeypatch
+    ) -> None:
+        """The request that just ended keeps its answer; the engine serves on and closes."""
+        expected, _ = await outcome(engine, request_)
+        monkeypatch.setattr(LlamaEngine, "_schedule_warm_up", bug)
+        for _ in range(2):
+            text, last = await outcome(engine, attrs.evolve(request_, continuation=(1, 2)))
+            assert isinstance(last, GenerationFinished)
+            assert text == expected
+        assert not engine.lost
+        await closes_cleanly(engine)
+
+    async def test_in_admission(self, two_slots, request_, monkeypatch) -> None:
+        """The arriving request and the running one get a 500; later ones are refused; shutdown completes."""
+        long = attrs.evolve(request_, max_new_tokens=400, ignore_eos=True)
+        async with trio.open_nursery() as nursery:
+            running = await generating(two_slots, long, nursery)
+            monkeypatch.setattr(DecodeLoop, "_admit", bug)
+            _, arriving = await outcome(two_slots, request_)
+        failed_with_a_500(arriving)
+        failed_with_a_500(running[0])
+        await is_lost(two_slots, request_)
+        await closes_cleanly(two_slots)
+
+    async def test_in_a_slot_action(self, two_slots, request_, monkeypatch) -> None:
+        """The slot action fails with a 500, as does the running request; the engine is lost."""
+        long = attrs.evolve(request_, max_new_tokens=400, ignore_eos=True)
+        async with trio.open_nursery() as nursery:
+            running = await generating(two_slots, long, nursery)
+            monkeypatch.setattr(DecodeLoop, "_run_call", bug)
+            with pytest.raises(EngineFailure), trio.fail_after(DEADLINE_S):
+                await two_slots.erase_slot(1)
+        failed_with_a_500(running[0])
+        await is_lost(two_slots, request_)
+        await closes_cleanly(two_slots)
+
+    async def test_in_idle_work(self, engine, request_, monkeypatch) -> None:
+        """The answer before the warm-up is whole; the engine is lost once the warm-up fails."""
+        monkeypatch.setattr(DecodeLoop, "_run_idle", bug)
+        _, last = await outcome(engine, attrs.evolve(request_, continuation=(1, 2)))
+        assert isinstance(last, GenerationFinished)
+        with trio.fail_after(DEADLINE_S):
+            await engine.settle()
+        await is_lost(engine, request_)
+        await closes_cleanly(engine)
+
+    async def test_in_the_handler_of_a_failed_step(self, engine, request_, monkeypatch) -> None:
+        """A step fails, then so does what handles that: the request gets a 500, the engine is lost."""
+        monkeypatch.setattr(DecodeLoop, "_step", bug)
+        monkeypatch.setattr(DecodeLoop, "_step_failed", bug)
+        _, last = await outcome(engine, request_)
+        failed_with_a_500(last)
+        await is_lost(engine, request_)
+        await closes_cleanly(engine)
+
+
+class TestAStuckDecodeThread:
+    async def test_a_request_it_does_not_let_go_of_fails_and_the_engine_is_lost(
+        self, engine, request_, monkeypatch
+    ) -> None:
+        """Interrupted (shutdown's deadline) while ``llama_decode`` hangs, the request fails with a 500
+        within the bound instead of holding its slot for good; closing leaves the context to the stuck
+        thread rather than freeing it under it."""
+        engine.release_wait_s = 0.5
+        real = _context.llama_cpp.llama_decode
+        calls: list[int] = []
+        stuck, release = threading.Event(), threading.Event()
+
+        def hanging_decode(ctx: Any, batch: Any) -> int:
+            calls.append(1)
+            if len(calls) == 4:
+                stuck.set()
+                release.wait()
+            return real(ctx, batch)
+
+        monkeypatch.setattr(_context.llama_cpp, "llama_decode", hanging_decode)
+        thread = None
+        try:
+            async with trio.open_nursery() as nursery:
+                running = await generating(engine, request_, nursery)
+                await trio.to_thread.run_sync(stuck.wait, DEADLINE_S)
+                thread = engine._loop._thread
+                engine.interrupt(ServiceUnavailable("the server is shutting down", code="not_ready"))
+            failed_with_a_500(running[0])
+            assert engine.lost
+            with trio.fail_after(DEADLINE_S):
+                await engine.aclose()  # returns: the thread did not stop, the context is left to it
+            assert thread is not None
+            assert thread.is_alive()
+        finally:
+            release.set()
+        assert thread is not None
+        await trio.to_thread.run_sync(thread.join, DEADLINE_S)
+        assert not thread.is_alive()
+
+
+async def test_over_http_a_bug_is_a_500_in_the_dialects_shape_and_health_says_lost(monkeypatch) -> None:
+    """Through the real app: the request that met the bug gets a 500 in its dialect's envelope, /health and
+    /ready say device_lost, later requests get a 503, and the app's shutdown (the lifespan's end) completes."""
+    settings = load_settings({"model__ctx_size": "512", "model__threads": "2"}, environ={})
+    runtime = load_runtime(settings, lambda _: None)
+    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+    chat = {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    try:
+        with trio.fail_after(DEADLINE_S):
+            async with app.test_app() as test_app:
+                await wait_until_ready(app)
+                client = test_app.test_client()
+                monkeypatch.setattr(DecodeLoop, "_admit", bug)
+                response = await client.post("/v1/chat/completions", json=chat)
+                assert response.status_code == 500
+                assert (await response.get_json())["error"] == {
+                    "message": IsStr,
+                    "type": "server_error",
+                    "param": None,
+                    "code": "engine_error",
+                }
+                health = await client.get("/health")
+                assert (health.status_code, await health.get_json()) == (503, {"status": "device_lost"})
+                ready = await client.get("/ready")
+                assert (ready.status_code, (await ready.get_json())["status"]) == (503, "device_lost")
+                refused = await client.post("/v1/messages", json=chat)
+                assert refused.status_code == 503
+                assert (await refused.get_json())["error"]["type"] == "overloaded_error"
+    finally:
+        runtime.engine.close()

@@ -13,6 +13,15 @@ until woken.
 
 The thread is the only one that touches the context once it runs; it is
 started with the first sequence and stopped by :meth:`DecodeLoop.stop`.
+
+Whatever the thread holds always ends.  A failure of one sequence's step ends
+that sequence (its request gets the error); a bug in a step ends the step's
+sequences and the loop goes on.  Anything else that escapes, in admission, a
+call, idle work or the handling of a failure itself, reaches the one guard
+around the whole loop: every active sequence, every arrival and every pending
+call then ends with an :class:`EngineFailure`, the failure is logged once, the
+engine is told it is lost (``on_lost``), and the thread ends; later work is
+refused.  Nobody waiting on the thread is left waiting.
 """
 
 from __future__ import annotations
@@ -44,12 +53,14 @@ Ended = Callable[[BaseException | None], None]
 """Called on the decode thread once the loop lets go of a sequence: with its error, or None."""
 
 
-@attrs.frozen
-class IdleJob:
-    """Work for when no sequence is active; ``failed`` hears of an :class:`EngineFailure` it raised."""
+IdleJob = Callable[[], None]
+"""Work for when no sequence is active (a warm-up); what it raises costs only that work."""
 
-    run: Callable[[], None]
-    failed: Callable[[EngineFailure], None]
+LOOP_FAILED = "the engine failed on its decode thread and cannot serve requests"
+
+
+def _ignore_loss(_failure: EngineFailure) -> None:
+    pass
 
 
 @attrs.define(eq=False)
@@ -57,6 +68,7 @@ class _Call:
     """A function to run on the decode thread between steps; the caller waits for ``done``."""
 
     run: Callable[[], object]
+    started: threading.Event = attrs.field(factory=threading.Event)
     done: threading.Event = attrs.field(factory=threading.Event)
     result: object = None
     error: BaseException | None = None
@@ -66,32 +78,49 @@ class _Call:
 class _Member:
     sequence: Sequence
     ended: Ended
+    over: bool = False  # its end was delivered (or is being delivered): never twice
 
 
 class DecodeLoop:
     """Drives every active sequence of one context, one batch a step, on its own thread."""
 
-    def __init__(self, context: LlamaContext, *, prefill_chunk: int, drafting: DraftPolicy | None) -> None:
+    def __init__(
+        self,
+        context: LlamaContext,
+        *,
+        prefill_chunk: int,
+        drafting: DraftPolicy | None,
+        on_lost: Callable[[EngineFailure], None] = _ignore_loss,
+    ) -> None:
+        """*on_lost* is called once, on the decode thread, when the loop can serve nothing more."""
         self._context = context
         self._prefill_chunk = max(1, min(prefill_chunk, context.n_batch))
         self._drafting = drafting
+        self._on_lost = on_lost
         self._wakeup = threading.Condition()
         self._arrivals: list[_Member] = []  # guarded by _wakeup
         self._idle_jobs: collections.deque[IdleJob] = collections.deque()  # guarded by _wakeup
         self._stopping = False  # guarded by _wakeup
+        self._failed = False  # guarded by _wakeup: the guard ended the loop; new work is refused
         self._idle_running = False  # guarded by _wakeup
         self._calls: list[_Call] = []  # guarded by _wakeup
         self._active: list[_Member] = []  # the loop thread's own
+        self._taken_calls: list[_Call] = []  # the loop thread's own: taken from _calls this turn
+        self._taken_arrivals: list[_Member] = []  # the loop thread's own: taken from _arrivals this turn
         self._fatal: EngineFailure | None = None
         self._thread: threading.Thread | None = None
 
     # ---- the trio side -----------------------------------------------------------------------
 
     def submit(self, sequence: Sequence, ended: Ended) -> None:
-        """Add *sequence* to the next step; *ended* is called when the loop lets go of it."""
+        """Add *sequence* to the next step; *ended* is called when the loop lets go of it.
+
+        Raises:
+            EngineFailure: the engine is closed, or lost (then fatal).
+
+        """
         with self._wakeup:
-            if self._stopping:
-                raise EngineFailure("the engine is closed")
+            self._check_open()
             self._arrivals.append(_Member(sequence, ended))
             self._start_thread()
             self._wakeup.notify_all()
@@ -102,34 +131,40 @@ class DecodeLoop:
             self._wakeup.notify_all()
 
     def schedule_idle(self, job: IdleJob) -> None:
-        """Run *job* once no sequence is active."""
+        """Run *job* once no sequence is active (dropped when the engine is closed or lost)."""
         with self._wakeup:
-            if self._stopping:
+            if self._stopping or self._failed:
                 return
             self._idle_jobs.append(job)
             self._start_thread()
             self._wakeup.notify_all()
 
-    def call(self, function: Callable[[], T]) -> T:
+    def call(self, function: Callable[[], T], *, start_within_s: float | None = None) -> T:
         """Run *function* on the decode thread before its next step, and return its result.
 
         For state operations on a sequence no generation uses (saving or
         restoring a slot): they run between two ``llama_decode`` calls, while
         the other sequences keep generating.  Blocking: call from a worker thread.
+        The thread must take the call up within *start_within_s* (it finishes
+        the step in progress first); how long *function* then runs is its own
+        work (a slot file's reading or writing).
 
         Raises:
-            EngineFailure: the engine is closed (or closes before the call runs).
+            EngineFailure: the engine is closed or lost (or closes before the call runs); fatal when
+                the thread did not take the call up in time.
             Exception: whatever *function* raised.
 
         """
         call = _Call(run=function)
         with self._wakeup:
-            if self._stopping:
-                raise EngineFailure("the engine is closed")
+            self._check_open()
             self._calls.append(call)
             self._start_thread()
             self._wakeup.notify_all()
-        call.done.wait()
+        if not call.started.wait(start_within_s):
+            msg = f"the decode thread did not take up a slot action within {start_within_s:g} s"
+            raise EngineFailure(msg, fatal=True)
+        call.done.wait()  # set in a finally once the call started (see _run_call)
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[return-value] # what function returned
@@ -137,17 +172,30 @@ class DecodeLoop:
     def wait_settled(self) -> None:
         """Block until no idle job is pending or running (blocking: call from a worker thread)."""
         with self._wakeup:
-            while (self._idle_jobs or self._idle_running) and not self._stopping:
+            while (self._idle_jobs or self._idle_running) and not (self._stopping or self._failed):
                 self._wakeup.wait()
 
-    def stop(self) -> None:
-        """Stop the thread and wait for it; sequences still active end with an error."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the thread and wait for it (at most *timeout_s*); whether it stopped.
+
+        Sequences still active end with an error.  A thread that does not stop
+        in time is inside llama.cpp and may still touch the context.
+        """
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify_all()
             thread = self._thread
-        if thread is not None:
-            thread.join()
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    def _check_open(self) -> None:
+        """Raise unless the loop takes new work (call with ``_wakeup`` held)."""
+        if self._failed:
+            raise EngineFailure(LOOP_FAILED, fatal=True)
+        if self._stopping:
+            raise EngineFailure("the engine is closed")
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -157,6 +205,14 @@ class DecodeLoop:
     # ---- the decode thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The thread's body: serve until stopped; on any escaping failure, end everything it held."""
+        try:
+            self._serve()
+            self._close_down()
+        except BaseException as error:  # noqa: BLE001 - the one guard: nothing may end this thread silently
+            self._fail_everything(error)
+
+    def _serve(self) -> None:
         while True:
             with self._wakeup:
                 while not (
@@ -165,14 +221,14 @@ class DecodeLoop:
                     self._wakeup.wait()
                 if self._stopping:
                     break
-                calls, self._calls = self._calls, []
-                arrivals, self._arrivals = self._arrivals, []
-                idle = not (arrivals or self._active)
+                self._taken_calls, self._calls = self._calls, []
+                self._taken_arrivals, self._arrivals = self._arrivals, []
+                idle = not (self._taken_arrivals or self._active)
                 job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
                 self._idle_running = job is not None
-            for call in calls:
+            for call in self._taken_calls:
                 self._run_call(call)
-            for member in arrivals:
+            for member in self._taken_arrivals:
                 self._admit(member)
             if job is not None:
                 self._run_idle(job)
@@ -182,20 +238,64 @@ class DecodeLoop:
                 continue
             try:
                 self._step()
-            except Exception as error:  # a bug in the loop itself: end what it held, keep serving
-                logger.exception("the decode loop failed; its sequences end with an error")
-                for member in self._active:
-                    member.sequence.cache.clear()
-                self._end_all(error)
+            except Exception as error:  # noqa: BLE001 - a bug in a step: end what it held, keep serving
+                self._step_failed(error)
+
+    def _step_failed(self, error: Exception) -> None:
+        logger.error("a decode step failed; its sequences end with an error", exc_info=error)
+        for member in self._active:
+            member.sequence.cache.clear()
+        self._end_all(error)
+
+    def _close_down(self) -> None:
+        """Stopped: what is still active, arriving or called ends with the closed engine's error."""
         closed = EngineFailure("the engine was closed while generating")
         with self._wakeup:
-            arrivals, self._arrivals = self._arrivals, []
-            calls, self._calls = self._calls, []
-        for call in calls:
-            call.error = EngineFailure("the engine was closed")
-            call.done.set()
-        self._active.extend(arrivals)
+            self._taken_arrivals, self._arrivals = self._arrivals, []
+            self._taken_calls, self._calls = self._calls, []
+        for call in self._taken_calls:
+            _refuse(call, EngineFailure("the engine was closed"))
+        self._active.extend(self._taken_arrivals)
         self._end_all(closed)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        """The guard: end every sequence, arrival and call with an error, refuse new work, report the loss.
+
+        Each end is delivered whatever happens to the others: this runs after
+        a bug, so nothing here may rely on the state it left.
+        """
+        logger.critical("the decode thread failed; the engine is lost", exc_info=error)
+        try:  # first: the engine must know it is lost before any request hears of its end
+            self._lose(EngineFailure(f"{LOOP_FAILED}: {error!r}", fatal=True))
+        except Exception:
+            logger.exception("the engine could not be told it is lost")
+        with self._wakeup:
+            self._failed = True
+            calls = [*self._taken_calls, *self._calls]
+            arrivals = [*self._taken_arrivals, *self._arrivals]
+            self._calls, self._arrivals = [], []
+            self._idle_jobs.clear()
+            self._idle_running = False
+            self._wakeup.notify_all()
+        for call in calls:
+            if not call.done.is_set():
+                _refuse(call, EngineFailure(LOOP_FAILED))
+        members = [m for m in dict.fromkeys([*self._active, *arrivals]) if not m.over]
+        self._active = []
+        for member in members:
+            try:
+                member.sequence.close()
+            except Exception:  # noqa: BLE001, S110 - its sampler leaks; the end is still delivered
+                pass
+            finally:
+                self._end_quietly(member, EngineFailure("the engine failed on its decode thread"))
+
+    @staticmethod
+    def _end_quietly(member: _Member, error: BaseException) -> None:
+        try:
+            DecodeLoop._end(member, error)
+        except Exception:
+            logger.exception("a sequence's end could not be delivered")
 
     def _admit(self, member: _Member) -> None:
         if member.sequence.cancelled:
@@ -266,7 +366,7 @@ class DecodeLoop:
     def _decode_failed(self, failure: EngineFailure, in_batch: list[_Member]) -> None:
         """A fatal failure ends every sequence, now and later; another only those in the batch."""
         if failure.fatal:
-            self._fatal = failure
+            self._lose(failure)
             self._end_all(failure)
             return
         for member in in_batch:
@@ -307,6 +407,7 @@ class DecodeLoop:
 
     @staticmethod
     def _run_call(call: _Call) -> None:
+        call.started.set()
         try:
             call.result = call.run()
         except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
@@ -316,13 +417,20 @@ class DecodeLoop:
 
     def _run_idle(self, job: IdleJob) -> None:
         try:
-            job.run()
+            job()
         except EngineFailure as failure:
-            job.failed(failure)
             if failure.fatal:
-                self._fatal = failure
+                self._lose(failure)
+            else:
+                logger.warning("idle work failed, the next turn starts cold: %s", failure.message)
         except Exception:  # a bug in idle work costs only the warm-up
             logger.exception("idle work failed unexpectedly; the next turn starts cold")
+
+    def _lose(self, failure: EngineFailure) -> None:
+        """A fatal failure: every later sequence is refused with it, and the engine hears once."""
+        if self._fatal is None:
+            self._fatal = failure
+            self._on_lost(failure)
 
     def _fail(self, member: _Member, error: BaseException) -> None:
         member.sequence.close()
@@ -340,4 +448,12 @@ class DecodeLoop:
 
     @staticmethod
     def _end(member: _Member, error: BaseException | None) -> None:
+        member.over = True
         member.ended(error)
+
+
+def _refuse(call: _Call, error: EngineFailure) -> None:
+    """End a call that will not run: its caller raises *error*."""
+    call.error = error
+    call.started.set()
+    call.done.set()

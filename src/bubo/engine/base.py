@@ -430,6 +430,7 @@ class SlotEngine(abc.ABC):
         slot.begin(task_id, request.max_new_tokens)
         try:
             async with send:
+                failure = None
                 with trio.CancelScope() as running:
                     self._interruptible.add(running)
                     if self._interruption is not None:  # interrupted between admission and this start
@@ -437,10 +438,12 @@ class SlotEngine(abc.ABC):
                     try:
                         await self._produce(slot, request, send)
                     except Exception as error:  # noqa: BLE001 - delivered to the consumer, not lost
-                        await send.send(GenerationFailed(error=self._failure(error)))
+                        failure = self._failure(error)  # sent outside the scope an interruption cancelled
                     finally:
                         self._interruptible.discard(running)
-                if running.cancelled_caught and self._interruption is not None:
+                if failure is not None:
+                    await send.send(GenerationFailed(error=failure))
+                elif running.cancelled_caught and self._interruption is not None:
                     await send.send(GenerationFailed(error=copy.copy(self._interruption)))
         finally:
             slot.end()

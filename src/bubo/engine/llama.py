@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import llama_cpp
@@ -33,7 +35,7 @@ from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec, 
 from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
-from ._decode_loop import DecodeLoop, IdleJob
+from ._decode_loop import DecodeLoop
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
 from ._grammar import to_gbnf
@@ -95,6 +97,13 @@ class LlamaOptions:
     )
     context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
 
+
+T = TypeVar("T")
+
+RELEASE_WAIT_S = 60.0
+"""How long the decode thread may take to let go of a request or take up a slot action: the step in
+progress (a prompt chunk of a large model on a slow CPU, a DRY stage built) and no more.  Past it the
+thread is taken to be stuck in llama.cpp, and the engine is lost."""
 
 AUTO_PARALLEL = 4
 """Slots when ``--parallel`` is auto (llama-server's default)..."""
@@ -158,6 +167,7 @@ class LlamaEngine(SlotEngine):
     """A loaded model with one context and ``n_parallel`` slots."""
 
     channel_buffer = math.inf  # events are bounded by the context; see the module's docstring
+    release_wait_s = RELEASE_WAIT_S
 
     def __init__(self, model: object, options: LlamaOptions) -> None:
         context_params = llama_cpp.llama_context_default_params()
@@ -185,7 +195,10 @@ class LlamaEngine(SlotEngine):
         drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
         self._drafting = drafting
         self._context_shift = options.context_shift
-        self._loop = DecodeLoop(context, prefill_chunk=options.prefill_chunk, drafting=drafting)
+        self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
+        self._loop = DecodeLoop(
+            context, prefill_chunk=options.prefill_chunk, drafting=drafting, on_lost=self._loop_lost
+        )
         vocab = context.vocab
         n_vocab = context.n_vocab
         self._pieces = [token_piece(vocab, token) for token in range(n_vocab)]
@@ -294,7 +307,7 @@ class LlamaEngine(SlotEngine):
     async def _produce(
         self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
     ) -> None:
-        trio_token = trio.lowlevel.current_trio_token()
+        trio_token = self._trio_token = trio.lowlevel.current_trio_token()
 
         def emit(event: EngineEvent) -> None:  # on the decode thread
             _post(trio_token, _deliver, send, event)  # FIFO, before the sequence's end
@@ -313,11 +326,13 @@ class LlamaEngine(SlotEngine):
         failures: list[BaseException] = []
 
         def on_end(error: BaseException | None) -> None:  # on the decode thread
-            if error is not None:
-                failures.append(error)
-            elif sequence.outcome is not None:
-                self._schedule_warm_up(slot, request, sequence.outcome, trio_token)
-            _post(trio_token, ended.set)
+            try:
+                if error is not None:
+                    failures.append(error)
+                elif sequence.outcome is not None:
+                    self._warm_up_later(slot, request, sequence.outcome)
+            finally:
+                _post(trio_token, ended.set)  # whatever happened above: the producer must hear
 
         self._loop.submit(sequence, on_end)
         try:
@@ -326,14 +341,36 @@ class LlamaEngine(SlotEngine):
             if not ended.is_set():  # the client left, or shutdown's deadline passed
                 sequence.cancelled = True
                 self._loop.wake()
-                with trio.CancelScope(shield=True):
-                    await ended.wait()  # the thread lets go of the slot's sequence within one step
+                await self._wait_released(ended)
         if failures:
             raise failures[0]
 
-    def _schedule_warm_up(
-        self, slot: Slot, request: GenerationRequest, outcome: Outcome, trio_token: trio.lowlevel.TrioToken
-    ) -> None:
+    async def _wait_released(self, ended: trio.Event) -> None:
+        """Wait (shielded, at most :attr:`release_wait_s`) for the thread to let go of a cancelled sequence.
+
+        It does so at its next step, after the current token or prompt chunk.
+        A thread that takes longer is stuck (inside llama.cpp): the engine is
+        lost, and the request fails instead of holding its slot for good.
+
+        Raises:
+            EngineFailure: the thread did not let go in time.
+
+        """
+        with trio.move_on_after(self.release_wait_s, shield=True):
+            await ended.wait()
+        if not ended.is_set():
+            message = f"the decode thread did not let go of a request within {self.release_wait_s:g} s"
+            self._lose(message)
+            raise EngineFailure(message + "; the engine is lost")
+
+    def _warm_up_later(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
+        """Queue the next turn's warm-up (on the decode thread); a failure costs only the warm-up."""
+        try:
+            self._schedule_warm_up(slot, request, outcome)
+        except Exception:
+            logger.exception("the next turn's warm-up could not be queued; it starts cold")
+
+    def _schedule_warm_up(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
         """Evaluate the end of turn the next prompt will start with, once no sequence is active.
 
         Called on the decode thread as the generation ends (so a client that
@@ -364,10 +401,7 @@ class LlamaEngine(SlotEngine):
             self._context.decode(tokens, cache.seq_id)
             slot.holds(len(cache.tokens))
 
-        def failed(failure: EngineFailure) -> None:  # on the decode thread
-            _post(trio_token, self._idle_failed, failure)
-
-        self._loop.schedule_idle(IdleJob(run=warm_up, failed=failed))
+        self._loop.schedule_idle(warm_up)
 
     # ---- slot files: run on the decode thread, between two steps of the other slots --------------
 
@@ -379,7 +413,7 @@ class LlamaEngine(SlotEngine):
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
 
-        return await trio.to_thread.run_sync(self._loop.call, save)
+        return await self._on_loop(save)
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         cache = self._context.caches[slot.id]
@@ -401,7 +435,7 @@ class LlamaEngine(SlotEngine):
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
 
-        return await trio.to_thread.run_sync(self._loop.call, restore)
+        return await self._on_loop(restore)
 
     async def _erase_slot(self, slot: Slot) -> int:
         cache = self._context.caches[slot.id]
@@ -411,21 +445,42 @@ class LlamaEngine(SlotEngine):
             cache.clear()
             return n_tokens
 
-        return await trio.to_thread.run_sync(self._loop.call, erase)
+        return await self._on_loop(erase)
+
+    async def _on_loop(self, function: Callable[[], T]) -> T:
+        """*function*'s result, run on the decode thread between two steps (a worker thread waits)."""
+        self._trio_token = trio.lowlevel.current_trio_token()
+        try:
+            return await trio.to_thread.run_sync(
+                functools.partial(self._loop.call, function, start_within_s=self.release_wait_s)
+            )
+        except EngineFailure as failure:
+            if failure.fatal:
+                self._lose(failure.message)
+            raise
 
     async def settle(self) -> None:
         """Return once the idle work queued so far (warm-ups) has run."""
         await trio.to_thread.run_sync(self._loop.wait_settled)
 
-    def _idle_failed(self, failure: EngineFailure) -> None:
-        if failure.fatal:
-            self._lose(failure.message)
-        else:
-            logger.warning("idle work failed, the next turn starts cold: %s", failure.message)
+    def _loop_lost(self, failure: EngineFailure) -> None:
+        """The decode loop can serve nothing more (on the decode thread): the engine is lost."""
+        if self._trio_token is not None:
+            _post(self._trio_token, self._lose, failure.message)
 
     def close(self) -> None:
-        """Stop the decode thread, then free the context and the model."""
-        self._loop.stop()
+        """Stop the decode thread, then free the context and the model.
+
+        A thread that does not stop within :attr:`release_wait_s` is stuck in
+        llama.cpp: the context and the model are then left allocated (freeing
+        them under it would crash the process), for the process's exit to free.
+        """
+        if not self._loop.stop(self.release_wait_s):
+            logger.critical(
+                "the decode thread did not stop within %g s; the model stays in memory until exit",
+                self.release_wait_s,
+            )
+            return
         self._context.close()
         if isinstance(self.embedder, Embedder):
             self.embedder.close()
