@@ -110,16 +110,16 @@ class TestErrors:
         assert caught.value.code == "template_error"
 
     def test_render_failure_is_a_400(self) -> None:
-        """A template that fails on the input (str + int) is a 400, not a 500."""
+        """A template that fails on the input (a number minus a text) is a 400, not a 500."""
         with pytest.raises(InvalidRequest):
-            render("{{ messages[0].content + 1 }}", ChatPrompt(messages=USER))
+            render("{{ 1 - messages[0].content }}", ChatPrompt(messages=USER))
 
 
 class TestPolyfills:
     def test_probe_of_the_default_model_template(self, template) -> None:
-        """SmolLM2's ChatML knows no tools and needs string content; it renders tool results."""
+        """SmolLM2's ChatML knows no tools; it renders tool results, and a null content as empty (as llama.cpp)."""
         caps = template.capabilities
-        assert (caps.tools, caps.tool_calls, caps.null_content) == (False, False, False)
+        assert (caps.tools, caps.tool_calls, caps.null_content) == (False, False, True)
         assert (caps.tool_responses, caps.system_role) == (True, True)
 
     def test_tools_become_a_system_section(self, template) -> None:

@@ -14,7 +14,10 @@ rewrites the conversation into a generic, documented form before rendering:
 - a system role it rejects is folded into the first user turn;
 - null content becomes an empty string when the template needs a string.
 
-The probe also learns whether the template keeps the reasoning of turns before
+The probe also learns how the template prints a tool call's arguments: as an
+object (``arguments | tojson``, most templates) or as the text it was sent as
+(``'…' + arguments``, Functionary v3.2), as llama.cpp's template capabilities
+do; and whether the template keeps the reasoning of turns before
 the latest user message, and which variable makes it do so (Qwen 3.6's
 ``preserve_thinking``, GLM's ``clear_thinking``).  A template that drops it
 re-renders the previous answer without its reasoning, and the prompt cache
@@ -38,6 +41,7 @@ _CALL = "bubo_probe_call"
 _RESULT = "bubo_probe_result"
 _SYSTEM = "bubo_probe_system"
 _REASONING = "bubo_probe_reasoning"
+_ARGUMENT = "bubo_probe_arg"
 # Template variables (and the value) that keep earlier turns' reasoning, in the order tried.
 PRESERVE_REASONING_VARIABLES: tuple[tuple[str, bool], ...] = (
     ("preserve_thinking", True),
@@ -54,6 +58,7 @@ class TemplateCapabilities:
     tool_responses: bool
     system_role: bool
     null_content: bool
+    object_arguments: bool = True  # tool-call arguments are passed as objects, not as their JSON text
     past_reasoning: bool = False  # renders the reasoning of turns before the latest user message
     preserve_reasoning: tuple[str, bool] | None = None  # the variable that makes it, when it does not
 
@@ -101,7 +106,31 @@ def probe(render: Callable[[dict[str, Any]], str]) -> TemplateCapabilities:
         ),
         system_role=shows(_SYSTEM, [{"role": "system", "content": _SYSTEM}, user]),
         null_content=shows("x", [user, {"role": "assistant", "content": None}]),
+        object_arguments=_prints_object_arguments(render, user),
     )
+
+
+def _prints_object_arguments(render: Callable[[dict[str, Any]], str], user: dict[str, Any]) -> bool:
+    """Whether the template prints arguments given as an object as JSON (else it wants their text).
+
+    An object printed by ``tojson`` reads ``{"bubo_probe_arg": 1}``; one joined to a string reads as
+    Python's ``{'bubo_probe_arg': 1}``, and that template prints the JSON text it is given instead.
+    """
+    text = json.dumps({_ARGUMENT: 1})
+
+    def rendered(arguments: Any) -> str:
+        function = {"name": _CALL, "arguments": arguments}
+        message = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "type": "function", "function": function}],
+        }
+        try:
+            return render({"messages": [user, message], "add_generation_prompt": False})
+        except Exception:  # noqa: BLE001 - a template that fails on a form does not print it
+            return ""
+
+    return text in rendered({_ARGUMENT: 1}) or text not in rendered(text)
 
 
 def tools_section(tools: tuple[ToolSpec, ...]) -> str:

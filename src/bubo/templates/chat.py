@@ -1,28 +1,26 @@
-"""Render Hugging Face chat templates in jinja2's immutable sandbox.
+"""Render Hugging Face chat templates in jinja2's sandbox (``_environment.py``).
 
-The environment matches transformers' ``chat_template_utils``: ``trim_blocks``,
-``lstrip_blocks``, the ``loopcontrols`` extension, a pass-through
-``{% generation %}`` tag, ``tojson`` without ASCII escaping, and the
-``raise_exception`` and ``strftime_now`` globals.  A template is compiled once;
-``/apply-template``, token counting and generation all call :meth:`ChatTemplate.render`.
+A template is compiled once; ``/apply-template``, token counting and
+generation all call :meth:`ChatTemplate.render`, which hands the template what
+llama.cpp does: the messages, tools and special tokens, today's date
+(``date_string``, ``datetime``), and the request's ``chat_template_kwargs``
+over all of them.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import json
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bubo.domain.messages import ChatPrompt, Message, ToolSpec
 from bubo.errors import InvalidRequest
 
+from ._environment import Clock, TemplateEnvironment, context_variables, local_now, template_reads
 from ._polyfill import adapt, probe
 
 __all__ = ["CHATML", "ChatTemplate"]
@@ -36,56 +34,28 @@ CHATML = (
 """The template used when a GGUF carries none (llama-server does the same)."""
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """transformers' ``{% generation %}…{% endgeneration %}`` marks; rendered as their body."""
-
-    tags = {"generation"}  # noqa: RUF012 - jinja2's own attribute type
-
-    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> NoReturn:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _strftime_now(format_: str) -> str:
-    return dt.datetime.now().astimezone().strftime(format_)
-
-
 class ChatTemplate:
     """One compiled chat template and the special tokens it may print."""
 
     def __init__(
-        self, source: str, *, bos_token: str, eos_token: str, origin: str, preserve_reasoning: bool = True
+        self,
+        source: str,
+        *,
+        bos_token: str,
+        eos_token: str,
+        origin: str,
+        preserve_reasoning: bool = True,
+        clock: Clock = local_now,
     ) -> None:
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[jinja2.ext.loopcontrols, _GenerationTag],
-        )
-        environment.filters["tojson"] = _tojson
-        environment.globals["raise_exception"] = _raise_exception
-        environment.globals["strftime_now"] = _strftime_now
+        environment = TemplateEnvironment(clock)
+        self._clock = clock
+        self._reads = template_reads(environment, source)
         self.source = source
         self.origin = origin  # "gguf", "file:<path>" or "builtin-chatml"
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = environment.from_string(source)
-        self.capabilities = probe(self._render_variables)
+        self.capabilities = probe(self.render_variables)
         caps = self.capabilities
         # the variable that keeps earlier turns' reasoning, set unless a request sets it itself
         self.default_variables: dict[str, Any] = (
@@ -111,7 +81,7 @@ class ChatTemplate:
             {"role": "user", "content": question},
         ]
         try:
-            text = self._render_variables({"messages": messages, "add_generation_prompt": False})
+            text = self.render_variables({"messages": messages, "add_generation_prompt": False})
         except Exception:  # noqa: BLE001 - a template that cannot render this has no known end of turn
             return ""
         start, end = text.find(answer), text.find(question)
@@ -122,8 +92,12 @@ class ChatTemplate:
         """Whether the template knows ``<think>`` reasoning (Qwen3-style ``enable_thinking``)."""
         return "<think>" in self.source or "enable_thinking" in self.source
 
-    def _render_variables(self, variables: dict[str, Any]) -> str:
-        return self._template.render({"bos_token": self.bos_token, "eos_token": self.eos_token, **variables})
+    def render_variables(self, variables: dict[str, Any]) -> str:
+        """The template rendered with *variables* over llama.cpp's context (dates, tokens, ``functions``)."""
+        context = context_variables(self._clock(), self._reads, variables.get("tools"))
+        return self._template.render(
+            {**context, "bos_token": self.bos_token, "eos_token": self.eos_token, **variables}
+        )
 
     def render(self, prompt: ChatPrompt) -> str:
         """The prompt text for *prompt*, with the generic forms for what the template lacks.
@@ -136,19 +110,18 @@ class ChatTemplate:
         add_generation_prompt, continued = _continuation(prompt)
         messages = prompt.messages[:-1] if continued is not None else prompt.messages
         prompt = adapt(attrs.evolve(prompt, messages=messages), self.capabilities)
+        tools = [_tool_dict(t) for t in prompt.tools]
+        objects = self.capabilities.object_arguments
         variables: dict[str, Any] = {
             **self._thinking_default,
             **self.default_variables,
+            **({"tools": tools} if tools else {}),
             **prompt.template_kwargs,
-            "messages": [_message_dict(m) for m in prompt.messages],
+            "messages": [_message_dict(m, object_arguments=objects) for m in prompt.messages],
             "add_generation_prompt": add_generation_prompt,
-            "bos_token": self.bos_token,
-            "eos_token": self.eos_token,
         }
-        if prompt.tools:
-            variables["tools"] = [_tool_dict(t) for t in prompt.tools]
         try:
-            return self._template.render(variables) + (continued or "")
+            return self.render_variables(variables) + (continued or "")
         except jinja2.exceptions.TemplateError as error:
             raise InvalidRequest(
                 f"the chat template rejected the messages: {error}", code="template_error", param="messages"
@@ -197,8 +170,8 @@ def _continuation(prompt: ChatPrompt) -> tuple[bool, str | None]:
     return True, final.content or ""
 
 
-def _message_dict(message: Message) -> dict[str, Any]:
-    """A message as transformers passes it to templates."""
+def _message_dict(message: Message, *, object_arguments: bool = True) -> dict[str, Any]:
+    """A message as transformers passes it; tool-call arguments as their text unless *object_arguments*."""
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
@@ -207,7 +180,10 @@ def _message_dict(message: Message) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                "function": {
+                    "name": call.name,
+                    "arguments": _arguments(call.arguments) if object_arguments else call.arguments,
+                },
             }
             for call in message.tool_calls
         ]
