@@ -143,11 +143,11 @@ class TestLayout:
 
 class TestErrors:
     async def test_model_without_fim_tokens(self, app) -> None:
-        """The default model's vocabulary has no FIM tokens: 400 that says so (llama-server: 501)."""
+        """The default model's vocabulary has no FIM tokens: 501 not_implemented that says so, as llama-server."""
         response = await app.test_client().post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
-        assert response.status_code == 400
+        assert response.status_code == 501
         error = (await response.get_json())["error"]
-        assert error["code"] == "infill_not_supported"
+        assert error["code"] == "not_implemented"
         assert "fill-in-the-middle" in error["message"]
 
     @pytest.mark.parametrize(

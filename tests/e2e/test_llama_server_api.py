@@ -122,7 +122,7 @@ class TestErrors:
             ("POST", "/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "w " * 5000}]}, 400, "context_length_exceeded"),
             ("GET", "/no/such/path", None, 404, "not_found"),
             ("POST", "/v1/embeddings", {}, 501, "not_implemented"),
-            ("POST", "/infill", {"input_prefix": "a", "input_suffix": "b"}, 400, "infill_not_supported"),
+            ("POST", "/infill", {"input_prefix": "a", "input_suffix": "b"}, 501, "not_implemented"),
         ],
     )  # fmt: skip
     def test_error(self, http: httpx.Client, method, path, body, status, code) -> None:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from bubo.engine import EmbeddingModel
 from bubo.errors import InvalidRequest, NotImplementedOnThisModel
 
+from .prompt import raw_tokens
 from .runtime import Runtime
 from .work import PREPARE_BYTES_PER_CHAR
 
@@ -34,8 +35,9 @@ lists, the text; measured: 4,194,304 floats peaked at 299 MB), so 2048 inputs of
 ANSWER_BYTES_PER_FLOAT = 72
 """Peak working memory of building a JSON answer, per float it holds (see :data:`MAX_EMBEDDING_FLOATS`)."""
 
-EmbeddingInput = str | tuple[int, ...]
-"""One input: a text (tokenized with the model's special tokens, as llama-server does) or token ids."""
+EmbeddingInput = str | tuple[int | str, ...]
+"""One input: a text (tokenized with the model's special tokens, as llama-server does), token ids, or
+ids and texts mixed (the texts tokenized as a raw prompt's are, BOS added as for a prompt)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -122,8 +124,20 @@ def _tokens(
         tokens = tuple(tokenizer.encode(item, add_special=True, parse_special=False))
         if truncate:
             tokens = tokens[: embedder.n_tokens]
+    elif any(isinstance(piece, str) for piece in item):
+        tokens = tuple(
+            raw_tokens(
+                tokenizer,
+                item,
+                param=param,
+                room=None if truncate else embedder.n_tokens,
+                overflow=lambda n_tokens, _at_least: _too_long(n_tokens, embedder, param),
+            )
+        )
+        if truncate:
+            tokens = tokens[: embedder.n_tokens]
     else:
-        tokens = item
+        tokens = tuple(piece for piece in item if isinstance(piece, int))
         _check_length(tokens, embedder, param)
         for index, token in enumerate(tokens):
             if not 0 <= token < tokenizer.n_vocab:
@@ -137,14 +151,18 @@ def _tokens(
     return tokens
 
 
-def _check_length(tokens: tuple[int, ...], embedder: EmbeddingModel, param: str) -> None:
+def _check_length(tokens: tuple[int | str, ...], embedder: EmbeddingModel, param: str) -> None:
     if len(tokens) > embedder.n_tokens:
-        raise InvalidRequest(
-            f"the input has {len(tokens)} tokens, more than the {embedder.n_tokens} one embedding may "
-            "have; shorten it or start the server with a larger --ubatch-size",
-            code="context_length_exceeded",
-            param=param,
-        )
+        raise _too_long(len(tokens), embedder, param)
+
+
+def _too_long(n_tokens: int, embedder: EmbeddingModel, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"the input has {n_tokens} tokens, more than the {embedder.n_tokens} one embedding may "
+        "have; shorten it or start the server with a larger --ubatch-size",
+        code="context_length_exceeded",
+        param=param,
+    )
 
 
 EUCLIDEAN = 2

@@ -36,7 +36,7 @@ from bubo.domain.output import (
     ToolCallStart,
 )
 from bubo.domain.requests import CompletionRequest, GenerationOptions, OutputFormat
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import EngineFailure, GrammarRejected
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 from bubo.grammar import check_request_grammar, check_schema, output_grammar
@@ -162,8 +162,14 @@ def generation_request(
 
 
 def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
+    """The request's sampling over the server's defaults, its logit bias resolved to token ids.
+
+    With ``ignore_eos`` every end-of-generation token is banned too, as llama-server bans them (its
+    ``generation_settings.logit_bias`` shows them).
+    """
     sampling = runtime.defaults.sampling.with_overrides(options.sampling)
-    if not options.sampling.logit_bias:
+    eog = sorted(runtime.engine.info.eog_token_ids) if options.ignore_eos else []
+    if not options.sampling.logit_bias and not eog:
         return sampling
     tokenizer = runtime.tokenizer
     if len(options.sampling.logit_bias) > tokenizer.n_vocab:
@@ -187,6 +193,8 @@ def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:
             raise InvalidRequest("a logit bias must be a number", param=f"logit_bias[{index}]")
         for token_id in token_ids:
             biases[token_id] = bias
+    for token_id in eog:
+        biases[token_id] = BANNED
     return attrs.evolve(sampling, logit_bias=tuple(biases.items()))
 
 

@@ -7,7 +7,7 @@ from quart import Response
 
 from bubo.api._context import require_runtime, structured_body
 from bubo.api._converter import make_converter
-from bubo.errors import InvalidRequest
+from bubo.errors import InvalidRequest, NotImplementedOnThisModel
 from bubo.service.generation import prepare_completion
 from bubo.service.infill import ExtraChunk, InfillParts, chunk_chars, infill_tokens
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
@@ -39,14 +39,13 @@ class InfillRequest(wire.CompletionRequest):
 
 @blueprint.post("/infill")
 async def infill() -> Response:
-    """Fill-in-the-middle with the model's FIM tokens (400 for a model that has none)."""
+    """Fill-in-the-middle with the model's FIM tokens (501 ``not_implemented`` for a model that has none)."""
     runtime = require_runtime()
     info = runtime.engine.info
     if info.fim is None:
-        raise InvalidRequest(
+        raise NotImplementedOnThisModel(
             "infill is not supported by this model: its vocabulary has no fill-in-the-middle tokens "
-            "(prefix, suffix and middle); use a code model trained for FIM, such as Qwen2.5-Coder",
-            code="infill_not_supported",
+            "(prefix, suffix and middle); use a code model trained for FIM, such as Qwen2.5-Coder"
         )
     fim = info.fim
     body = await structured_body(runtime, _converter, InfillRequest)
@@ -69,7 +68,7 @@ async def infill() -> Response:
         ),
         need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR,
     )
-    completion = attrs.evolve(body, prompt=list[int | str | list[int | str]](tokens))
+    completion = attrs.evolve(body, prompt=list[int | str | list[int | str] | wire.PromptObject](tokens))
     prepared = await prepare_completion(runtime, translate.completion_request(completion, tuple(tokens)))
     return await answer_completion(runtime, completion, [prepared])
 

@@ -210,9 +210,12 @@ async def _side_by_side(
 
 
 def _final(result: wire.CompletionResult, fields: list[str] | None) -> dict[str, Any]:
-    """The final result as JSON data, projected to ``response_fields`` when the request names some."""
+    """The final result as JSON data, projected to ``response_fields`` when the request names some.
+
+    An empty ``response_fields`` names none: the whole result, as llama-server answers it.
+    """
     data: dict[str, Any] = unstructure(result)
-    return data if fields is None else translate.project(data, fields)
+    return translate.project(data, fields) if fields else data
 
 
 @blueprint.post("/completion")

@@ -46,11 +46,13 @@ MAX_RESPONSE_FIELD_CHARS = 256
 def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
     """The prompts of a ``/completion`` body, as llama-server reads ``prompt``.
 
-    A text, an array of token ids, or an array mixing both is one prompt; an
-    array of texts and of such arrays is several.
+    A text, an array of token ids, an array mixing ids and texts, or an object
+    (``{"prompt_string": …}``) is one prompt; an array of texts, of such arrays
+    and of objects is several.
 
     Raises:
-        InvalidRequest: no prompt, or an empty one among several.
+        InvalidRequest: no prompt, an empty one among several, a bare token id beside arrays, or
+            ``multimodal_data``.
 
     """
     prompt = body.prompt
@@ -58,21 +60,44 @@ def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
         raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
     if isinstance(prompt, str):
         return [(prompt,)]
-    kinds = {type(piece) for piece in prompt}
-    if list not in kinds and (int in kinds or len(prompt) == 1):  # one prompt: ids, or ids and texts mixed
-        return [tuple(piece for piece in prompt if not isinstance(piece, list))]
-    if int in kinds:
-        index = next(i for i, piece in enumerate(prompt) if isinstance(piece, int))
-        raise InvalidRequest(
-            "several prompts are texts or arrays of token ids and texts; a bare token id is not one",
-            param=f"prompt[{index}]",
-        )
+    if isinstance(prompt, wire.PromptObject):
+        return [_object_prompt(prompt, "prompt")]
+    nested = any(isinstance(piece, list | wire.PromptObject) for piece in prompt)
+    if any(isinstance(piece, int) for piece in prompt):  # one prompt: ids, or ids and texts mixed
+        if nested:
+            index = next(i for i, piece in enumerate(prompt) if isinstance(piece, int))
+            raise InvalidRequest(
+                "several prompts are texts, arrays of token ids and texts, or objects; a bare token id is "
+                "not one",
+                param=f"prompt[{index}]",
+            )
+        return [tuple(piece for piece in prompt if isinstance(piece, int | str))]
     out: list[tuple[PromptPiece, ...]] = []
     for index, piece in enumerate(prompt):
-        if piece in ("", []):
-            raise InvalidRequest("a prompt must not be empty", param=f"prompt[{index}]")
-        out.append((piece,) if isinstance(piece, str) else tuple(piece))  # type: ignore[arg-type]
+        where = f"prompt[{index}]"
+        if isinstance(piece, wire.PromptObject):
+            one = _object_prompt(piece, where)
+        elif isinstance(piece, list):
+            one = tuple(piece)
+        else:  # a text (a bare id was refused above)
+            one = (piece,)
+        if one in ((), ("",)):
+            raise InvalidRequest("a prompt must not be empty", param=where)
+        out.append(one)
     return out
+
+
+def _object_prompt(prompt: wire.PromptObject, param: str) -> tuple[PromptPiece, ...]:
+    """The prompt of ``{"prompt_string": text or ids and texts}``; ``multimodal_data`` is refused."""
+    if prompt.multimodal_data:
+        raise InvalidRequest(
+            "this model takes text only: a prompt cannot carry multimodal_data",
+            param=f"{param}.multimodal_data",
+        )
+    text = prompt.prompt_string
+    if text is None or text in ("", []):
+        raise InvalidRequest("a prompt object needs its prompt_string", param=f"{param}.prompt_string")
+    return (text,) if isinstance(text, str) else tuple(text)
 
 
 def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, ...]) -> CompletionRequest:

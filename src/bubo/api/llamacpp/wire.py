@@ -17,14 +17,25 @@ from bubo.api._usage import Timings, Usage
 
 
 @attrs.frozen(kw_only=True)
+class PromptObject:
+    """A prompt given as an object, llama-server's multimodal shape: ``{"prompt_string": …}``.
+
+    ``multimodal_data`` (base64 media for the markers in the text) is refused: Bubo serves text models.
+    """
+
+    prompt_string: str | list[int | str] | None = None
+    multimodal_data: list[str] | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CompletionRequest(LlamaServerFields):
     """``POST /completion``; ``max_tokens`` is accepted as an alias of ``n_predict``.
 
-    ``prompt`` is one prompt (text, token ids, or both mixed) or several (an
-    array of texts and of such arrays): then each is answered, side by side.
+    ``prompt`` is one prompt (text, token ids, both mixed, or a :class:`PromptObject`) or several (an
+    array of texts, of such arrays and of objects): then each is answered, side by side.
     """
 
-    prompt: str | list[int | str | list[int | str]] | None = None
+    prompt: str | list[int | str | list[int | str] | PromptObject] | PromptObject | None = None
     model: str | None = None
     n_predict: int | None = None
     max_tokens: int | None = None

@@ -1,4 +1,4 @@
-"""OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``."""
+"""OpenAI routes: ``/v1/chat/completions`` (with ``/input_tokens``), ``/v1/completions``, ``/v1/models``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
-from bubo.service.chat import prepare_chat
+from bubo.service.chat import count_chat_request, prepare_chat, prompt_chars
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
+from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .stream import ChatStream, CompletionStream, StreamIdentity
@@ -67,6 +68,25 @@ async def chat_completions() -> Response:
             logprobs=logprobs,
         )
     )
+
+
+@blueprint.post("/v1/chat/completions/input_tokens")
+@blueprint.post("/chat/completions/input_tokens")
+async def chat_input_tokens() -> Response:
+    """The prompt tokens a chat request would evaluate (llama-server's count); no generation.
+
+    ``model`` may be left out, as llama-server allows; if given it must be served here.
+    """
+    runtime = require_runtime()
+    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
+    if body.model is not None:
+        runtime.check_model(body.model)
+    chat = chat_translate.chat_request(body)
+    n_tokens = await runtime.workers.run(
+        lambda: count_chat_request(runtime, chat),
+        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
+    )
+    return json_response(wire.InputTokens(input_tokens=n_tokens))
 
 
 @blueprint.post("/v1/completions")

@@ -241,3 +241,11 @@ class ModelList:
 
     object: Literal["list"] = "list"
     data: list[Model]
+
+
+@attrs.frozen(kw_only=True)
+class InputTokens:
+    """``POST /v1/chat/completions/input_tokens``: llama-server's count of a chat request's prompt."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
