@@ -67,10 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def warn_if_exposed(settings: Settings) -> None:
     """Say so when the server listens beyond this machine without an API key."""
-    if not is_loopback(settings.server.host) and settings.server.api_key is None:
+    exposed = [host for host in settings.server.hosts if not is_loopback(host)]
+    if exposed and settings.server.api_key is None:
         logger.warning(
             "listening on %s without --api-key: anyone who can reach this address can use the model",
-            settings.server.host,
+            ", ".join(exposed),
         )
 
 
@@ -94,7 +95,7 @@ async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
     else:
         app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
-    config.bind = [_bind(settings.server.host, settings.server.port)]
+    config.bind = [_bind(host, settings.server.port) for host in settings.server.hosts]
     config.accesslog = logging.getLogger("hypercorn.access")
     config.access_log_format = ACCESS_LOG_FORMAT
     config.errorlog = logging.getLogger("hypercorn.error")

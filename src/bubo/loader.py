@@ -135,6 +135,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         spm_infill=model.spm_infill,
         slot_save_path=model.slot_save_path,
         aliases=aliases,
+        tags=model.tags,
         chat=_chat_defaults(model),
         card=read_model_card(path, metadata),
     )

@@ -28,7 +28,7 @@ from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, res
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
-from bubo.config import Settings
+from bubo.config import LOOPBACK_ORIGINS, Settings
 from bubo.domain.ids import new_id
 from bubo.errors import (
     AuthenticationFailed,
@@ -104,6 +104,8 @@ def create_app(
         ),
         debug_hooks=settings.server.debug_hooks,
         effective_settings=_redacted(settings) if settings.server.debug_hooks else {},
+        metrics=settings.server.metrics,
+        slots=settings.server.slots,
     )
     app.extensions[EXTENSION_KEY] = context
 
@@ -137,7 +139,7 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
         origins = settings.server.cors_origins
         app = cors(
             app,
-            allow_origin="*" if "*" in origins else list(origins),
+            allow_origin="*" if "*" in origins else [_origin(o) for o in origins],
             allow_headers=["Authorization", "Content-Type", "X-Api-Key", "X-Request-Id", "Anthropic-Version"],
             allow_methods=["GET", "POST", "OPTIONS"],
             expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
@@ -153,6 +155,14 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
     return app
+
+
+LOOPBACK_ORIGIN = re.compile(r"https?://(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])(?::\d{1,5})?\Z")
+"""What ``--cors-origins localhost`` allows: a page from this machine, any port (llama-server's)."""
+
+
+def _origin(origin: str) -> str | re.Pattern[str]:
+    return LOOPBACK_ORIGIN if origin == LOOPBACK_ORIGINS else origin
 
 
 async def drain(app: QuartTrio, grace_s: float) -> None:

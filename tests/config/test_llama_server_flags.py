@@ -77,3 +77,38 @@ class TestChatFlags:
     def test_bad_values(self, environ, message) -> None:
         with pytest.raises(ConfigError, match=message):
             load_settings({}, environ=environ)
+
+
+class TestServerSwitches:
+    def test_metrics_and_slots_are_on_by_default(self) -> None:
+        """Unlike llama-server (metrics off), Bubo serves /metrics unless told not to."""
+        server = parse().server
+        assert (server.metrics, server.slots) == (True, True)
+
+    @pytest.mark.parametrize(
+        ("argv", "expected"),
+        [
+            (["--no-metrics"], (False, True)),
+            (["--no-slots"], (True, False)),
+            (["--metrics", "off", "--slots", "off"], (False, False)),
+            (["--no-metrics", "--metrics"], (True, True)),
+        ],
+    )
+    def test_llama_server_spellings(self, argv, expected) -> None:
+        server = parse(*argv).server
+        assert (server.metrics, server.slots) == expected
+
+    def test_several_hosts(self) -> None:
+        """--host takes several addresses separated by commas, as llama-server's does."""
+        assert parse("--host", "127.0.0.1, ::1").server.hosts == ("127.0.0.1", "::1")
+
+    def test_an_empty_host_is_refused(self) -> None:
+        with pytest.raises(ConfigError, match="--host"):
+            parse("--host", "127.0.0.1,")
+
+    def test_tags(self) -> None:
+        assert parse("--tags", "local,small").model.tags == ("local", "small")
+
+    def test_cors_localhost(self) -> None:
+        """localhost is a value of its own: any page served from this machine."""
+        assert parse("--cors-origins", "localhost").server.cors_origins == ("localhost",)

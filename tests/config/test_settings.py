@@ -16,7 +16,7 @@ class TestLoading:
     def test_defaults(self, model_path: Path) -> None:
         """No flags: 127.0.0.1:8080, the default model, llama-server's sampling defaults."""
         settings = load_settings({}, environ={})
-        assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+        assert (settings.server.hosts, settings.server.port) == (("127.0.0.1",), 8080)
         assert settings.model.path == model_path
         assert settings.model.ctx_size == 0
         assert settings.generation.n_predict == -1
@@ -122,19 +122,19 @@ class TestExposure:
 
     @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::"])
     def test_warns_beyond_loopback_without_a_key(self, host: str, caplog: pytest.LogCaptureFixture) -> None:
-        warn_if_exposed(Settings(server=ServerSettings(host=host)))
+        warn_if_exposed(Settings(server=ServerSettings(hosts=(host,))))
         assert "without --api-key" in caplog.text
 
     @pytest.mark.parametrize(
         ("host", "key"), [("127.0.0.1", None), ("::1", None), ("localhost", None), ("0.0.0.0", "k")]
     )
     def test_quiet_on_loopback_or_with_a_key(self, host: str, key: str | None, caplog) -> None:
-        warn_if_exposed(Settings(server=ServerSettings(host=host, api_key=key)))
+        warn_if_exposed(Settings(server=ServerSettings(hosts=(host,), api_key=key)))
         assert caplog.text == ""
 
     def test_debug_hooks_need_loopback(self) -> None:
         with pytest.raises(ConfigError, match="loopback"):
-            load_settings({"server__debug_hooks": "on", "server__host": "0.0.0.0"}, environ={})
+            load_settings({"server__debug_hooks": "on", "server__hosts": "127.0.0.1,0.0.0.0"}, environ={})
 
     def test_switches_accept_on_off_and_a_bare_flag(self) -> None:
         from_cli = load_settings(

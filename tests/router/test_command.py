@@ -21,7 +21,7 @@ def test_children_inherit_every_flag_but_the_router_s_own() -> None:
             "generation__n_predict": "-1",
             "server__api_key": "secret",
             "server__port": "8080",
-            "server__host": "0.0.0.0",
+            "server__hosts": "0.0.0.0",
             "model__served_model_name": "x",
             "router__models_dir": "/models",
             "router__models_max": "2",

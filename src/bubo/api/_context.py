@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -46,6 +47,9 @@ class ApiContext:
     debug_hooks: bool = False
     effective_settings: dict[str, Any] = attrs.field(factory=dict)  # for /debug/settings, key redacted
     latency: LatencyHistograms = attrs.field(factory=LatencyHistograms)  # /metrics' bubo:*_seconds
+    metrics: bool = True  # GET /metrics is served (--metrics)
+    slots: bool = True  # GET /slots is served (--slots)
+    started: int = attrs.field(factory=lambda: int(time.time()))  # unix time the server started
 
     @property
     def fingerprint(self) -> str:

@@ -38,12 +38,13 @@ def progress(event: PromptProgress) -> Progress:
 class LiveTimings:
     """The timings of a generation so far, as each chunk reports them with ``timings_per_token``.
 
-    The prompt's come from its progress events; the generation's count the
-    answer's tokens and the time since the prompt was read.
+    The prompt's come from its progress events (``prompt_n`` the tokens evaluated so far: 0 in the
+    first, sent before any is); the generation's count the answer's tokens and the time since the
+    prompt was read.
     """
 
     def __init__(self) -> None:
-        self._total = 0
+        self._processed = 0
         self._cached = 0
         self._prompt_ms = 0.0
         self._generating_since: float | None = None
@@ -53,7 +54,8 @@ class LiveTimings:
         """Account for one output event."""
         match event:
             case PromptProgress():
-                self._total, self._cached, self._prompt_ms = event.total, event.cached, event.elapsed_ms
+                self._processed, self._cached = event.processed, event.cached
+                self._prompt_ms = event.elapsed_ms
                 if event.cached + event.processed >= event.total:
                     self._generating_since = time.perf_counter()
             case TextDelta(token_ids=token_ids) | ReasoningDelta(token_ids=token_ids):
@@ -64,7 +66,7 @@ class LiveTimings:
         since = self._generating_since
         return timings(
             GenerationStats(
-                prompt_tokens=self._total,
+                prompt_tokens=self._cached + self._processed,
                 cached_tokens=self._cached,
                 prompt_ms=self._prompt_ms,
                 completion_tokens=self._generated,

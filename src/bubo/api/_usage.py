@@ -102,20 +102,27 @@ def usage(stats: GenerationStats, *, reasoning_tokens: int = 0) -> Usage:
 
 
 def timings(stats: GenerationStats) -> Timings:
-    """llama-server's ``timings`` for one generation."""
+    """llama-server's ``timings`` for one generation.
+
+    The rates are over the times as shown (in ms, to 3 decimals), so a client computing them from the
+    answer gets the same numbers; the generation's are over its decode steps, which the first token
+    (sampled from the prompt's logits) does not take, as in llama-server: one token has rate 0.
+    """
     prompt_n = stats.evaluated_tokens
-    predicted_n = stats.completion_tokens
+    prompt_ms = round(stats.prompt_ms, 3)
+    steps = stats.decoded_tokens
+    predicted_ms = round(stats.predicted_ms, 3)
     drafted = stats.draft_tokens > 0
     return Timings(
         cache_n=stats.cached_tokens,
         prompt_n=prompt_n,
-        prompt_ms=round(stats.prompt_ms, 3),
-        prompt_per_token_ms=round(stats.prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-        prompt_per_second=round(stats.prompt_per_second, 3),
-        predicted_n=predicted_n,
-        predicted_ms=round(stats.predicted_ms, 3),
-        predicted_per_token_ms=round(stats.predicted_ms / predicted_n, 3) if predicted_n else 0.0,
-        predicted_per_second=round(stats.predicted_per_second, 3),
+        prompt_ms=prompt_ms,
+        prompt_per_token_ms=prompt_ms / prompt_n if prompt_n else 0.0,
+        prompt_per_second=prompt_n * 1000.0 / prompt_ms if prompt_ms > 0 else 0.0,
+        predicted_n=stats.completion_tokens,
+        predicted_ms=predicted_ms,
+        predicted_per_token_ms=predicted_ms / steps if steps else 0.0,
+        predicted_per_second=steps * 1000.0 / predicted_ms if predicted_ms > 0 else 0.0,
         draft_n=stats.draft_tokens if drafted else None,
         draft_n_accepted=stats.draft_accepted if drafted else None,
     )

@@ -189,9 +189,14 @@ class GenerationStats:
         return _per_second(self.evaluated_tokens, self.prompt_ms)
 
     @property
+    def decoded_tokens(self) -> int:
+        """Generated tokens that cost a decode step: all but the first, sampled from the prompt's logits."""
+        return max(self.completion_tokens - 1, 0)
+
+    @property
     def predicted_per_second(self) -> float:
-        """Generation speed in tokens per second."""
-        return _per_second(self.completion_tokens, self.predicted_ms)
+        """Generation speed in tokens per second, over the decode steps (the first token costs none)."""
+        return _per_second(self.decoded_tokens, self.predicted_ms)
 
 
 def _per_second(count: int, ms: float) -> float:

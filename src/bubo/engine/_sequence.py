@@ -166,6 +166,12 @@ class Sequence:
         self._prompt_at = self._n_cached
         self.slot.reused(self._n_cached)
         self.slot.holds(len(self.cache.tokens))
+        # llama-server's first progress report, before any prompt token is decoded
+        self._emit(
+            PromptProgress(
+                total=len(prompt), cached=self._n_cached, processed=0, elapsed_ms=0.0, slot_id=self.slot.id
+            )
+        )
 
     def prompt_entry(self, room: int) -> BatchEntry:
         """Up to *room* prompt tokens for the next batch (logits after the prompt's last)."""

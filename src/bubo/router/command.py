@@ -26,7 +26,7 @@ _RESERVED_DESTS = frozenset(
     {
         ("model", "path"),
         ("model", "served_model_name"),
-        ("server", "host"),
+        ("server", "hosts"),
         ("server", "port"),
         ("server", "api_key"),
     }

@@ -55,6 +55,7 @@ class Runtime:
     spm_infill: bool = False  # /infill: suffix before prefix (--spm-infill)
     slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
     aliases: tuple[str, ...] = ()  # more names the model answers to (--alias a,b: a is the id)
+    tags: tuple[str, ...] = ()  # informational (--tags), listed in /v1/models
     chat: ChatDefaults = attrs.field(factory=ChatDefaults)
     card: ModelCard | None = None  # the model file's identity and metadata, read at load (None: no file)
 

@@ -89,12 +89,18 @@ class MessageStream:
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"index": self._index, "delta": delta})
 
+    def _progress(self, event: PromptProgress) -> Iterable[bytes]:
+        """message_start with the first chunk of the prompt read, a ping with each later one."""
+        if not event.processed:  # the report before any prompt token is decoded: nothing to show yet
+            return
+        if self._started:
+            yield _event("ping", {})
+        yield from self._start(event.cached)
+
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
         if isinstance(event, PromptProgress):
-            if self._started:
-                yield _event("ping", {})
-            yield from self._start(event.cached)
+            yield from self._progress(event)
             return
         yield from self._start(0)
         match event:

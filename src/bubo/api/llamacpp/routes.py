@@ -20,7 +20,7 @@ from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import sse_frame, sse_response
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
-from bubo.errors import BuboError, InvalidRequest
+from bubo.errors import BuboError, InvalidRequest, NotImplementedOnThisModel
 from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
 from bubo.service.prompt import raw_tokens
@@ -471,7 +471,9 @@ async def props() -> Response:
 @blueprint.get("/slots")
 @blueprint.get("/v1/slots")
 async def slots() -> Response:
-    """The session slot's state."""
+    """The session slots' state (501 with ``--no-slots``, as llama-server)."""
+    if not api_context().slots:
+        raise NotImplementedOnThisModel("this server does not serve /slots: it was started with --no-slots")
     runtime = require_runtime()
     return json_response([unstructure(translate.slot(s)) for s in runtime.engine.statistics().slots])
 
@@ -479,9 +481,14 @@ async def slots() -> Response:
 @blueprint.get("/metrics")
 @blueprint.get("/v1/metrics")
 async def metrics() -> Response:
-    """Prometheus text."""
-    runtime = require_runtime()
-    engine = runtime.engine
+    """Prometheus text, with llama-server's ``Process-Start-Time-Unix`` header (501 with ``--no-metrics``)."""
     context = api_context()
-    text = render_metrics(engine.statistics, context.responses.statistics, context.latency)
-    return Response(text, content_type=CONTENT_TYPE)
+    if not context.metrics:
+        raise NotImplementedOnThisModel(
+            "this server does not serve /metrics: it was started with --no-metrics"
+        )
+    runtime = require_runtime()
+    text = render_metrics(runtime.engine.statistics, context.responses.statistics, context.latency)
+    return Response(
+        text, content_type=CONTENT_TYPE, headers={"Process-Start-Time-Unix": str(context.started)}
+    )

@@ -353,6 +353,10 @@ def project(result: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+IDLE_NEXT_TOKEN = wire.NextToken(has_next_token=False, n_decoded=0, n_remain=-1)
+"""An idle slot's ``next_token``, as llama-server reports it."""
+
+
 def slot(stats: SlotStatistics) -> wire.Slot:
     """One ``/slots`` entry."""
     return wire.Slot(
@@ -366,8 +370,8 @@ def slot(stats: SlotStatistics) -> wire.Slot:
         n_prompt_tokens_processed=stats.n_prompt_tokens_processed,
         n_prompt_tokens_cache=stats.n_prompt_tokens_cache,
         next_token=[
-            wire.NextToken(
-                has_next_token=stats.is_processing, n_decoded=stats.n_decoded, n_remain=stats.n_remain
-            )
+            wire.NextToken(has_next_token=True, n_decoded=stats.n_decoded, n_remain=stats.n_remain)
+            if stats.is_processing
+            else IDLE_NEXT_TOKEN  # a finished task's budget does not stay on the idle slot
         ],
     )

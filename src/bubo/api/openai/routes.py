@@ -134,6 +134,8 @@ def model_list(runtime: Runtime) -> wire.ModelList:
         data=[
             wire.Model(
                 id=name,
+                aliases=[other for other in runtime.model_names if other != name],
+                tags=list(runtime.tags),
                 created=runtime.created,
                 owned_by=ALIAS,
                 context_length=info.n_ctx,

@@ -226,6 +226,8 @@ class Model:
     """One ``/v1/models`` entry."""
 
     id: str
+    aliases: list[str]  # the model's other names (llama-server's)
+    tags: list[str]  # informational (--tags)
     object: Literal["model"] = "model"
     created: int
     owned_by: str
