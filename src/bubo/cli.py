@@ -62,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
         return 2
     configure_logging(settings.log_level)
-    return trio.run(_serve, settings, flag_values(args))
+    try:
+        return trio.run(_serve, settings, flag_values(args))
+    except ConfigError as error:  # found while building the app: a router's preset file
+        print(f"bubo: {error}", file=sys.stderr)  # noqa: T201 - the one clear line
+        return 2
 
 
 def warn_if_exposed(settings: Settings) -> None:

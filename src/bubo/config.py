@@ -36,6 +36,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "add_flags",
+    "check_flag_values",
     "default_cache_dir",
     "default_model_path",
     "flag_values",
@@ -161,9 +162,10 @@ class ModelSettings:
 
 @attrs.frozen(kw_only=True)
 class RouterSettings:
-    """Router mode (``--models-dir`` without ``-m``): many models, each in a child ``bubo serve``."""
+    """Router mode (``--models-dir`` or ``--models-preset`` without ``-m``): many models, each in a child."""
 
-    models_dir: Path | None = None  # None: not a router
+    models_dir: Path | None = None  # None: not a router (unless a preset file is given)
+    models_preset: Path | None = None  # llama-server's INI file of per-model settings (router/presets.py)
     models_max: int = attrs.field(default=4, validator=_non_negative)  # loaded at once; 0: no limit
     models_autoload: bool = True  # a request for an unloaded model loads it
     models_allow_extra_args: bool = False  # POST /models/load may add flags for the child
@@ -183,8 +185,9 @@ class Settings:
 
     @property
     def router_mode(self) -> bool:
-        """Whether Bubo routes to a directory of models: ``--models-dir`` given and no ``-m``."""
-        return self.router.models_dir is not None and self.model.path is None
+        """Whether Bubo routes to many models: ``--models-dir`` or ``--models-preset`` given and no ``-m``."""
+        routes = self.router.models_dir is not None or self.router.models_preset is not None
+        return routes and self.model.path is None
 
 
 # ---- parsing -------------------------------------------------------------------------------
@@ -580,6 +583,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--models-dir",), ("router", "models_dir"), _existing_directory,
            "router mode (without -m): serve the GGUFs in this directory, each in a child bubo serve "
            "loaded on first use", "PATH"),
+    Option(("--models-preset",), ("router", "models_preset"), _existing_file,
+           "router mode (without -m): llama-server's INI file of models and their settings, aliases and "
+           "tags; re-read by GET /models?reload=1 (docs/router.md)", "PATH"),
     Option(("--models-max",), ("router", "models_max"), _int,
            "router mode: models loaded at once (4; 0: no limit); loading one more unloads the least "
            "recently used", "N"),
@@ -660,6 +666,22 @@ def serve_flag_values(arguments: Sequence[str]) -> dict[str, str | list[str]]:
     return flag_values(parser.parse_args(list(arguments)))
 
 
+def check_flag_values(values: Mapping[str, str | list[str]]) -> None:
+    """Parse each value of *values* (``Option.key`` → text) as ``load_settings`` would, settings unbuilt.
+
+    Raises:
+        ConfigError: a value does not parse (the message names the flag).
+
+    """
+    for option in OPTIONS:
+        if option.key in values:
+            text = values[option.key]
+            try:
+                option.parse([text] if option.repeatable and isinstance(text, str) else text)
+            except ValueError as error:
+                raise ConfigError(f"{_long(option)}: {error}") from None
+
+
 def options_table() -> list[str]:
     """The rows of docs/configuration.md's table of flags (``nox -s docs`` writes them)."""
     return [
@@ -707,7 +729,11 @@ def load_settings(
             "--debug-hooks shows prompts and settings: serve it on loopback addresses only, "
             f"not {', '.join(exposed)}"
         )
-    if settings.model.path is None and settings.router.models_dir is None:
+    if (
+        settings.model.path is None
+        and settings.router.models_dir is None
+        and settings.router.models_preset is None
+    ):
         settings = attrs.evolve(settings, model=attrs.evolve(settings.model, path=default_model_path()))
     if settings.cache_dir is None:
         settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))

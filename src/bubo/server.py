@@ -44,7 +44,7 @@ from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
-__all__ = ["REQUEST_ID_HEADER", "Loader", "create_app", "drain", "install_edge"]
+__all__ = ["REQUEST_ID_HEADER", "Loader", "create_app", "drain", "install_edge", "package_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-def _version() -> str:
+def package_version() -> str:
+    """Bubo's installed version (0.0.0 from a source tree that was not installed)."""
     from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
 
     try:
@@ -97,7 +98,7 @@ def create_app(
     context = ApiContext(
         state=state,
         api_key=settings.server.api_key,
-        version=_version(),
+        version=package_version(),
         responses=ResponseStore(
             max_entries=settings.server.responses_max_stored,
             max_bytes=settings.server.responses_store_mib * 1024 * 1024,

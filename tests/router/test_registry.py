@@ -104,17 +104,54 @@ def test_a_request_without_model_goes_to_the_one_loaded_model_only() -> None:
     assert "'a', 'b'" in several.value.message
 
 
-def test_the_least_recently_used_running_model_is_the_one_to_unload() -> None:
-    """Oldest last use among running models, never the one being loaded nor one already stopping."""
-    registry = _registry("a", "b", "c", "d")
-    a, b, c, d = (registry.get(n) for n in "abcd")
-    _start(a, now=1.0)
-    _start(b, now=2.0)
-    _start(c, now=3.0)
-    assert registry.least_recently_used(besides=d) is a
-    a.last_used = 4.0  # a request used it
-    assert registry.least_recently_used(besides=d) is b
-    assert registry.least_recently_used(besides=b) is c
-    assert b.instance is not None
-    b.instance.request_stop()
-    assert registry.least_recently_used(besides=d) is c
+def test_an_alias_names_its_model() -> None:
+    """A preset's alias is looked up like the model's name."""
+    registry = Registry.of([CatalogEntry(name="a", path=Path("/m/a.gguf"), aliases=("fast", "small"))])
+    assert registry.get("fast") is registry.get("a") is registry.get("small")
+    assert registry.get("a").describe(created=1)["aliases"] == ["fast", "small"]
+
+
+def test_a_deduplicated_entry_is_served_but_not_listed() -> None:
+    """dedup-cache-models hides an entry from GET /models; requests still reach it."""
+    registry = Registry.of(
+        [
+            CatalogEntry(name="a", path=Path("/m/a.gguf")),
+            CatalogEntry(name="b", path=Path("/m/a.gguf"), listed=False),
+        ]
+    )
+    assert [r.name for r in registry.listed()] == ["a"]
+    assert registry.get("b").name == "b"
+
+
+class TestReload:
+    def test_models_not_running_are_added_updated_and_removed(self) -> None:
+        """A reload replaces what does not run at once."""
+        registry = _registry("a", "b")
+        stopped = registry.reload(
+            [CatalogEntry(name="b", path=Path("/m/b2.gguf")), CatalogEntry(name="c", path=Path("/m/c.gguf"))]
+        )
+        assert stopped == []
+        assert sorted(registry.records) == ["b", "c"]
+        assert registry.get("b").entry.path == Path("/m/b2.gguf")
+
+    def test_running_models_stay_unless_changed_or_gone(self) -> None:
+        """Unchanged: keeps running; changed: unloaded, loads anew later; gone: unloaded, then dropped."""
+        registry = _registry("same", "changed", "gone")
+        same, changed, gone = (registry.get(n) for n in ("same", "changed", "gone"))
+        instances = [_start(record) for record in (same, changed, gone)]
+        stopped = registry.reload(
+            [
+                CatalogEntry(name="same", path=Path("/m/same.gguf")),
+                CatalogEntry(name="changed", path=Path("/m/new.gguf")),
+            ]
+        )
+        assert stopped == [changed, gone]
+        assert registry.get("changed") is changed
+        assert changed.entry.path == Path("/m/new.gguf")
+        with pytest.raises(NotFound):
+            registry.get("gone")
+        assert gone in registry.running()  # it still counts under --models-max until it has exited
+        instances[2].mark_exited(0)
+        gone.finish(instances[2])
+        registry.forget(instances[2])
+        assert gone not in registry.running()

@@ -21,11 +21,11 @@ from quart_trio import QuartTrio
 from bubo.api import _root, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext
 from bubo.config import Settings
-from bubo.server import create_app, install_edge
+from bubo.server import create_app, install_edge, package_version
 from bubo.service.runtime import ServerState
 
 from . import ollama
-from .catalog import scan_models_dir
+from .catalog import load_catalog
 from .command import child_command
 from .context import ROUTER_KEY, RouterContext
 from .registry import Registry
@@ -46,17 +46,22 @@ def create_router_app(
     environ: Mapping[str, str] | None = None,
     command: ChildCommand = child_command,
 ) -> QuartTrio:
-    """The router app over *settings*' ``--models-dir``; *inherited* are the flags each child repeats.
+    """The router app over *settings*' ``--models-dir`` and ``--models-preset``.
 
-    *environ* is the children's environment (default: this process's); *command* builds a
-    child's command line (tests inject a stand-in child).
+    *inherited* are the flags each child repeats; *environ* is the children's environment (default:
+    this process's); *command* builds a child's command line (tests inject a stand-in child).
+
+    Raises:
+        ConfigError: the preset file is refused.
+
     """
-    assert settings.router.models_dir is not None  # chosen by settings.router_mode
-    entries = scan_models_dir(settings.router.models_dir)
+    assert settings.router_mode  # --models-dir or --models-preset, without -m
+    entries = load_catalog(settings.router)
     logger.info(
-        "router mode: %d models in %s: %s",
+        "router mode: %d models (%s%s): %s",
         len(entries),
-        settings.router.models_dir,
+        settings.router.models_dir or "no directory",
+        f", presets {settings.router.models_preset}" if settings.router.models_preset else "",
         ", ".join(e.name for e in entries) or "none",
     )
     app = QuartTrio("bubo-router")
@@ -68,7 +73,9 @@ def create_router_app(
     )
     # The edge reads the client's key from the ApiContext; its ServerState is unused here (each
     # child has its own; the router's models are in the registry).
-    app.extensions[EXTENSION_KEY] = ApiContext(state=ServerState(), api_key=settings.server.api_key)
+    app.extensions[EXTENSION_KEY] = ApiContext(
+        state=ServerState(), api_key=settings.server.api_key, version=package_version()
+    )
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),  # a generation may take long
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
@@ -97,6 +104,8 @@ def create_router_app(
         autoload=settings.router.models_autoload,
         allow_extra_args=settings.router.models_allow_extra_args,
         cards=ollama.read_cards(entries),
+        cards_of=ollama.read_cards,
+        catalog=lambda: load_catalog(settings.router),
     )
     app.extensions[ROUTER_KEY] = router
     app.register_blueprint(blueprint)
@@ -111,6 +120,9 @@ def create_router_app(
     @app.before_serving
     async def start_supervisor() -> None:
         await app.nursery.start(supervisor.run)
+        for record in registry.records.values():  # a preset's load-on-startup
+            if record.entry.load_on_startup:
+                supervisor.request_load(record)
 
     @app.after_serving
     async def stop_children() -> None:

@@ -110,7 +110,10 @@ def child_command(
 ) -> tuple[str, ...]:
     """``python -m bubo serve --model=FILE --host=127.0.0.1 --port=PORT --served-model-name=NAME …``.
 
-    Each value is attached to its flag, so a file or model name that begins with ``-`` is still a value.
+    The names are the model's and its aliases (the child answers to each); then its tags, its preset's
+    flags, the router's own and the load's *extra*, each later one winning (the precedence of
+    llama-server's presets: the command line over a model's section over ``[*]``).  Each value is
+    attached to its flag, so a file or model name that begins with ``-`` is still a value.
     """
     return (
         sys.executable,
@@ -120,7 +123,9 @@ def child_command(
         f"--model={entry.path}",
         f"--host={CHILD_HOST}",
         f"--port={port}",
-        f"--served-model-name={entry.name}",
+        f"--served-model-name={','.join(entry.names)}",
+        *((f"--tags={','.join(entry.tags)}",) if entry.tags else ()),
+        *entry.args,
         *inherited,
         *extra,
     )

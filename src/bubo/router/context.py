@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import attrs
 import httpx
 from quart import current_app
 
+from bubo.config import ConfigError
+from bubo.errors import InvalidRequest
 from bubo.model import ModelCard
 
+from .catalog import CatalogEntry
 from .registry import Registry
 from .supervisor import Supervisor
 
 __all__ = ["ROUTER_KEY", "RouterContext", "router_context"]
+
+logger = logging.getLogger(__name__)
 
 ROUTER_KEY = "bubo.router"
 
@@ -27,8 +35,26 @@ class RouterContext:
     models_max: int
     autoload: bool
     allow_extra_args: bool
-    cards: dict[str, ModelCard] = attrs.field(factory=dict)  # each model file's card, read at start-up
+    cards: dict[str, ModelCard] = attrs.field(factory=dict)  # each model file's card (start-up, reloads)
+    cards_of: Callable[[tuple[CatalogEntry, ...]], dict[str, ModelCard]] = lambda _entries: {}
+    catalog: Callable[[], tuple[CatalogEntry, ...]] = tuple  # reads the catalog again (a reload)
     stopping: bool = False  # a shutdown signal arrived: no new requests
+
+    def reload(self) -> None:
+        """Read the catalog again; running models that changed or went are unloaded.
+
+        Raises:
+            InvalidRequest: the preset file is refused now (the models stay as they were).
+
+        """
+        try:
+            entries = self.catalog()
+        except ConfigError as error:
+            raise InvalidRequest(f"the models were not reloaded: {error}", param="reload") from None
+        for record in self.registry.reload(entries):
+            logger.info("reload: unloading %s (its entry changed or is gone)", record.name)
+            self.supervisor.unload(record)
+        self.cards = self.cards_of(entries)
 
 
 def router_context() -> RouterContext:

@@ -13,6 +13,7 @@ dialect's error event (an Ollama NDJSON stream with an ``{"error"}`` line).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
@@ -70,6 +71,18 @@ def forwarded_headers(
     return headers
 
 
+class Once:
+    """A callback that runs at most once, however many ways a response can end."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback: Callable[[], None] | None = callback
+
+    def __call__(self) -> None:
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+
 async def forward(
     client: httpx.AsyncClient,
     request: httpx.Request,
@@ -77,19 +90,28 @@ async def forward(
     failure: Failure,
     dialect: Dialect,
     request_id: str,
+    on_close: Callable[[], None] = lambda: None,
 ) -> Response:
     """Send *request* to the child and answer with its response, streamed.
+
+    *on_close* runs once when the response has ended: its body left (sent, or the client gone), or
+    dropped unsent, or no answer came.
 
     Raises:
         BuboError: the child could not be reached or closed the connection before answering
             (*failure* says which error, e.g. 503 ``model_failed``).
 
     """
+    close = Once(on_close)
     try:
         upstream = await client.send(request, stream=True)
     except httpx.TransportError as error:
+        close()
         logger.warning("the child did not answer %s %s: %r", request.method, request.url.path, error)
         raise await failure() from error
+    except BaseException:
+        close()
+        raise
     headers = Headers(
         [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in _NOT_FORWARDED_DOWN]
     )
@@ -102,6 +124,7 @@ async def forward(
         failure=failure,
         error_frame=_error_frame(dialect, request_id) if end is not None else None,
         frame_end=end or SSE_END,
+        on_close=close,
     )
     response = Response(body, status=upstream.status_code, headers=headers)
     response.timeout = None  # the child applies its own limits; a long stream must not be cut here
@@ -127,9 +150,12 @@ class ProxiedBody(ResponseBody):
         failure: Failure,
         error_frame: ErrorFrame | None,
         frame_end: bytes = SSE_END,
+        on_close: Callable[[], None] = lambda: None,
     ) -> None:
         self._upstream = upstream
         self._frame_end = frame_end
+        self._on_close = on_close
+        weakref.finalize(self, on_close)  # a body dropped unsent (the client left first) ends too
         self._failure = failure
         self._error_frame = error_frame
         self._frames_sent = 0  # complete server-sent events passed on (the next sequence_number)
@@ -159,6 +185,7 @@ class ProxiedBody(ResponseBody):
             # the child at once, which is how the child learns to stop generating.
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_UPSTREAM_S):
                 await self._upstream.aclose()
+            self._on_close()
 
     async def _read(self, send: trio.MemorySendChannel[bytes]) -> None:
         chunks = self._upstream.aiter_raw()

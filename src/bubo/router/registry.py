@@ -54,6 +54,8 @@ class Instance:
     spawn_failed: bool = False
     exit_code: int | None = None  # set once it has exited
     info: dict[str, Any] = attrs.field(factory=dict)  # the child's own /v1/models entry, once loaded
+    in_flight: int = 0  # leases: requests it serves (or is loading for); a model with none is idle
+    stop_timeout: float | None = None  # its preset's stop-timeout; None: the router's grace period
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)  # cancelled: stop the process
     settled: trio.Event = attrs.field(factory=trio.Event)  # loaded, or exited
     exited: trio.Event = attrs.field(factory=trio.Event)
@@ -147,6 +149,8 @@ class ModelRecord:
         """The model's entry in ``GET /models``; a loaded model adds its child's own fields."""
         entry: dict[str, Any] = {
             "id": self.name,
+            "aliases": list(self.entry.aliases),
+            "tags": list(self.entry.tags),
             "object": "model",
             "owned_by": "bubo",
             "created": created,
@@ -161,14 +165,48 @@ class ModelRecord:
 
 @attrs.define(eq=False)
 class Registry:
-    """Every model of the directory by name."""
+    """Every model of the catalog by name (and by alias)."""
 
     records: dict[str, ModelRecord]
+    departing: list[ModelRecord] = attrs.field(factory=list)  # dropped by a reload, still running
 
     @classmethod
     def of(cls, entries: Iterable[CatalogEntry]) -> Registry:
         """A registry with every entry unloaded."""
         return cls(records={entry.name: ModelRecord(entry=entry) for entry in entries})
+
+    def listed(self) -> list[ModelRecord]:
+        """The models ``GET /models`` shows (a preset's dedup-cache-models hides a directory twin)."""
+        return [record for record in self.records.values() if record.entry.listed]
+
+    def reload(self, entries: Iterable[CatalogEntry]) -> list[ModelRecord]:
+        """Take a new catalog (``GET /models?reload=1``); the running models to unload are returned.
+
+        As in llama-server: a model that is not running is added, updated or removed at once; one that
+        runs keeps running if its entry is unchanged, and is unloaded if it changed (it loads with its
+        new settings next time) or is gone (it leaves the list once it has exited).
+        """
+        old = self.records
+        self.records = {}
+        to_stop: list[ModelRecord] = []
+        for entry in entries:
+            record = old.pop(entry.name, None)
+            if record is None:
+                record = ModelRecord(entry=entry)
+            elif record.entry != entry:
+                if record.running:
+                    to_stop.append(record)
+                record.entry = entry
+            self.records[entry.name] = record
+        for record in old.values():  # removed from the catalog
+            if record.running:
+                self.departing.append(record)
+                to_stop.append(record)
+        return to_stop
+
+    def forget(self, instance: Instance) -> None:
+        """*instance* has exited: a model a reload removed leaves for good."""
+        self.departing = [r for r in self.departing if r.instance is not None and r.instance is not instance]
 
     def get(self, name: str | None, *, param: str = "model") -> ModelRecord:
         """The model a request names.
@@ -182,7 +220,9 @@ class Registry:
             raise InvalidRequest(
                 f"the request has no model; one of: {self._names()}", code="missing_model", param=param
             )
-        record = self.records.get(name)
+        record = self.records.get(name) or next(
+            (r for r in self.records.values() if name in r.entry.aliases), None
+        )
         if record is None:
             raise NotFound(
                 f"model {name!r} is not in the models directory; it has: {self._names()}",
@@ -210,17 +250,8 @@ class Registry:
         )
 
     def running(self) -> list[ModelRecord]:
-        """The models that have a process (loading, loaded or stopping)."""
-        return [r for r in self.records.values() if r.running]
-
-    def least_recently_used(self, *, besides: ModelRecord) -> ModelRecord | None:
-        """The running model, other than *besides* and not already stopping, used longest ago."""
-        candidates = [
-            r
-            for r in self.running()
-            if r is not besides and r.instance is not None and not r.instance.stopping
-        ]
-        return min(candidates, key=lambda r: r.last_used, default=None)
+        """The models that have a process (loading, loaded or stopping), removed ones included."""
+        return [r for r in (*self.records.values(), *self.departing) if r.running]
 
     def _names(self) -> str:
         return ", ".join(repr(name) for name in self.records) or "none"

@@ -17,7 +17,7 @@ from quart import Blueprint, Response, request
 from werkzeug.routing import Rule
 
 from bubo.api import ollama, webui
-from bubo.api._context import INLINE_BODY_BYTES, request_id
+from bubo.api._context import INLINE_BODY_BYTES, api_context, request_id
 from bubo.api._converter import parse_json_object
 from bubo.api._json import json_response
 from bubo.api.anthropic import PATH_PREFIX as ANTHROPIC_PREFIX
@@ -77,9 +77,11 @@ async def ready() -> Response:
 @blueprint.get("/models")
 @blueprint.get("/v1/models")
 async def models() -> Response:
-    """Every model of the directory with its ``status`` (llama-server's shape)."""
+    """Every model with its ``status`` (llama-server's shape); ``?reload=1`` reads the catalog again."""
     router = router_context()
-    data = [record.describe(router.created) for record in router.registry.records.values()]
+    if request.args.get("reload", "0") not in ("0", "false", ""):
+        router.reload()
+    data = [record.describe(router.created) for record in router.registry.listed()]
     return json_response({"data": data, "object": "list"})
 
 
@@ -99,13 +101,12 @@ async def load() -> Response:
                 param="extra_args",
             )
         extra = extra_args(body["extra_args"])
-    if record.running:
+    if record.running or router.supervisor.queued(record):
+        state = record.state.value if record.running else "waiting to load"
         raise InvalidRequest(
-            f"model {record.name!r} is already {record.state.value}",
-            code="model_already_loaded",
-            param="model",
+            f"model {record.name!r} is already {state}", code="model_already_loaded", param="model"
         )
-    await router.supervisor.load(record, extra)
+    router.supervisor.request_load(record, extra)
     return json_response({"success": True})
 
 
@@ -134,6 +135,7 @@ async def props() -> Response:
             "model_alias": "bubo",
             "model_path": "none",
             "default_generation_settings": {"params": {}, "n_ctx": 0},
+            "build_info": api_context().fingerprint,
         }
     )
 
@@ -154,7 +156,7 @@ async def forward_request(**_path: Any) -> Response:
 
 async def _forward(router: RouterContext, record: ModelRecord, body: bytes) -> Response:
     autoload = _autoload(router)
-    instance = await router.supervisor.ensure_loaded(record, autoload=autoload)
+    instance = await router.supervisor.acquire(record, autoload=autoload)  # with a lease on it
     if request.method == "POST":  # what keeps a model from LRU unloading (as in llama-server)
         record.last_used = trio.current_time()
     upstream = router.client.build_request(
@@ -169,6 +171,7 @@ async def _forward(router: RouterContext, record: ModelRecord, body: bytes) -> R
         failure=lambda: _failure(router, instance),
         dialect=_dialect(request.path),
         request_id=request_id(),
+        on_close=lambda: router.supervisor.release(instance),
     )
 
 

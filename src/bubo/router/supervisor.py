@@ -6,6 +6,19 @@ exit code recorded), beside a task that polls the child's ``/ready`` until it
 answers 200 or the load timeout passes.  Stopping an instance cancels its
 scope: ``run_process`` then delivers SIGTERM (SIGKILL to one still loading)
 and SIGKILL after the grace period.  Nothing outlives the nursery.
+
+Requests hold a *lease* on the instance that serves them (``acquire`` …
+``release``, until the response's last byte): a leased instance is busy.  A
+model that is not running is loaded through one FIFO queue of tickets, as
+llama-server's router schedules them: the ticket at its head starts its load
+when fewer than ``--models-max`` models run, else it unloads the least
+recently used *idle* model (loaded, no lease) and starts once that one has
+exited, else it waits, and every ticket behind it waits too.  A ticket is
+granted with its lease already taken, so a model just loaded for a request is
+never given up before that request reaches it; tickets for a model that is
+already loading are granted at once (several requests for one model cost one
+eviction); a client that leaves takes its ticket with it, so nothing is
+unloaded for nobody.
 """
 
 from __future__ import annotations
@@ -65,7 +78,7 @@ class Supervisor:
         self._client = client
         self._config = config
         self._nursery: trio.Nursery | None = None
-        self._load_lock = trio.Lock()  # one load (making room, spawning) at a time
+        self._queue: list[_Ticket] = []  # loads waiting for room under --models-max, first come first
         self._closed = False
 
     @property
@@ -83,6 +96,9 @@ class Supervisor:
     async def aclose(self) -> None:
         """Stop every child (SIGTERM, then SIGKILL after the grace period) and wait until all are gone."""
         self._closed = True
+        for ticket in self._queue:  # their requests get 503 not_ready
+            ticket.granted.set()
+        self._queue.clear()
         running = [r.instance for r in self.registry.running() if r.instance is not None]
         for instance in running:
             instance.request_stop()
@@ -91,8 +107,14 @@ class Supervisor:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def ensure_loaded(self, record: ModelRecord, *, autoload: bool) -> Instance:
-        """The model's loaded instance, loading it first (and waiting) when *autoload* allows.
+    def queued(self, record: ModelRecord) -> bool:
+        """Whether a load of *record* waits in the queue."""
+        return any(ticket.record is record for ticket in self._queue)
+
+    async def acquire(self, record: ModelRecord, *, autoload: bool) -> Instance:
+        """The model's loaded instance with a lease on it, loading it first when *autoload* allows.
+
+        The caller must :meth:`release` the instance once its response has ended.
 
         Raises:
             InvalidRequest: not loaded and autoload is off (``model_not_loaded``).
@@ -100,48 +122,129 @@ class Supervisor:
 
         """
         while True:
+            self._check_open()
             instance = record.instance
-            if instance is None:
-                if not autoload:
-                    raise InvalidRequest(
-                        f"model {record.name!r} is not loaded: load it with POST /models/load, or "
-                        "ask with ?autoload=true",
-                        code="model_not_loaded",
-                        param="model",
-                    )
-                instance = await self.load(record)
-            if instance.stopping:  # being unloaded: wait until it is gone, then load it again
+            if instance is not None and instance.stopping:  # being unloaded: wait until gone, then load
                 await instance.exited.wait()
                 continue
-            await instance.settled.wait()
-            if instance.loaded and not instance.stopping:
+            if instance is not None:
+                instance.in_flight += 1
+            elif not autoload:
+                raise InvalidRequest(
+                    f"model {record.name!r} is not loaded: load it with POST /models/load, or "
+                    "ask with ?autoload=true",
+                    code="model_not_loaded",
+                    param="model",
+                )
+            else:
+                instance = await self._queued_load(record)
+            if await self._settled(instance):
                 return instance
-            if instance.failed:
-                raise self.failure(instance)
             # unloaded while it loaded: try again
 
-    async def load(self, record: ModelRecord, extra: Sequence[str] = ()) -> Instance:
-        """Start a child for *record* (unloading the least recently used model when at the limit).
+    def release(self, instance: Instance) -> None:
+        """A request's response has ended: its lease on *instance* is given back."""
+        instance.in_flight -= 1
+        self._schedule()
 
-        Returns at once with the loading instance, or the one already running.
+    def request_load(self, record: ModelRecord, extra: Sequence[str] = ()) -> None:
+        """Queue a load of *record* with *extra* flags, for no request in particular (``/models/load``)."""
+        self._check_open()
+        self._queue.append(_Ticket(record=record, extra=tuple(extra), lease=False))
+        self._schedule()
+
+    async def _queued_load(self, record: ModelRecord) -> Instance:
+        """Wait in the queue for *record*'s instance; it comes with the lease taken."""
+        ticket = _Ticket(record=record)
+        self._queue.append(ticket)
+        self._schedule()
+        try:
+            await ticket.granted.wait()
+        except BaseException:  # the client left (or the router stops): nothing is loaded for it
+            if ticket in self._queue:
+                self._queue.remove(ticket)
+                self._schedule()
+            elif ticket.instance is not None:
+                self.release(ticket.instance)
+            raise
+        if ticket.instance is None:
+            self._check_open()
+            raise ServiceUnavailable("the server is shutting down", code="not_ready")
+        return ticket.instance
+
+    async def _settled(self, instance: Instance) -> bool:
+        """Wait, with a lease on *instance*, until it is loaded (True) or ended; give the lease back then.
+
+        Raises:
+            ServiceUnavailable: it failed (``model_failed``).
+
         """
-        async with self._load_lock:
-            self._check_open()
-            if record.instance is not None:
-                return record.instance
-            await self._make_room(record)
-            self._check_open()
-            assert self._nursery is not None  # run() started before serving
-            port = _free_port()
-            instance = Instance(
-                model=record.name,
-                port=port,
-                args=self._config.command(record.entry, port, self._config.inherited, extra),
+        try:
+            await instance.settled.wait()
+        except BaseException:
+            self.release(instance)
+            raise
+        if instance.loaded and not instance.stopping:
+            return True
+        self.release(instance)
+        if instance.failed:
+            raise self.failure(instance)
+        return False
+
+    def _schedule(self) -> None:
+        """Serve the queue from its head: load, make room, or wait for a change (a lease, an exit)."""
+        limit = self._config.models_max
+        while self._queue and not self._closed:
+            ticket = self._queue[0]
+            record = ticket.record
+            instance = record.instance
+            if instance is not None and instance.stopping:
+                return  # its exit calls this again
+            if instance is None:
+                running = self.registry.running()
+                if limit > 0 and len(running) >= limit:
+                    self._make_room(record, running)
+                    return
+                instance = self._spawn(record, ticket.extra)
+            self._queue.pop(0)
+            ticket.instance = instance
+            if ticket.lease:
+                instance.in_flight += 1
+            ticket.granted.set()
+
+    def _make_room(self, record: ModelRecord, running: list[ModelRecord]) -> None:
+        """Unload the least recently used idle model, unless one is on its way out already."""
+        if any(r.instance is not None and r.instance.stopping for r in running):
+            return  # its exit makes the room
+        idle = [
+            r
+            for r in running
+            if r is not record and r.instance is not None and r.instance.loaded and r.instance.in_flight == 0
+        ]
+        victim = min(idle, key=lambda r: r.last_used, default=None)
+        if victim is not None and victim.instance is not None:
+            logger.info(
+                "--models-max %d reached: unloading %s (idle, least recently used) for %s",
+                self._config.models_max,
+                victim.name,
+                record.name,
             )
-            record.start(instance, trio.current_time())
-            self._nursery.start_soon(self._supervise, record, instance)
-            logger.info("loading model %s on port %d", record.name, port)
-            return instance
+            victim.instance.request_stop()
+
+    def _spawn(self, record: ModelRecord, extra: Sequence[str]) -> Instance:
+        """Start a child for *record* now."""
+        assert self._nursery is not None  # run() started before serving
+        port = _free_port()
+        instance = Instance(
+            model=record.name,
+            port=port,
+            args=self._config.command(record.entry, port, self._config.inherited, extra),
+            stop_timeout=record.entry.stop_timeout,
+        )
+        record.start(instance, trio.current_time())
+        self._nursery.start_soon(self._supervise, record, instance)
+        logger.info("loading model %s on port %d", record.name, port)
+        return instance
 
     def unload(self, record: ModelRecord) -> None:
         """Ask the model's child to stop; it drains its running requests first."""
@@ -165,19 +268,6 @@ class Supervisor:
     def _check_open(self) -> None:
         if self._closed:
             raise ServiceUnavailable("the server is shutting down", code="not_ready")
-
-    async def _make_room(self, record: ModelRecord) -> None:
-        """Unload least recently used models until one more fits under ``--models-max``."""
-        limit = self._config.models_max
-        while limit > 0 and len(self.registry.running()) >= limit:
-            victim = self.registry.least_recently_used(besides=record)
-            if victim is not None and victim.instance is not None:
-                logger.info("--models-max %d reached: unloading %s (least recently used)", limit, victim.name)
-                victim.instance.request_stop()
-                await victim.instance.exited.wait()
-            else:  # every other one is stopping already
-                stopping = next(r.instance for r in self.registry.running() if r.instance is not None)
-                await stopping.exited.wait()
 
     async def _supervise(self, record: ModelRecord, instance: Instance) -> None:
         """Run *instance*'s process until it exits or is stopped; record how it ended."""
@@ -219,19 +309,23 @@ class Supervisor:
         exit_code = exit_code_of(returncode) if returncode is not None else -1
         instance.mark_exited(exit_code)
         record.finish(instance)
+        self.registry.forget(instance)
+        self._schedule()
         if instance.failed:
             logger.error("model %s failed: %s", record.name, self.failure(instance).message)
         else:
             logger.info("model %s unloaded (exit status %d)", record.name, exit_code)
 
     async def _stop_process(self, instance: Instance, process: trio.Process) -> None:
-        """SIGTERM (the child drains), SIGKILL after the grace period; SIGKILL at once while loading."""
+        """SIGTERM (the child drains), SIGKILL after the grace period; SIGKILL at once while loading.
+
+        The grace period is the model's preset ``stop-timeout`` when it has one.
+        """
         if instance.loaded:
+            grace = self._config.stop_grace_s if instance.stop_timeout is None else instance.stop_timeout
             process.terminate()
-            await trio.sleep(self._config.stop_grace_s)
-            logger.warning(
-                "model %s did not stop within %.0f s: SIGKILL", instance.model, self._config.stop_grace_s
-            )
+            await trio.sleep(grace)
+            logger.warning("model %s did not stop within %.0f s: SIGKILL", instance.model, grace)
         process.kill()
 
     async def _watch_ready(self, instance: Instance) -> None:
@@ -264,6 +358,17 @@ class Supervisor:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return {}
         return dict(data) if isinstance(data, dict) else {}
+
+
+@attrs.define(eq=False, kw_only=True)
+class _Ticket:
+    """A load waiting in the queue: for a request (granted with its lease) or for ``/models/load``."""
+
+    record: ModelRecord
+    extra: tuple[str, ...] = ()
+    lease: bool = True
+    instance: Instance | None = None  # set when granted; None when the router stopped first
+    granted: trio.Event = attrs.field(factory=trio.Event)
 
 
 def _free_port() -> int:
