@@ -202,3 +202,56 @@ def test_children_stop_when_the_router_is_killed(tmp_path: Path) -> None:
     if outlived:
         os.kill(pid, signal.SIGKILL)  # leave nothing behind, then fail
     assert not outlived, "the child outlived its router"
+
+
+LLAMA_31 = (
+    Path(__file__).parent.parent
+    / "fixtures"
+    / "llama_cpp_templates"
+    / "meta-llama-Llama-3.1-8B-Instruct.jinja"
+)
+
+
+def test_a_preset_file_names_configures_and_preloads_a_model(tmp_path: Path) -> None:
+    """--models-preset alone: a model of its own with an alias, tags, flags (a Llama 3.1 template) and
+    load-on-startup, loaded within the suite's 60 s, answering under its alias through the OpenAI SDK."""
+    preset = tmp_path / "models.ini"
+    preset.write_text(
+        "version = 1\n[*]\nc = 512\n\n"
+        f"[small]\nmodel = {default_model_path()}\nalias = tiny\ntags = local, test\n"
+        f"chat-template-file = {LLAMA_31}\nload-on-startup = true\n"
+    )
+    port = free_port()
+    started = time.monotonic()
+    router = start_server(
+        [bubo_command(), "serve", "--models-preset", str(preset), "--port", str(port), "-np", "1", "-t", "1"],
+        port,
+        tmp_path / "router.log",
+    )
+    try:
+        loaded = wait_for(router, lambda s: s["small"]["value"] == "loaded")["small"]
+        assert time.monotonic() - started < 60  # llama.cpp's router tests wait 60 s for a load
+        assert "--served-model-name=small,tiny" in loaded["args"]
+        listed = httpx.get(f"{router.base_url}/models", timeout=10).json()["data"][0]
+        assert (listed["aliases"], listed["tags"]) == (["tiny"], ["local", "test"])
+        props = httpx.get(f"{router.base_url}/props", params={"model": "tiny"}, timeout=10).json()
+        assert props["default_generation_settings"]["n_ctx"] == 512
+        rendered = httpx.post(
+            f"{router.base_url}/apply-template",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=30,
+        ).json()["prompt"]
+        assert f"Today Date: {time.strftime('%d %b %Y')}" in rendered
+        with openai_client(router) as client:
+            chat = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+            )
+        assert chat.model == "tiny"
+        counted = httpx.post(
+            f"{router.base_url}/v1/chat/completions/input_tokens",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Say hi."}]},
+            timeout=30,
+        ).json()
+        assert counted["input_tokens"] == chat.usage.prompt_tokens  # type: ignore[union-attr]
+    finally:
+        assert stop_server(router) == 0
