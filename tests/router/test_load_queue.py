@@ -58,6 +58,13 @@ async def _until_loaded(app: QuartTrio, model: str) -> None:
     await _until(lambda: record.state.value == "loaded")
 
 
+async def _hold(app: QuartTrio, nursery: trio.Nursery, model: str, gate: Path, done: list[str]) -> None:
+    """Load *model* (if it is not), then keep it busy with a stream until *gate* exists."""
+    await _tokenize(app, model, done)
+    nursery.start_soon(_busy, app, model, gate, done)
+    await _until_busy(app, model)
+
+
 def _values(current: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {name: status["value"] for name, status in current.items()}
 
@@ -66,10 +73,8 @@ async def test_a_busy_model_is_not_unloaded_for_a_queued_one(tmp_path: Path) -> 
     """models_max 1, a busy: a request for b waits; a finishes its answer, then gives way to b."""
     gate, done = tmp_path / "gate", []
     async for app in make_router(tmp_path, "a", "b", router__models_max="1"):
-        await _tokenize(app, "a", done)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_busy, app, "a", gate, done)
-            await _until_busy(app, "a")
+            await _hold(app, nursery, "a", gate, done)
             nursery.start_soon(_tokenize, app, "b", done)
             await _until_queued(app, "b")
             await trio.sleep(SETTLE_S)
@@ -83,10 +88,8 @@ async def test_a_client_that_leaves_the_queue_costs_nothing(tmp_path: Path) -> N
     """A request for b gives up while a is busy: nobody waits any more, so a stays loaded."""
     gate, done = tmp_path / "gate", []
     async for app in make_router(tmp_path, "a", "b", router__models_max="1"):
-        await _tokenize(app, "a", done)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_busy, app, "a", gate, done)
-            await _until_busy(app, "a")
+            await _hold(app, nursery, "a", gate, done)
             with trio.move_on_after(1.0) as gave_up:
                 await _tokenize(app, "b", done)
             assert gave_up.cancelled_caught
@@ -100,10 +103,8 @@ async def test_the_queue_is_served_in_arrival_order(tmp_path: Path) -> None:
     """a busy; b asked for, then c: b is served first, then c."""
     gate, done = tmp_path / "gate", []
     async for app in make_router(tmp_path, "a", "b", "c", router__models_max="1"):
-        await _tokenize(app, "a", done)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_busy, app, "a", gate, done)
-            await _until_busy(app, "a")
+            await _hold(app, nursery, "a", gate, done)
             nursery.start_soon(_tokenize, app, "b", done)
             await _until_queued(app, "b")
             nursery.start_soon(_tokenize, app, "c", done)
@@ -128,11 +129,9 @@ async def test_requests_for_one_model_coalesce(tmp_path: Path) -> None:
     """models_max 2, a busy, b idle: three requests for c cost one eviction (b's); a is left alone."""
     gate, done = tmp_path / "gate", []
     async for app in make_router(tmp_path, "a", "b", "c", router__models_max="2"):
-        await _tokenize(app, "a", done)
         await _tokenize(app, "b", done)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_busy, app, "a", gate, done)
-            await _until_busy(app, "a")
+            await _hold(app, nursery, "a", gate, done)
             async with trio.open_nursery() as waiters:
                 for _ in range(3):
                     waiters.start_soon(_tokenize, app, "c", done)

@@ -10,8 +10,7 @@ import attrs
 import trio
 from quart import Blueprint, Response, request
 
-from bubo.api._chat import translate as chat_translate
-from bubo.api._chat import wire as chat_wire
+from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
@@ -21,7 +20,7 @@ from bubo.api._sse import sse_frame, sse_response
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest, NotImplementedOnThisModel
-from bubo.service.chat import prompt_chars, render_chat_request
+from bubo.service.chat import render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
 from bubo.service.prompt import raw_tokens
 from bubo.service.runtime import Runtime
@@ -329,14 +328,8 @@ async def _collect_all(
 async def apply_template() -> Response:
     """The chat-completions body rendered as prompt text, as generation renders it; no model needed."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    chat = chat_translate.chat_request(body)
-    rendered = await runtime.workers.run(
-        lambda: render_chat_request(runtime, chat),
-        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
-    )
+    chat = await chat_request_without_model(runtime, _converter)
+    rendered = await on_the_prompt(runtime, chat, lambda: render_chat_request(runtime, chat))
     return json_response({"prompt": rendered.text})
 
 

@@ -8,16 +8,16 @@ from quart import Blueprint, Response
 
 from bubo.api._chat import translate as chat_translate
 from bubo.api._chat import wire as chat_wire
+from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
-from bubo.service.chat import count_chat_request, prepare_chat, prompt_chars
+from bubo.service.chat import count_chat_request, prepare_chat
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
-from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from . import translate, wire
 from .stream import ChatStream, CompletionStream, StreamIdentity
@@ -78,14 +78,8 @@ async def chat_input_tokens() -> Response:
     ``model`` may be left out, as llama-server allows; if given it must be served here.
     """
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    chat = chat_translate.chat_request(body)
-    n_tokens = await runtime.workers.run(
-        lambda: count_chat_request(runtime, chat),
-        need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,
-    )
+    chat = await chat_request_without_model(runtime, _converter)
+    n_tokens = await on_the_prompt(runtime, chat, lambda: count_chat_request(runtime, chat))
     return json_response(wire.InputTokens(input_tokens=n_tokens))
 
 
