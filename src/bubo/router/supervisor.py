@@ -173,7 +173,7 @@ class Supervisor:
         return ticket.instance
 
     async def _settled(self, instance: Instance) -> bool:
-        """Wait, with a lease on *instance*, until it is loaded (True) or ended; give the lease back then.
+        """Wait, leasing *instance*, until it is loaded (True) or has ended (False: the lease given back).
 
         Raises:
             ServiceUnavailable: it failed (``model_failed``).
