@@ -29,6 +29,10 @@ def _keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "1024",
             "--served-model-name",
             "tiny",
+            "--host",
+            "127.0.0.1,127.0.0.2",  # two loopback addresses, as llama-server's --host takes them
+            "--tags",
+            "e2e,small",
         ],
         port,
         tmp_path_factory.mktemp("bubo-serve") / "serve.log",
@@ -37,6 +41,17 @@ def _keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield server
     assert stop_server(server) == 0
     assert KEY not in server.output()
+
+
+def test_every_host_is_served(keyed_server: Server) -> None:
+    """--host with two addresses: the same server answers on both, /v1/models listing --tags."""
+    port = keyed_server.base_url.rsplit(":", 1)[1]
+    for host in ("127.0.0.1", "127.0.0.2"):
+        response = httpx.get(
+            f"http://{host}:{port}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+        )
+        assert response.status_code == 200
+        assert {tuple(m["tags"]) for m in response.json()["data"]} == {("e2e", "small")}
 
 
 def test_key_required_everywhere(keyed_server: Server) -> None:
