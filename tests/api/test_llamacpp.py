@@ -285,12 +285,12 @@ class TestOps:
 
     @pytest.mark.parametrize("path", ["/v1/models", "/models"])
     async def test_models(self, app, path) -> None:
-        """The served id and the alias bubo, each with the other's name as an alias, and context sizes."""
+        """The served id and the alias bubo, each listing the model's names, and context sizes."""
         body = await (await app.test_client().get(path)).get_json()
         assert body["object"] == "list"
         assert [m["id"] for m in body["data"]] == ["smollm2-135m-instruct-q4-1", "bubo"]
         assert body["data"][0] == {
-            "id": "smollm2-135m-instruct-q4-1", "aliases": ["bubo"], "tags": [],
+            "id": "smollm2-135m-instruct-q4-1", "aliases": ["smollm2-135m-instruct-q4-1"], "tags": [],
             "object": "model", "created": 1_800_000_000, "owned_by": "bubo",
             "context_length": 2048, "max_model_len": 2048,
             "meta": {"n_ctx": 2048, "n_ctx_train": 2048, "n_vocab": 49152, "n_embd": 64, "n_params": 1_000_000,

@@ -124,11 +124,12 @@ def model_list(runtime: Runtime) -> wire.ModelList:
         size=info.size_bytes,
         vocab_type=info.vocab_type,
     )
+    aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
     return wire.ModelList(
         data=[
             wire.Model(
                 id=name,
-                aliases=[other for other in runtime.model_names if other != name],
+                aliases=aliases,
                 tags=list(runtime.tags),
                 created=runtime.created,
                 owned_by=ALIAS,

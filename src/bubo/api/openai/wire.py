@@ -226,7 +226,7 @@ class Model:
     """One ``/v1/models`` entry."""
 
     id: str
-    aliases: list[str]  # the model's other names (llama-server's)
+    aliases: list[str]  # the model's names (--alias / --served-model-name), as llama-server lists them
     tags: list[str]  # informational (--tags)
     object: Literal["model"] = "model"
     created: int
