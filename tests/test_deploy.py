@@ -64,7 +64,7 @@ def test_kustomization_lists_every_manifest(k8s: dict[str, dict[str, Any]]) -> N
 def test_the_container_serves_what_its_probes_and_port_ask(k8s: dict[str, dict[str, Any]]) -> None:
     bubo = container(k8s)
     settings = serve_settings(bubo["args"]).server
-    assert settings.host == "0.0.0.0"  # reachable from the pod network
+    assert settings.hosts == ("0.0.0.0",)  # reachable from the pod network
     assert bubo["ports"] == [{"name": "http", "containerPort": settings.port}]
     assert probe_path(bubo["readinessProbe"]) == "/ready"
     assert probe_path(bubo["livenessProbe"]) == "/health"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
-import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,25 +17,36 @@ TEXT = "The quick brown fox jumps over the lazy dog. "
 
 
 def health_answers_during(server: Server, path: str, body: dict[str, object]) -> tuple[int, int]:
-    """POST *body* and count the /health answers received, one after another, before its answer began.
+    """POST *body* and count the /health answers received, one after another, while it was being served.
 
-    A server whose event loop the request froze answers /health only once the
-    request's own answer is on its way; several round trips in a row show it was not frozen.
+    Counting starts once the last byte of the body is sent and stops when its answer begins.
+    A server whose event loop the request froze answers /health only once the request's own
+    answer is on its way; several round trips in a row show it was not frozen.
     """
     heavy_status: list[int] = []
+    uploaded = threading.Event()
     answer_began = threading.Event()
+    payload = json.dumps(body).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(payload), 1 << 16):
+            yield payload[start : start + (1 << 16)]
+        uploaded.set()
 
     def heavy() -> None:
-        with httpx.stream("POST", server.base_url + path, json=body, timeout=300) as response:
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+        with httpx.stream(
+            "POST", server.base_url + path, content=chunks(), headers=headers, timeout=300
+        ) as response:
             answer_began.set()
             heavy_status.append(response.status_code)
             response.read()
 
     worker = threading.Thread(target=heavy)
     worker.start()
-    time.sleep(0.5)  # the body is uploaded (a few MB over loopback)
     answered = 0
     with httpx.Client(base_url=server.base_url, timeout=300) as client:
+        assert uploaded.wait(timeout=60)
         while not answer_began.is_set():
             response = client.get("/health")
             if not answer_began.is_set() and response.status_code == 200:

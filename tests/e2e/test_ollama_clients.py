@@ -333,12 +333,13 @@ class TestThinking:
 def test_an_error_mid_stream_reaches_the_client(tmp_path: Path) -> None:
     """At the shutdown deadline a running stream ends with an {"error"} line: the client raises it."""
     port = free_port()
-    command = [bubo_command(), "serve", "--port", str(port), "-c", "1024", "--shutdown-timeout", "1"]
+    command = [bubo_command(), "serve", "--port", str(port), "-c", "4096", "--shutdown-timeout", "1"]
     server = start_server(command, port, tmp_path / "serve.log")
     try:
         with client(server) as api:
-            stream = api.chat(model="bubo", messages=[{"role": "user", "content": "Count."}],
-                              options={"num_predict": 5000, "temperature": 0}, stream=True)  # fmt: skip
+            # A raw count goes on to the token limit (thousands of tokens, seconds) rather than ending.
+            stream = api.generate(model="bubo", prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", raw=True,
+                                  options={"num_predict": 4000, "temperature": 0}, stream=True)  # fmt: skip
             first = next(stream)
             assert first.done is False
             server.process.terminate()

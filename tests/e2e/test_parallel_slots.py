@@ -135,8 +135,11 @@ class TestSlotsEndpoint:
     @pytest.mark.parametrize("slot", [0, 3])
     def test_id_slot_pins_the_slot(self, http: httpx.Client, slot: int) -> None:
         body = {"prompt": "The sea is", "n_predict": 4, "id_slot": slot}
+        before = http.get("/slots").json()[slot]["id_task"]
         assert http.post("/completion", json=body).json()["id_slot"] == slot
-        assert http.get("/slots").json()[slot]["next_token"][0]["n_decoded"] >= 1
+        after = http.get("/slots").json()[slot]
+        assert after["id_task"] != before  # the slot's last task is this one
+        assert after["n_prompt_tokens"] >= 3
 
     def test_an_id_slot_that_does_not_exist_is_a_400(self, http: httpx.Client) -> None:
         response = http.post("/completion", json={"prompt": "The sea is", "n_predict": 4, "id_slot": 4})

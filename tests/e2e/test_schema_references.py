@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Literal
 
 import httpx
 import instructor
@@ -35,6 +36,18 @@ class Person(BaseModel):
 class Team(BaseModel):
     name: str = Field(max_length=24)
     members: list[Person] = Field(max_length=3)
+
+
+class Member(BaseModel):
+    name: Literal["Ada", "Alan"]  # an enum: constraints the Anthropic SDK keeps in the schema it sends
+    age: int
+
+
+class Pairing(BaseModel):
+    """Two nested models, bounded without maxLength or maxItems, which the Anthropic SDK moves to descriptions."""
+
+    lead: Member
+    deputy: Member
 
 
 @pytest.fixture(name="listener")
@@ -82,10 +95,10 @@ def test_openai_parse_of_nested_models(server: Server, sdk: contextlib.ExitStack
 def test_anthropic_parse_of_nested_models(server: Server, sdk: contextlib.ExitStack) -> None:
     client = sdk.enter_context(anthropic_client(server))
     message = client.messages.parse(
-        model="bubo", messages=TEAM, output_format=Team, max_tokens=400, extra_body=GREEDY
+        model="bubo", messages=TEAM, output_format=Pairing, max_tokens=400, extra_body=GREEDY
     )
     assert message.stop_reason == "end_turn"
-    assert isinstance(message.parsed_output, Team)
+    assert isinstance(message.parsed_output, Pairing)
 
 
 def test_references_outside_the_schema_reach_nobody(http: httpx.Client, listener: Listener) -> None:
