@@ -7,6 +7,8 @@ import json
 import pytest
 from dirty_equals import IsInt, IsStr
 
+from bubo.api._converter import make_converter, structure
+from bubo.api.anthropic import translate, wire
 from bubo.api.anthropic.stream import MessageStream
 from bubo.domain.generation import GenerationStats, PromptProgress, StopCause
 from bubo.domain.output import Done, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
@@ -419,9 +421,6 @@ class TestAgentRequestShapes:
         response = await app.test_client().post(PATH, json=body)
         assert response.status_code == 200
         # what the template received: only the last assistant turn kept its reasoning
-        from bubo.api.anthropic import translate, wire
-        from bubo.api._converter import make_converter, structure
-
         request = translate.messages_request(structure(make_converter(), body, wire.MessagesRequest))
         assert [m.reasoning for m in request.prompt.messages if m.role == "assistant"] == [
             None,
