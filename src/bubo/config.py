@@ -100,6 +100,7 @@ class ServerSettings:
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
+    sse_keepalive: float = attrs.field(default=5.0, validator=_non_negative)  # silent stream seconds; 0: none
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all; "localhost": any loopback origin
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
@@ -414,6 +415,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--keep-alive-timeout",), ("server", "keep_alive_timeout"), _float,
            "seconds a connection may stay idle, or take to send its request headers, before it is "
            "closed (5; bubo serve only)", "S"),
+    Option(("--sse-keepalive",), ("server", "sse_keepalive"), _float,
+           "seconds a stream may send nothing (waiting for a slot, reading a long prompt) before it "
+           "sends a keep-alive: a ping, response.in_progress or an SSE comment (5; 0: never)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
            "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: no CORS)",

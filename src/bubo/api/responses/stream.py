@@ -6,12 +6,16 @@
 ``.done``, ``response.function_call_arguments.delta``/``.done``,
 ``response.content_part.done``) and ``response.output_item.done``; then
 ``response.completed`` (or ``response.incomplete``) with the whole response.
+An error after the headers is an ``error`` event and ``response.failed``;
+while nothing else is sent, ``response.in_progress`` is repeated as a keep-alive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import attrs
 
 from bubo.api._json import dumps, unstructure
 from bubo.api._sse import sse_frame
@@ -189,6 +193,18 @@ class ResponseStream:
         yield self._event(name, {"response": unstructure(response)})
         self._on_finished(response, translate.assistant_message(self._items))
 
+    def keepalive(self) -> Iterable[bytes]:
+        """``response.in_progress`` again, with the output so far."""
+        yield self._event("response.in_progress", {"response": unstructure(self._response(None))})
+
     def error(self, error: BuboError) -> Iterable[bytes]:
-        """An ``error`` event; the stream ends there."""
-        return [self._event("error", {"code": error.code, "message": error.message, "param": error.param})]
+        """An ``error`` event, then ``response.failed`` with the error's code; the stream ends there.
+
+        Codex skips a bare ``error`` event and reads ``response.failed``'s code to
+        decide whether to retry.
+        """
+        yield self._event("error", {"code": error.code, "message": error.message, "param": error.param})
+        failed = attrs.evolve(
+            self._response(None), status="failed", error={"code": error.code, "message": error.message}
+        )
+        yield self._event("response.failed", {"response": unstructure(failed)})
