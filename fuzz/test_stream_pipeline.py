@@ -338,6 +338,9 @@ def check_responses(body: bytes, expected: Expected) -> None:
             raise AssertionError(payload) from error
     kinds = [p["type"] for p in payloads]
     assert kinds[:2] == ["response.created", "response.in_progress"]
+    if expected.failed:  # the error event, then response.failed
+        assert kinds[-2:] == ["error", "response.failed"]
+        kinds.pop()
     terminal = {"response.completed", "response.incomplete", "response.failed", "error"}
     assert kinds[-1] in terminal
     assert not terminal & set(kinds[:-1])

@@ -38,6 +38,15 @@ __all__ = ["ResponseStream"]
 OnFinished = Callable[[wire.Response, Message], None]
 
 
+def failure(error: BuboError) -> dict[str, Any]:
+    """``response.error`` for *error*, Bubo's code as its ``type``.
+
+    The ``code`` is OpenAI's: ``server_error``, which clients retry, or ``invalid_prompt``, which they do not.
+    """
+    code = "server_error" if error.status >= 500 else "invalid_prompt"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.code}
+
+
 class _OpenItem:
     """The output item being streamed."""
 
@@ -201,10 +210,8 @@ class ResponseStream:
         """An ``error`` event, then ``response.failed`` with the error's code; the stream ends there.
 
         Codex skips a bare ``error`` event and reads ``response.failed``'s code to
-        decide whether to retry.
+        decide whether to retry (see :func:`failure`).
         """
         yield self._event("error", {"code": error.code, "message": error.message, "param": error.param})
-        failed = attrs.evolve(
-            self._response(None), status="failed", error={"code": error.code, "message": error.message}
-        )
+        failed = attrs.evolve(self._response(None), status="failed", error=failure(error))
         yield self._event("response.failed", {"response": unstructure(failed)})
