@@ -257,7 +257,7 @@ async def _render(error: BuboError) -> Response:
     elif _under(request.path, ollama.PATH_PREFIX):
         response = ollama.render_error(error)
     else:
-        response = render_error(error)
+        response = render_error(error, llama_server=request.blueprint == llamacpp.blueprint.name)
     if not body_read:
         response.headers["Connection"] = "close"
     return response

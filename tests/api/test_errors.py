@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
 from dirty_equals import IsStr
@@ -114,6 +116,32 @@ class TestSemanticErrors:
         assert body["error"]["code"] == "context_length_exceeded"
         assert body["error"]["n_ctx"] == 2048
         assert body["error"]["n_prompt_tokens"] > 2048
+
+    @pytest.mark.parametrize(
+        ("path", "body", "kind", "pattern"),
+        [
+            (CHAT, {"model": "bubo", "messages": [{"role": "user", "content": "word " * 3000}]}, "invalid_request_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+            ("/v1/responses", {"model": "bubo", "input": "word " * 3000}, "invalid_request_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+            ("/v1/messages", {"model": "bubo", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * 3000}]},
+             "invalid_request_error", r"^prompt is too long: (\d+) tokens > 2048 maximum$"),
+            ("/completion", {"prompt": "word " * 3000}, "exceed_context_size_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+        ],
+        ids=["chat", "responses", "anthropic", "llama-server"],
+    )  # fmt: skip
+    async def test_overflow_in_the_words_agents_compact_on(self, app, path, body, kind, pattern) -> None:
+        """Each dialect words an overflow as its agents match it, with the prompt's real token count."""
+        response = await app.test_client().post(path, json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["type"], error["code"]) == (kind, "context_length_exceeded")
+        match = re.match(pattern, error["message"])
+        assert match is not None, error["message"]
+        assert int(match.group(1)) > 2048
+        if path != "/v1/messages":
+            assert (error["n_ctx"], error["n_prompt_tokens"]) == (2048, int(match.group(1)))
 
     async def test_images_are_rejected_on_a_text_model(self, app) -> None:
         """An image part is a clear 400 naming the part."""

@@ -140,7 +140,7 @@ class _CompletionStream:
         return ()
 
     def error(self, error: BuboError) -> Iterable[bytes]:
-        return [sse_frame(dumps(unstructure(error_envelope(error))))]
+        return [sse_frame(dumps(unstructure(error_envelope(error, llama_server=True))))]
 
     def keepalive(self) -> Iterable[bytes]:
         return [COMMENT_KEEPALIVE]
