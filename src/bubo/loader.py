@@ -136,6 +136,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         slot_save_path=model.slot_save_path,
         aliases=aliases,
         tags=model.tags,
+        any_model_name=model.model_names == "any",
         chat=_chat_defaults(model),
         card=read_model_card(path, metadata),
     )

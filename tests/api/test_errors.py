@@ -81,6 +81,20 @@ class TestSemanticErrors:
         assert body == envelope("model_not_found", param="model")
         assert "smollm2-135m-instruct-q4-1" in body["error"]["message"]
 
+    @pytest.mark.parametrize("path", [CHAT, "/v1/messages", "/v1/responses"])
+    async def test_any_model_name_with_model_names_any(self, make_runtime, settings, path) -> None:
+        """--model-names any: the names agents ask for (claude-haiku-…, gpt-5-codex) are the served model."""
+        runtime = attrs.evolve(make_runtime(), any_model_name=True)
+        app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+        body = {"model": "claude-haiku-4-5", "max_tokens": 4, "messages": USER, "input": "Hi"}
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            response = await test_app.test_client().post(path, json=body)
+            missing = await test_app.test_client().post(path, json={**body, "model": None})
+        assert response.status_code == 200
+        assert (await response.get_json())["model"] == "claude-haiku-4-5"
+        assert missing.status_code == 400  # a name is still required
+
     @pytest.mark.parametrize("messages", [None, []])
     async def test_missing_messages(self, app, messages) -> None:
         """Absent or empty messages is 400 missing_messages."""
