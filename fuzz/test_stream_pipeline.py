@@ -365,7 +365,7 @@ def check_responses(body: bytes, expected: Expected) -> None:
         (n, json.loads(a or "{}")) for _, (n, a) in sorted(expected.calls.items())
     ]
     assert expected.whole is not None
-    whole = responses_translate.output_items(expected.whole)
+    whole = responses_translate.output_items(expected.whole, responses_translate.OfferedTools())
     assert [_without_id(item) for item in final["output"]] == [_without_id(unstructure(i)) for i in whole]
     if final["status"] == "incomplete" and final["output"][-1]["type"] == "message":
         assert final["output"][-1]["status"] == "incomplete"

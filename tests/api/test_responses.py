@@ -487,3 +487,129 @@ class TestResponseStore:
         assert values["bubo:responses_store_bytes"] > 0
         assert values["bubo:responses_store_budget_bytes"] == 64 * 1024 * 1024
         assert values["bubo:responses_store_evictions_total"] == 0
+
+
+class TestCodexTools:
+    """Codex's namespace and custom (freeform) tools."""
+
+    NAMESPACE = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [
+            {"type": "function", "name": "spawn_agent", "description": "Spawn one.", "strict": False,
+             "parameters": {"type": "object", "properties": {"message": {"type": "string"}}}},
+            {"type": "web_search"},
+        ],
+    }  # fmt: skip
+    PATCH_TOOL = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Apply a patch.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+    }
+    PATCH = "*** Begin Patch\n*** Update File: calc.py\n-    return a - b\n+    return a + b\n*** End Patch"
+
+    async def test_namespace_functions_are_offered_and_called_under_their_names(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A namespace's functions reach the model with its description; their calls carry the namespace."""
+        script.reply = '<tool_call>\n{"name": "spawn_agent", "arguments": {"message": "go"}}\n</tool_call>'
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": "Hi", "tools": [self.NAMESPACE]}
+        )
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert '"name": "spawn_agent"' in prompt
+        assert "(multi_agent_v1: Sub-agents.)" in prompt
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["name"], call["namespace"]) == (
+            "function_call",
+            "spawn_agent",
+            "multi_agent_v1",
+        )
+
+    async def test_a_custom_tool_takes_one_string_and_returns_a_custom_tool_call(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """apply_patch is offered as a function of one string; the call is a custom_tool_call with that string."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": "Fix it", "tools": [self.PATCH_TOOL]}
+        )
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert '"name": "apply_patch"' in prompt
+        assert '"input": {"type": "string"' in prompt
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", self.PATCH)
+        assert call["call_id"].startswith("call_")
+
+    async def test_a_custom_tool_call_streams_its_input(self, app, script: FakeScript) -> None:
+        """The input arrives as response.custom_tool_call_input.delta events, decoded, then .done."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        body = {"model": "bubo", "input": "Fix it", "tools": [self.PATCH_TOOL], "stream": True}
+        frames = events(await post_stream(app.app, PATH, body))
+        deltas = [f["delta"] for f in frames if f["type"] == "response.custom_tool_call_input.delta"]
+        assert len(deltas) > 3  # streamed as generated, not in one piece
+        assert "".join(deltas) == self.PATCH
+        (done,) = [f for f in frames if f["type"] == "response.custom_tool_call_input.done"]
+        assert done["input"] == self.PATCH
+        added = next(f for f in frames if f["type"] == "response.output_item.added")
+        assert added["item"]["type"] == "custom_tool_call"
+
+    async def test_a_custom_tool_call_in_history_renders_as_the_model_wrote_it(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A custom_tool_call and its output go back to the template as a call with {"input": …} and a result."""
+        history = [
+            {"type": "message", "role": "user", "content": "Fix it"},
+            {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": self.PATCH},
+            {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"},
+        ]
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": history, "tools": [self.PATCH_TOOL]}
+        )
+        assert response.status_code == 200
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert (
+            json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}}, ensure_ascii=False)
+            in prompt
+        )
+        assert "Done!" in prompt
+
+
+class TestContentATextModelCannotRead:
+    IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+    async def test_an_image_in_a_function_output_is_a_placeholder(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """view_image's output (an image) is read as a placeholder; the header counts it."""
+        history = [
+            {"type": "message", "role": "user", "content": "Look at shot.png"},
+            {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": [self.IMAGE]},
+        ]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": history})
+        assert response.status_code == 200
+        assert response.headers["Bubo-Omitted-Content"] == "image=1"
+        assert "[image omitted: this model reads text only]" in tokenizer.decode(
+            fake_engine.requests[-1].prompt_tokens
+        )
+
+    async def test_an_image_the_user_just_sent_is_a_400(self, app) -> None:
+        """An image in the newest user message is refused, naming it."""
+        content = [{"type": "input_text", "text": "What is it?"}, self.IMAGE]
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": [{"role": "user", "content": content}]}
+        )
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("unsupported_content", "input[0].content[1]")

@@ -12,6 +12,8 @@ while nothing else is sent, ``response.in_progress`` is repeated as a keep-alive
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -56,6 +58,54 @@ class _OpenItem:
         self.output_index = output_index
         self.text: list[str] = []
         self.call: ToolCall | None = None
+        self.custom_input: _CustomInput | None = None  # a custom tool's input, decoded as it streams
+
+
+_INPUT_OPENING = re.compile(r'\{\s*"' + translate.CUSTOM_INPUT + r'"\s*:\s*"')
+_PARTIAL_ESCAPE = re.compile(
+    r"\\(u[0-9a-fA-F]{0,3})?\Z|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u?[0-9a-fA-F]{0,3})?\Z"
+)
+
+
+class _CustomInput:
+    """A custom call's ``input`` string, decoded from its JSON arguments as they stream."""
+
+    def __init__(self) -> None:
+        self._raw = ""
+        self._shown = 0
+
+    def feed(self, fragment: str) -> str:
+        """The input text the arguments so far add."""
+        self._raw += fragment
+        text = _decoded_so_far(self._raw)
+        if text is None or len(text) <= self._shown:
+            return ""
+        delta, self._shown = text[self._shown :], len(text)
+        return delta
+
+
+def _decoded_so_far(raw: str) -> str | None:
+    """The ``input`` string's text in ``{"input": "…`` so far; None when the arguments have another shape."""
+    opening = _INPUT_OPENING.match(raw)
+    if opening is None:
+        return None
+    body = raw[opening.end() :]
+    escaped = False
+    for index, char in enumerate(body):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            body = body[:index]
+            break
+    else:
+        body = _PARTIAL_ESCAPE.sub("", body)
+    try:
+        text: str = json.loads(f'"{body}"')
+    except ValueError:
+        return None
+    return text
 
 
 class ResponseStream:
@@ -69,8 +119,10 @@ class ResponseStream:
         created_at: int,
         model: str,
         on_finished: OnFinished,
+        tools: translate.OfferedTools | None = None,
     ) -> None:
         self._body = body
+        self._tools = tools or translate.OfferedTools()
         self._response_id = response_id
         self._created_at = created_at
         self._model = model
@@ -137,16 +189,14 @@ class ResponseStream:
         else:
             assert current.call is not None
             call = ToolCall(id=current.call.id, name=current.call.name, arguments=text)
-            item = translate.function_call_item(current.id, call)
-            yield self._event(
-                "response.function_call_arguments.done",
-                {
-                    "item_id": current.id,
-                    "output_index": current.output_index,
-                    "arguments": text,
-                    "name": call.name,
-                },
-            )
+            item = translate.function_call_item(current.id, call, self._tools)
+            at = {"item_id": current.id, "output_index": current.output_index}
+            if isinstance(item, wire.CustomToolCallOut):
+                yield self._event("response.custom_tool_call_input.done", {**at, "input": item.input})
+            else:
+                yield self._event(
+                    "response.function_call_arguments.done", {**at, "arguments": text, "name": call.name}
+                )
         self._items.append(item)
         yield self._event(
             "response.output_item.done", {"output_index": current.output_index, "item": unstructure(item)}
@@ -176,21 +226,23 @@ class ResponseStream:
                     "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
                 )
             case ToolCallStart(id=call_id, name=name):
-                item_id = new_id("fc_")
+                custom = name in self._tools.custom
+                item_id = new_id("ctc_" if custom else "fc_")
                 call = ToolCall(id=call_id, name=name, arguments="")
-                yield from self._add(
-                    "function_call", translate.function_call_item(item_id, call, "in_progress"), None
-                )
+                item = translate.function_call_item(item_id, call, self._tools, "in_progress")
+                yield from self._add("function_call", item, None)
                 assert self._open is not None
                 self._open.call = call
+                self._open.custom_input = _CustomInput() if custom else None
             case ToolCallArgumentsDelta(fragment=fragment) if (
                 self._open is not None and self._open.kind == "function_call"
             ):
                 self._open.text.append(fragment)
-                yield self._event(
-                    "response.function_call_arguments.delta",
-                    {"item_id": self._open.id, "output_index": self._open.output_index, "delta": fragment},
-                )
+                at = {"item_id": self._open.id, "output_index": self._open.output_index}
+                if self._open.custom_input is None:
+                    yield self._event("response.function_call_arguments.delta", {**at, "delta": fragment})
+                elif delta := self._open.custom_input.feed(fragment):
+                    yield self._event("response.custom_tool_call_input.delta", {**at, "delta": delta})
             case Done():
                 yield from self._finish(event)
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import cattrs
 
 from bubo.api._converter import structure
+from bubo.api._json import dumps
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._omitted import Omissions
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
@@ -22,10 +25,13 @@ from bubo.errors import InvalidRequest, UnsupportedContent
 from . import wire
 
 __all__ = [
+    "CUSTOM_INPUT",
     "Conversation",
+    "OfferedTools",
     "answered",
     "assistant_message",
     "closing_status",
+    "custom_input",
     "function_call_item",
     "message_item",
     "output_items",
@@ -40,6 +46,24 @@ logger = logging.getLogger(__name__)
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
+CUSTOM_INPUT = "input"
+"""The one argument a custom (freeform) tool is offered with: its input text."""
+
+
+@attrs.frozen(kw_only=True)
+class OfferedTools:
+    """The request's tools as the model sees them, and what its calls of them are returned as.
+
+    A namespace tool's functions are offered under their own names (their
+    calls carry the ``namespace``); a custom tool is offered as a function
+    taking one string, ``input``, and its calls are ``custom_tool_call`` items.
+    """
+
+    specs: tuple[ToolSpec, ...] = ()
+    namespaces: Mapping[str, str] = attrs.field(factory=dict)  # a namespaced function -> its namespace
+    custom: frozenset[str] = frozenset()  # the custom tools' names
+
+
 @attrs.frozen(kw_only=True)
 class Conversation:
     """A request's conversation: what is sent to the template and what a continuation keeps.
@@ -50,6 +74,7 @@ class Conversation:
 
     request: ChatRequest
     history: tuple[Message, ...]
+    tools: OfferedTools = attrs.field(factory=OfferedTools)
 
 
 def responses_request(
@@ -67,13 +92,17 @@ def responses_request(
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
     check_token_limit(body.max_output_tokens, "max_output_tokens")
+    omissions = Omissions()
     items = (
-        [Message(role="user", content=body.input)] if isinstance(body.input, str) else _messages(body.input)
+        [Message(role="user", content=body.input)]
+        if isinstance(body.input, str)
+        else _messages(body.input, omissions)
     )
     history = (*previous, *items)
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
+    tools = _tools(converter, body.tools or ())
     request = ChatRequest(
-        prompt=ChatPrompt(messages=(*system, *history), tools=_tools(converter, body.tools or ())),
+        prompt=ChatPrompt(messages=(*system, *history), tools=tools.specs),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
             sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
@@ -82,8 +111,9 @@ def responses_request(
         parallel_tool_calls=body.parallel_tool_calls is not False,
         reasoning=_reasoning(body.reasoning),
         output_format=_output_format(body.text),
+        omitted=omissions.counts(),
     )
-    return Conversation(request=request, history=history)
+    return Conversation(request=request, history=history, tools=tools)
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
@@ -129,31 +159,36 @@ def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
     raise InvalidRequest(f"text.format type {spec.get('type')!r} is not supported", param="text.format.type")
 
 
-def _messages(items: Sequence[wire.InputItem]) -> list[Message]:
+def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Message]:
     out: list[Message] = []
     reasoning: list[str] = []
+    newest_user = max(
+        (i for i, item in enumerate(items) if isinstance(item, wire.MessageItem) and item.role == "user"),
+        default=-1,
+    )
     for index, item in enumerate(items):
         match item:
             case wire.ReasoningItem():
                 reasoning.extend(part.text for part in (item.content or item.summary or ()))
             case wire.MessageItem():
                 role = "system" if item.role == "developer" else item.role
-                text = _text(item.content, f"input[{index}].content")
+                text = _text(item.content, f"input[{index}].content", omissions, refuse=index == newest_user)
                 if role == "assistant":
                     _add_assistant(out, reasoning, text=text)
                 else:
                     out.append(Message(role=role, content=text))
-            case wire.FunctionCallItem() | wire.CustomToolCallItem():
-                arguments = (
-                    check_arguments_depth(item.arguments, f"input[{index}].arguments")
-                    if isinstance(item, wire.FunctionCallItem)
-                    else check_arguments_depth(item.input, f"input[{index}].input")
+            case wire.FunctionCallItem():
+                arguments = check_arguments_depth(item.arguments, f"input[{index}].arguments")
+                _add_assistant(
+                    out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
                 )
+            case wire.CustomToolCallItem():  # as the model wrote it: the tool's one string argument
+                arguments = dumps({CUSTOM_INPUT: item.input})
                 _add_assistant(
                     out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
                 )
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
-                output = _text(item.output, f"input[{index}].output")
+                output = _text(item.output, f"input[{index}].output", omissions, refuse=False)
                 out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
             case wire.ItemReference():
                 raise InvalidRequest(
@@ -195,7 +230,8 @@ def _join(first: str | None, second: str | None) -> str | None:
     return first or second
 
 
-def _text(content: str | list[wire.InputContent], param: str) -> str:
+def _text(content: str | list[wire.InputContent], param: str, omissions: Omissions, *, refuse: bool) -> str:
+    """The text of a message or an output; an image or file is a placeholder, or (with *refuse*) a 400."""
     if isinstance(content, str):
         return content
     texts = []
@@ -205,30 +241,114 @@ def _text(content: str | list[wire.InputContent], param: str) -> str:
                 texts.append(text)
             case wire.RefusalIn(refusal=text):
                 texts.append(text)
-            case _:
+            case _ if refuse:
                 raise UnsupportedContent(part.type, param=f"{param}[{index}]")
+            case wire.InputImage():
+                texts.append(omissions.placeholder("image"))
+            case wire.InputFile():
+                texts.append(omissions.placeholder("file"))
     return "\n".join(texts)
 
 
-def _tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> tuple[ToolSpec, ...]:
-    out = []
+def _tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> OfferedTools:
+    """Function tools, the functions of namespace tools, custom tools; other types are skipped."""
+    specs: list[ToolSpec] = []
+    namespaces: dict[str, str] = {}
+    custom: set[str] = set()
     for index, raw in enumerate(tools):
+        path = f"$.tools[{index}]"
+        match raw.get("type"):
+            case "function":
+                specs.append(
+                    _function(structure(converter, raw, wire.FunctionTool, path=path), f"tools[{index}]")
+                )
+            case "namespace":
+                namespace = structure(converter, raw, wire.NamespaceTool, path=path)
+                for inner, spec in enumerate(_namespace_functions(converter, namespace, f"tools[{index}]")):
+                    specs.append(spec)
+                    namespaces.setdefault(spec.name, namespace.name)
+                    logger.debug(
+                        "offering %s from namespace %s (tools[%d].tools[%d])",
+                        spec.name,
+                        namespace.name,
+                        index,
+                        inner,
+                    )
+            case "custom":
+                tool = structure(converter, raw, wire.CustomTool, path=path)
+                specs.append(_custom(tool, f"tools[{index}]"))
+                custom.add(tool.name)
+            case other:
+                logger.warning(
+                    "skipping tool %s of type %r: Bubo serves function, namespace and custom tools",
+                    index,
+                    other,
+                )
+    return OfferedTools(specs=tuple(specs), namespaces=namespaces, custom=frozenset(custom))
+
+
+def _function(
+    tool: wire.FunctionTool, param: str, *, namespace: wire.NamespaceTool | None = None
+) -> ToolSpec:
+    description = tool.description
+    if namespace is not None and namespace.description:
+        description = (
+            f"{description}\n\n({namespace.name}: {namespace.description})"
+            if description
+            else namespace.description
+        )
+    return ToolSpec(
+        name=tool.name,
+        description=description,
+        parameters=tool.parameters or _EMPTY_SCHEMA,
+        strict=tool.strict,
+        param=f"{param}.parameters",
+    )
+
+
+def _namespace_functions(
+    converter: cattrs.Converter, namespace: wire.NamespaceTool, param: str
+) -> list[ToolSpec]:
+    """A namespace's function tools, each described with the namespace's description too."""
+    specs = []
+    for index, raw in enumerate(namespace.tools or ()):
         if raw.get("type") != "function":
             logger.warning(
-                "skipping tool %s of type %r: only function tools are served", index, raw.get("type")
+                "skipping %s.tools[%d] of type %r: only function tools are served",
+                param,
+                index,
+                raw.get("type"),
             )
             continue
-        tool = structure(converter, raw, wire.FunctionTool, path=f"$.tools[{index}]")
-        out.append(
-            ToolSpec(
-                name=tool.name,
-                description=tool.description,
-                parameters=tool.parameters or _EMPTY_SCHEMA,
-                strict=tool.strict,
-                param=f"tools[{index}].parameters",
-            )
-        )
-    return tuple(out)
+        tool = structure(converter, raw, wire.FunctionTool, path=f"$.{param}.tools[{index}]")
+        specs.append(_function(tool, f"{param}.tools[{index}]", namespace=namespace))
+    return specs
+
+
+def _custom(tool: wire.CustomTool, param: str) -> ToolSpec:
+    """A freeform tool as a function of one string (its grammar, if any, is described, not enforced)."""
+    return ToolSpec(
+        name=tool.name,
+        description=tool.description,
+        parameters={
+            "type": "object",
+            "properties": {
+                CUSTOM_INPUT: {"type": "string", "description": f"the whole input of {tool.name}"}
+            },
+            "required": [CUSTOM_INPUT],
+        },
+        param=f"{param}.format",
+    )
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input text, from the arguments the model wrote (``{"input": "…"}``)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    text = value.get(CUSTOM_INPUT) if isinstance(value, dict) else None
+    return text if isinstance(text, str) else arguments
 
 
 # ---- output --------------------------------------------------------------------------------
@@ -247,10 +367,21 @@ def message_item(item_id: str, text: str, status: str = "completed") -> wire.Mes
     return wire.MessageOut(id=item_id, status=status, content=content)
 
 
-def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> wire.FunctionCallOut:
-    """A function call output item."""
+def function_call_item(
+    item_id: str, call: ToolCall, tools: OfferedTools, status: str = "completed"
+) -> wire.FunctionCallOut | wire.CustomToolCallOut:
+    """A call's output item: ``custom_tool_call`` for a custom tool, else ``function_call``."""
+    if call.name in tools.custom:
+        return wire.CustomToolCallOut(
+            id=item_id, call_id=call.id, name=call.name, input=custom_input(call.arguments), status=status
+        )
     return wire.FunctionCallOut(
-        id=item_id, call_id=call.id, name=call.name, arguments=call.arguments, status=status
+        id=item_id,
+        call_id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        status=status,
+        namespace=tools.namespaces.get(call.name),
     )
 
 
@@ -262,7 +393,7 @@ def closing_status(done: Done, kind: str) -> str:
     return "incomplete" if done.cause.truncated and kind in ("message", "reasoning") else "completed"
 
 
-def output_items(completion: Completion) -> list[wire.OutputItem]:
+def output_items(completion: Completion, tools: OfferedTools) -> list[wire.OutputItem]:
     """The output of a whole completion, item by item in generation order (as streamed)."""
     items: list[wire.OutputItem] = []
     parts = completion.parts
@@ -276,13 +407,15 @@ def output_items(completion: Completion) -> list[wire.OutputItem]:
                 status = closing_status(completion.done, "message") if last else "completed"
                 items.append(message_item(new_id("msg_"), text, status))
             case ToolCall():
-                items.append(function_call_item(new_id("fc_"), part))
+                items.append(function_call_item(new_id("fc_"), part, tools))
     return answered(items, completion.done)
 
 
 def answered(items: list[wire.OutputItem], done: Done) -> list[wire.OutputItem]:
     """*items*, with an empty message when they hold neither a message nor a call (streamed or not)."""
-    if any(isinstance(item, wire.MessageOut | wire.FunctionCallOut) for item in items):
+    if any(
+        isinstance(item, wire.MessageOut | wire.FunctionCallOut | wire.CustomToolCallOut) for item in items
+    ):
         return items
     return [*items, message_item(new_id("msg_"), "", closing_status(done, "message"))]
 
@@ -346,8 +479,14 @@ def assistant_message(items: list[wire.OutputItem]) -> Message:
         part.text for item in items if isinstance(item, wire.ReasoningOut) for part in item.content
     )
     calls = tuple(
-        ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+        ToolCall(
+            id=item.call_id,
+            name=item.name,
+            arguments=item.arguments
+            if isinstance(item, wire.FunctionCallOut)
+            else dumps({CUSTOM_INPUT: item.input}),
+        )
         for item in items
-        if isinstance(item, wire.FunctionCallOut)
+        if isinstance(item, wire.FunctionCallOut | wire.CustomToolCallOut)
     )
     return Message(role="assistant", content=text or None, reasoning=reasoning or None, tool_calls=calls)
