@@ -73,6 +73,11 @@ def _auto_or_positive(_instance: object, attribute: attrs.Attribute[int], value:
         raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 1, got {value}")
 
 
+def _auto_or_non_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < -1:
+        raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 0, got {value}")
+
+
 def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
@@ -136,7 +141,7 @@ class ModelSettings:
     flash_attn: str = "auto"
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
-    cache_ram: int = attrs.field(default=1024, validator=_non_negative)  # MiB of snapshots; 0: off
+    cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
     draft_max: int = attrs.field(default=16, validator=_non_negative)  # prompt-lookup draft; 0: off
     draft_ngram_min: int = attrs.field(default=2, validator=_positive)
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
@@ -477,7 +482,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
            "Jinja chat template to use instead of the model's", "PATH"),
     Option(("-cram", "--cache-ram"), ("model", "cache_ram"), _int,
-           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (1024; 0: off)",
+           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (-1: auto, "
+           "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
            "MIB"),
     Option(("--draft-max",), ("model", "draft_max"), _int,
            "prompt-lookup speculative decoding: most tokens drafted per step (16; 0: off)", "N"),
