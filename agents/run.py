@@ -58,10 +58,10 @@ class AgentRun:
     exchanges: list[Exchange]
     returncode: int | None  # None: stopped at the time limit
     seconds: float
-    prefixes: dict[int, int] = attrs.Factory(
-        dict
-    )  # exchange number -> tokens shared with the previous request
+    # exchange number -> tokens its prompt shares with the previous request's
+    prefixes: dict[int, int] = attrs.Factory(dict)
     failures: list[str] = attrs.Factory(list)
+    cache: dict[str, Any] = attrs.Factory(dict)  # /debug/cache after the session: live tokens, snapshots
 
 
 def main() -> int:
@@ -87,6 +87,7 @@ def main() -> int:
     ):
         for agent in agents:
             run = _run(agent, url, Path(scratch) / agent.name, args.cache, args.timeout)
+            run.cache = httpx.get(f"{url}/debug/cache", timeout=30).json()
             _check(run, renderer)
             runs.append(run)
             if args.record is not None:
@@ -114,7 +115,7 @@ class _BuboServer:
         port = _free_port()
         command = [
             sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
-            "--port", str(port), "--model-names", "any", "-t", str(self._threads),
+            "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
         ]  # fmt: skip
         with self._log.open("wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -274,7 +275,20 @@ def _report(runs: list[AgentRun]) -> str:
                 run.prefixes.get(e.number), e.first_byte_s, e.first_token_s, e.ended_s,
             )  # fmt: skip
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-        lines += ["", *(f"- FAILED: {failure}" for failure in run.failures), ""]
+        snapshots = run.cache.get("snapshots", [])
+        sizes = ", ".join(f"{s['n_tokens']} tokens: {s['size_bytes'] / 2**20:.0f} MiB" for s in snapshots)
+        cache = (
+            f"Prompt cache after the session: {run.cache.get('live_tokens', '-')} tokens live in the slots, "
+            f"{len(snapshots)} snapshots in host RAM taking {run.cache.get('used_bytes', 0) / 2**20:.0f} MiB "
+            f"of {run.cache.get('budget_bytes', 0) / 2**20:.0f} MiB ({sizes or 'none'})."
+        )
+        lines += [
+            "",
+            cache,
+            "",
+            *(f"- FAILED: {failure}" for failure in run.failures),
+            "",
+        ]
     verdict = "FAILED" if any(run.failures for run in runs) else "passed"
     return "\n".join([*lines, f"Result: {verdict}", ""])
 
