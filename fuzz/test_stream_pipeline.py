@@ -40,6 +40,7 @@ from bubo.api.openai.stream import ChatStream, CompletionStream, StreamIdentity
 from bubo.api.responses import translate as responses_translate
 from bubo.api.responses import wire as responses_wire
 from bubo.api.responses.stream import ResponseStream
+from bubo.api.responses.tools import OfferedTools
 from bubo.domain.generation import (
     EngineEvent,
     GenerationFailed,
@@ -365,7 +366,7 @@ def check_responses(body: bytes, expected: Expected) -> None:
         (n, json.loads(a or "{}")) for _, (n, a) in sorted(expected.calls.items())
     ]
     assert expected.whole is not None
-    whole = responses_translate.output_items(expected.whole, responses_translate.OfferedTools())
+    whole = responses_translate.output_items(expected.whole, OfferedTools())
     assert [_without_id(item) for item in final["output"]] == [_without_id(unstructure(i)) for i in whole]
     if final["status"] == "incomplete" and final["output"][-1]["type"] == "message":
         assert final["output"][-1]["status"] == "incomplete"

@@ -34,6 +34,7 @@ from bubo.domain.output import (
 from bubo.errors import BuboError
 
 from . import translate, wire
+from .tools import CUSTOM_INPUT, OfferedTools
 
 __all__ = ["ResponseStream"]
 
@@ -61,7 +62,7 @@ class _OpenItem:
         self.custom_input: _CustomInput | None = None  # a custom tool's input, decoded as it streams
 
 
-_INPUT_OPENING = re.compile(r'\{\s*"' + translate.CUSTOM_INPUT + r'"\s*:\s*"')
+_INPUT_OPENING = re.compile(r'\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
 _PARTIAL_ESCAPE = re.compile(
     r"\\(u[0-9a-fA-F]{0,3})?\Z|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u?[0-9a-fA-F]{0,3})?\Z"
 )
@@ -119,10 +120,10 @@ class ResponseStream:
         created_at: int,
         model: str,
         on_finished: OnFinished,
-        tools: translate.OfferedTools | None = None,
+        tools: OfferedTools | None = None,
     ) -> None:
         self._body = body
-        self._tools = tools or translate.OfferedTools()
+        self._tools = tools or OfferedTools()
         self._response_id = response_id
         self._created_at = created_at
         self._model = model
