@@ -123,7 +123,8 @@ def _opencode_config(model: str, base_url: str, context: int) -> dict[str, objec
 
 AGENTS = (
     Agent(name="claude", package="@anthropic-ai/claude-code@2.1.328", binary="claude", model="qwen2.5-coder"),
-    Agent(name="codex", package="@openai/codex@0.169.0", binary="codex", model="gpt-5.1-codex"),
+    # a model family Codex knows: its tools come in an additional_tools item, custom tools among them
+    Agent(name="codex", package="@openai/codex@0.169.0", binary="codex", model="gpt-6.1-sol"),
     Agent(name="opencode", package="opencode-ai@1.18.33", binary="opencode", model="qwen2.5-coder"),
 )
 

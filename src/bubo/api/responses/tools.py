@@ -1,10 +1,12 @@
 """Responses tools: what the model is offered, and what its calls are returned as.
 
-Function tools as they are; a ``namespace`` tool's functions under their own
-names (Codex's sub-agent tools), each described with the namespace's
-description too, their calls returned with the ``namespace``; a ``custom``
-(freeform) tool as a function taking one string, ``input``, its calls returned
-as ``custom_tool_call`` items.  Other types are skipped with a warning.
+Function tools as they are; a ``namespace`` tool's function and custom tools
+under their own names (Codex's sub-agent tools), each described with the
+namespace's description too, their calls returned with the ``namespace``; a
+``custom`` (freeform) tool as a function taking one string, ``input``, its
+calls returned as ``custom_tool_call`` items.  Tools come from ``tools`` and
+from ``additional_tools`` input items (what Codex sends for the model families
+it knows).  Other types are skipped with a warning.
 """
 
 from __future__ import annotations
@@ -42,90 +44,85 @@ class OfferedTools:
     """
 
     specs: tuple[ToolSpec, ...] = ()
-    namespaces: Mapping[str, str] = attrs.field(factory=dict)  # a namespaced function -> its namespace
+    namespaces: Mapping[str, str] = attrs.field(factory=dict)  # a namespaced tool -> its namespace
     custom: frozenset[str] = frozenset()  # the custom tools' names
 
 
-def offered_tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> OfferedTools:
-    """Function tools, the functions of namespace tools, custom tools; other types are skipped."""
-    specs: list[ToolSpec] = []
-    namespaces: dict[str, str] = {}
-    custom: set[str] = set()
-    for index, raw in enumerate(tools):
-        path = f"$.tools[{index}]"
-        match raw.get("type"):
-            case "function":
-                specs.append(
-                    _function(structure(converter, raw, wire.FunctionTool, path=path), f"tools[{index}]")
-                )
-            case "namespace":
-                namespace = structure(converter, raw, wire.NamespaceTool, path=path)
-                for inner, spec in enumerate(_namespace_functions(converter, namespace, f"tools[{index}]")):
-                    specs.append(spec)
-                    namespaces.setdefault(spec.name, namespace.name)
-                    logger.debug(
-                        "offering %s from namespace %s (tools[%d].tools[%d])",
-                        spec.name,
-                        namespace.name,
-                        index,
-                        inner,
-                    )
-            case "custom":
-                tool = structure(converter, raw, wire.CustomTool, path=path)
-                specs.append(_custom(tool, f"tools[{index}]"))
-                custom.add(tool.name)
-            case other:
-                logger.warning(
-                    "skipping tool %s of type %r: Bubo serves function, namespace and custom tools",
-                    index,
-                    other,
-                )
-    return OfferedTools(specs=tuple(specs), namespaces=namespaces, custom=frozenset(custom))
+def offered_tools(converter: cattrs.Converter, groups: Sequence[tuple[str, Sequence[Any]]]) -> OfferedTools:
+    """The tools of every group (``(param, tools)``: the body's, an ``additional_tools`` item's), in order.
+
+    Function tools, custom tools, and namespace tools' function and custom tools;
+    other types are skipped with a warning.  A later tool of a name offered
+    already is skipped too (the model could not tell them apart).
+    """
+    offered = _Offered(converter)
+    for param, tools in groups:
+        for index, raw in enumerate(tools):
+            offered.add(raw, f"{param}[{index}]", namespace=None)
+    return OfferedTools(
+        specs=tuple(offered.specs), namespaces=offered.namespaces, custom=frozenset(offered.custom)
+    )
 
 
-def _function(
-    tool: wire.FunctionTool, param: str, *, namespace: wire.NamespaceTool | None = None
-) -> ToolSpec:
-    description = tool.description
-    if namespace is not None and namespace.description:
-        description = (
-            f"{description}\n\n({namespace.name}: {namespace.description})"
-            if description
-            else namespace.description
-        )
+class _Offered:
+    """The tools gathered so far."""
+
+    def __init__(self, converter: cattrs.Converter) -> None:
+        self._converter = converter
+        self.specs: list[ToolSpec] = []
+        self.namespaces: dict[str, str] = {}
+        self.custom: set[str] = set()
+
+    def add(self, raw: Any, param: str, *, namespace: wire.NamespaceTool | None) -> None:
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        path = f"$.{param}"
+        if kind == "namespace" and namespace is None:
+            inner = structure(self._converter, raw, wire.NamespaceTool, path=path)
+            for index, tool in enumerate(inner.tools or ()):
+                self.add(tool, f"{param}.tools[{index}]", namespace=inner)
+            return
+        if kind == "function":
+            spec = _function(structure(self._converter, raw, wire.FunctionTool, path=path), param, namespace)
+        elif kind == "custom":
+            spec = _custom(structure(self._converter, raw, wire.CustomTool, path=path), param, namespace)
+        else:
+            logger.warning(
+                "skipping %s of type %r: Bubo serves function, namespace and custom tools", param, kind
+            )
+            return
+        if any(offered.name == spec.name for offered in self.specs):
+            logger.warning("skipping %s: a tool named %r is offered already", param, spec.name)
+            return
+        self.specs.append(spec)
+        if kind == "custom":
+            self.custom.add(spec.name)
+        if namespace is not None:
+            self.namespaces[spec.name] = namespace.name
+
+
+def _described(description: str | None, namespace: wire.NamespaceTool | None) -> str | None:
+    """A tool's description, with its namespace's after it."""
+    if namespace is None or not namespace.description:
+        return description
+    suffix = f"({namespace.name}: {namespace.description})"
+    return f"{description}\n\n{suffix}" if description else suffix
+
+
+def _function(tool: wire.FunctionTool, param: str, namespace: wire.NamespaceTool | None) -> ToolSpec:
     return ToolSpec(
         name=tool.name,
-        description=description,
+        description=_described(tool.description, namespace),
         parameters=tool.parameters or _EMPTY_SCHEMA,
         strict=tool.strict,
         param=f"{param}.parameters",
     )
 
 
-def _namespace_functions(
-    converter: cattrs.Converter, namespace: wire.NamespaceTool, param: str
-) -> list[ToolSpec]:
-    """A namespace's function tools, each described with the namespace's description too."""
-    specs = []
-    for index, raw in enumerate(namespace.tools or ()):
-        if raw.get("type") != "function":
-            logger.warning(
-                "skipping %s.tools[%d] of type %r: only function tools are served",
-                param,
-                index,
-                raw.get("type"),
-            )
-            continue
-        tool = structure(converter, raw, wire.FunctionTool, path=f"$.{param}.tools[{index}]")
-        specs.append(_function(tool, f"{param}.tools[{index}]", namespace=namespace))
-    return specs
-
-
-def _custom(tool: wire.CustomTool, param: str) -> ToolSpec:
-    """A freeform tool as a function of one string (its grammar, if any, is described, not enforced)."""
+def _custom(tool: wire.CustomTool, param: str, namespace: wire.NamespaceTool | None) -> ToolSpec:
+    """A freeform tool as a function of one string (its grammar, if any, is not enforced)."""
     return ToolSpec(
         name=tool.name,
-        description=tool.description,
+        description=_described(tool.description, namespace),
         parameters={
             "type": "object",
             "properties": {

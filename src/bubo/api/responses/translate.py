@@ -81,7 +81,12 @@ def responses_request(
     )
     history = (*previous, *items)
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
-    tools = offered_tools(converter, body.tools or ())
+    items_tools = [
+        (f"input[{index}].tools", item.tools)
+        for index, item in enumerate(body.input if isinstance(body.input, list) else ())
+        if isinstance(item, wire.AdditionalToolsItem)
+    ]
+    tools = offered_tools(converter, [("tools", body.tools or ()), *items_tools])
     request = ChatRequest(
         prompt=ChatPrompt(messages=(*system, *history), tools=tools.specs),
         options=GenerationOptions(
@@ -158,19 +163,15 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
                     _add_assistant(out, reasoning, text=text)
                 else:
                     out.append(Message(role=role, content=text))
-            case wire.FunctionCallItem():
-                arguments = check_arguments_depth(item.arguments, f"input[{index}].arguments")
-                _add_assistant(
-                    out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
-                )
-            case wire.CustomToolCallItem():  # as the model wrote it: the tool's one string argument
-                arguments = dumps({CUSTOM_INPUT: item.input})
-                _add_assistant(
-                    out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
-                )
+            case wire.FunctionCallItem() | wire.CustomToolCallItem():
+                _add_assistant(out, reasoning, call=_call(item, f"input[{index}]"))
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
                 output = _text(item.output, f"input[{index}].output", omissions, refuse=False)
                 out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
+            case wire.AdditionalToolsItem():
+                pass  # offered with the request's tools
+            case wire.OtherItem(type=kind):
+                logger.warning("skipping input[%d] of type %r: Bubo does not know it", index, kind)
             case wire.ItemReference():
                 raise InvalidRequest(
                     "item references are not supported: Bubo keeps no items by id; "
@@ -178,6 +179,15 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
                     param=f"input[{index}].id",
                 )
     return out
+
+
+def _call(item: wire.FunctionCallItem | wire.CustomToolCallItem, param: str) -> ToolCall:
+    """An earlier call; a custom tool's as the model writes it, its one string argument as ``input``."""
+    if isinstance(item, wire.FunctionCallItem):
+        arguments = check_arguments_depth(item.arguments, f"{param}.arguments")
+    else:
+        arguments = dumps({CUSTOM_INPUT: item.input})
+    return ToolCall(id=item.call_id, name=item.name, arguments=arguments)
 
 
 def _add_assistant(
@@ -253,7 +263,12 @@ def function_call_item(
     """A call's output item: ``custom_tool_call`` for a custom tool, else ``function_call``."""
     if call.name in tools.custom:
         return wire.CustomToolCallOut(
-            id=item_id, call_id=call.id, name=call.name, input=custom_input(call.arguments), status=status
+            id=item_id,
+            call_id=call.id,
+            name=call.name,
+            input=custom_input(call.arguments),
+            status=status,
+            namespace=tools.namespaces.get(call.name),
         )
     return wire.FunctionCallOut(
         id=item_id,

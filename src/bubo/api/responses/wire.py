@@ -141,6 +141,24 @@ class ReasoningItem:
 
 
 @attrs.frozen(kw_only=True)
+class AdditionalToolsItem:
+    """``{"type": "additional_tools", "tools": […]}``: tools offered from this point of the input (Codex)."""
+
+    type: Literal["additional_tools"]
+    tools: list[dict[str, Any]]
+    role: str | None = None
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OtherItem:
+    """An input item of a type Bubo does not know (a hosted tool's call, a compaction): skipped."""
+
+    type: str
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ItemReference:
     """An earlier item named by its ``id``; Bubo keeps no items by id and refuses it."""
 
@@ -156,6 +174,8 @@ InputItem = (
     | CustomToolCallOutputItem
     | ReasoningItem
     | ItemReference
+    | AdditionalToolsItem
+    | OtherItem
 )
 
 
@@ -299,6 +319,7 @@ class CustomToolCallOut:
     name: str
     input: str
     status: str
+    namespace: str | None = None
 
 
 OutputItem = ReasoningOut | MessageOut | FunctionCallOut | CustomToolCallOut
