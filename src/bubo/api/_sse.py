@@ -7,9 +7,10 @@ encodes its output events and hands the frames over an unbuffered channel;
 iteration receives them, and whenever nothing came for the keep-alive
 interval it sends the dialect's keep-alive instead (a queued request, or a
 prompt read for minutes on a CPU, never trips a client's idle timeout).
-``__aexit__`` cancels that task, which cancels the decode if the client left
-(quart-trio cancels the request's nursery on ``http.disconnect``).  No
-generator here holds a nursery or cancel scope across a ``yield``.
+``__aexit__`` cancels that task (its own scope, not the reader's), which
+cancels the decode if the client left (quart-trio cancels the request's
+nursery on ``http.disconnect``).  No generator here holds a nursery or cancel
+scope across a ``yield``.
 
 Errors after the headers are sent cannot change the status any more; each
 dialect's encoder turns them into its own in-stream error event.
@@ -94,18 +95,25 @@ class EventStreamBody(ResponseBody):
         self._encoder = encoder
         self._keepalive_s = keepalive_s if keepalive_s > 0 else math.inf
         self._stack = AsyncExitStack()
-        self._nursery: trio.Nursery | None = None
+        self._producer: trio.CancelScope | None = None  # the producer task's own scope
         self._frames: AsyncIterator[bytes] | None = None
 
     async def __aenter__(self) -> AsyncIterator[bytes]:
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        nursery = await self._stack.enter_async_context(trio.open_nursery())
         send, receive = trio.open_memory_channel[bytes](0)
-        self._nursery.start_soon(self._produce, send)
+        self._producer = await nursery.start(self._produce, send)
         self._frames = self._relay(receive)
         return self._frames
 
-    async def _produce(self, send: trio.MemorySendChannel[bytes]) -> None:
+    async def _produce(
+        self, send: trio.MemorySendChannel[bytes], task_status: trio.TaskStatus[trio.CancelScope]
+    ) -> None:
         """Enter the generation, encode its events and send the frames; errors become error frames."""
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await self._send_frames(send)
+
+    async def _send_frames(self, send: trio.MemorySendChannel[bytes]) -> None:
         encoder = self._encoder
         async with send:
             try:
@@ -147,11 +155,13 @@ class EventStreamBody(ResponseBody):
         exc_value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._frames is not None:
-            await self._frames.aclose()  # type: ignore[attr-defined]
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()  # a producer still running lost its reader
-        await self._stack.__aexit__(exc_type, exc_value, tb)
+        if self._producer is not None:
+            self._producer.cancel()  # a producer still running lost its reader: the decode is cancelled
+        try:
+            if self._frames is not None:
+                await self._frames.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self._stack.__aexit__(exc_type, exc_value, tb)
 
 
 def sse_response(output: Output, encoder: StreamEncoder) -> Response:
