@@ -118,3 +118,37 @@ class TestKeepAlive:
                 if frame.startswith(b":"):
                     break
         assert closed == [True]
+
+
+KEEPALIVE_ROUTES = [
+    ("/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "stream": True}, b": keep-alive\n\n"),
+    ("/v1/completions", {"model": "bubo", "prompt": "Hi", "stream": True}, b": keep-alive\n\n"),
+    ("/completion", {"prompt": "Hi", "stream": True}, b": keep-alive\n\n"),
+    ("/v1/messages", {"model": "bubo", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], "stream": True}, b"event: ping\n"),
+    ("/v1/responses", {"model": "bubo", "input": "Hi", "stream": True}, b"event: response.in_progress\n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "keepalive"), KEEPALIVE_ROUTES, ids=[r[0] for r in KEEPALIVE_ROUTES]
+)
+async def test_every_streaming_route_keeps_a_long_prefill_alive(
+    settings, make_runtime, script, path: str, body: dict, keepalive: bytes
+) -> None:
+    """With --sse-keepalive, a prompt read for longer than the interval sends keep-alives before the answer."""
+    import attrs
+
+    from bubo.server import create_app
+
+    from .._asgi import post_stream
+    from ..conftest import wait_until_ready
+
+    script.prefill_delay = 0.6
+    settings = attrs.evolve(settings, server=attrs.evolve(settings.server, sse_keepalive=0.05))
+    app = create_app(settings, load=lambda _s, _p: make_runtime(), on_load_failure=lambda: None)
+    async with app.test_app():
+        await wait_until_ready(app)
+        raw = await post_stream(app, path, body)
+    frames = [frame + b"\n\n" for frame in raw.split(b"\n\n") if frame]
+    answer = next(i for i, frame in enumerate(frames) if b"Hello" in frame)
+    assert sum(frame.startswith(keepalive) for frame in frames[:answer]) >= 3
