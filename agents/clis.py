@@ -52,7 +52,6 @@ class Agent:
                     "ANTHROPIC_DEFAULT_SONNET_MODEL": self.model,
                     "ANTHROPIC_DEFAULT_OPUS_MODEL": self.model,
                     "CLAUDE_CODE_SUBAGENT_MODEL": self.model,
-                    "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(context),
                     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                     "DISABLE_TELEMETRY": "1",
                     "DISABLE_AUTOUPDATER": "1",
