@@ -551,6 +551,28 @@ class TestCodexTools:
         assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", self.PATCH)
         assert call["call_id"].startswith("call_")
 
+    async def test_a_custom_tool_can_be_forced_by_name(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ) -> None:
+        """tool_choice {"type": "custom", "name": …} forces that tool's call, its one string argument by grammar."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        body = {
+            "model": "bubo",
+            "input": "Fix it",
+            "tools": [self.PATCH_TOOL],
+            "tool_choice": {"type": "custom", "name": "apply_patch"},
+        }
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200
+        spec, _ = fake_engine.compiled[-1]
+        assert "call ::= call-0\n" in spec.rules and '\\"apply_patch\\"' in spec.rules  # that call alone
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["input"]) == ("custom_tool_call", self.PATCH)
+
     async def test_a_custom_tool_call_streams_its_input(self, app, script: FakeScript) -> None:
         """The input arrives as response.custom_tool_call_input.delta events, decoded, then .done."""
         script.reply = (

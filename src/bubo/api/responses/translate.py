@@ -103,7 +103,7 @@ def responses_request(
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
-    """``none``/``auto``/``required`` or ``{"type": "function", "name": …}``."""
+    """``none``/``auto``/``required`` or ``{"type": "function" | "custom", "name": …}``."""
     if choice is None:
         return ToolChoice()
     if isinstance(choice, str):
@@ -111,9 +111,10 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
             raise InvalidRequest(f"tool_choice {choice!r} is not none, auto or required", param="tool_choice")
         return ToolChoice(mode=choice)  # type: ignore[arg-type]
     name = choice.get("name")
-    if choice.get("type") != "function" or not isinstance(name, str):
+    if choice.get("type") not in ("function", "custom") or not isinstance(name, str):
         raise InvalidRequest(
-            'tool_choice must name a function as {"type": "function", "name": …}', param="tool_choice"
+            'tool_choice must name a tool as {"type": "function" | "custom", "name": …}',
+            param="tool_choice",
         )
     return ToolChoice(mode="named", name=name, param="tool_choice.name")
 
