@@ -67,8 +67,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Ruff: lint and formatting."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", "src", "tests", "bench", "fuzz", "soak", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "bench", "fuzz", "soak", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "bench", "fuzz", "soak", "agents", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "bench", "fuzz", "soak", "agents", "noxfile.py")
 
 
 @nox.session(tags=["typing"])
@@ -97,6 +97,18 @@ def soak(session: nox.Session) -> None:
     """Many clients against a real server for a bounded time (soak/soak.py); `-- --minutes 30`."""
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
     session.run("python", "soak/soak.py", *session.posargs)
+
+
+@nox.session
+def agents(session: nox.Session) -> None:
+    """Claude Code, Codex CLI and opencode, installed from npm, each on a small task against a real Bubo.
+
+    Never part of `tests`: about 20-30 minutes on two cores (agents/run.py; `-- --only codex`,
+    `-- --timeout 900`). Writes .nox/agents-report.md; fails on a non-2xx, an error in a stream, or a
+    request that re-read the prompt prefix the previous one had.
+    """
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
+    session.run("python", "agents/run.py", *session.posargs)
 
 
 @nox.session

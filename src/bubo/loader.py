@@ -65,6 +65,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     started = time.perf_counter()
     logger.info("model file: %s", path)
     metadata = read_metadata(path)
+    snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
+    logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
     options = LlamaOptions(
         model_path=path,
         n_ctx=model.ctx_size,
@@ -78,7 +80,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         slot_prompt_similarity=model.slot_prompt_similarity,
         flash_attn=model.flash_attn,
         n_gpu_layers=model.n_gpu_layers,
-        cache_ram_mib=model.cache_ram,
+        cache_ram_mib=snapshot_mib,
         drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
         embeddings=model.embeddings,
         pooling=model.pooling,
@@ -136,9 +138,26 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         slot_save_path=model.slot_save_path,
         aliases=aliases,
         tags=model.tags,
+        any_model_name=model.model_names == "any",
         chat=_chat_defaults(model),
         card=read_model_card(path, metadata),
     )
+
+
+CACHE_RAM_MAX_MIB = 8192
+"""llama-server's default --cache-ram, the most ``auto`` takes."""
+
+
+def cache_ram_mib(setting: int, available_bytes: int) -> int:
+    """The snapshot budget: the setting, or for -1 (auto) a quarter of the available memory, at most 8 GiB.
+
+    One agent session (a 12,000-token main conversation and its sub-agents'
+    shorter ones) takes a few hundred MiB on a 0.5B model; a quarter of what is
+    free leaves the rest for the model, its context and the machine.
+    """
+    if setting != -1:
+        return setting
+    return min(CACHE_RAM_MAX_MIB, available_bytes // 4 // (1024 * 1024))
 
 
 def _chat_defaults(model: ModelSettings) -> ChatDefaults:

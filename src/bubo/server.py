@@ -104,6 +104,7 @@ def create_app(
             max_bytes=settings.server.responses_store_mib * 1024 * 1024,
         ),
         debug_hooks=settings.server.debug_hooks,
+        sse_keepalive_s=settings.server.sse_keepalive,
         effective_settings=_redacted(settings) if settings.server.debug_hooks else {},
         metrics=settings.server.metrics,
         slots=settings.server.slots,
@@ -256,7 +257,7 @@ async def _render(error: BuboError) -> Response:
     elif _under(request.path, ollama.PATH_PREFIX):
         response = ollama.render_error(error)
     else:
-        response = render_error(error)
+        response = render_error(error, llama_server=request.blueprint == llamacpp.blueprint.name)
     if not body_read:
         response.headers["Connection"] = "close"
     return response

@@ -7,6 +7,8 @@ import json
 import pytest
 from dirty_equals import IsInt, IsStr
 
+from bubo.api._converter import make_converter, structure
+from bubo.api.anthropic import translate, wire
 from bubo.api.anthropic.stream import MessageStream
 from bubo.domain.generation import GenerationStats, PromptProgress, StopCause
 from bubo.domain.output import Done, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
@@ -298,3 +300,212 @@ class TestStreamEncoder:
             "error": {"type": "api_error", "message": "boom", "code": "internal_error"},
             "request_id": "req_9",
         }
+
+
+class TestAgentRequestShapes:
+    """What coding agents send: accepted, and meaning what it means upstream."""
+
+    async def prompt(self, app, fake_engine: FakeEngine, tokenizer, body: dict[str, object]) -> str:
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200, await response.get_json()
+        return tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+
+    async def test_claude_code_request_fields(self, app, fake_engine: FakeEngine, tokenizer) -> None:
+        """A system turn inside messages, adaptive thinking, effort, context_management, JSON user_id."""
+        body = message(
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "Fix calc.py"}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /repo"}]},
+            ],
+            thinking={"type": "adaptive", "display": "omitted"},
+            output_config={"effort": "high"},
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            metadata={"user_id": json.dumps({"device_id": "d", "session_id": "s"})},
+        )
+        prompt = await self.prompt(app, fake_engine, tokenizer, body)
+        assert (
+            "<|im_start|>user\nFix calc.py<|im_end|>\n<|im_start|>system\n# Environment\ncwd: /repo" in prompt
+        )
+
+    @pytest.mark.parametrize(
+        "fields",
+        [
+            {"thinking": {"type": "some_future_mode"}},
+            {"output_config": {"effort": "ultra"}},
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1}}]}},
+            {"metadata": {"user_id": {"nested": True}, "other": 1}},
+        ],
+    )  # fmt: skip
+    async def test_newer_values_are_not_a_400(self, app, fields) -> None:
+        """Values newer than Bubo keep the defaults instead of failing the session."""
+        response = await app.test_client().post(PATH, json=message(**fields))
+        assert response.status_code == 200
+
+    async def test_unknown_and_newer_blocks_are_read_as_text(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """search_result, server_tool_use, a text document and a block type from the future become text."""
+        body = message(
+            messages=[
+                {"role": "user", "content": [
+                    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "DOC BODY"}, "title": "notes.txt"},
+                    {"type": "text", "text": "Search it"},
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "bubo"}},
+                    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [{"type": "web_search_result", "title": "Owls", "url": "u"}]},
+                    {"type": "tool_use", "id": "toolu_1", "name": "find", "input": {"q": "owl"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                        {"type": "search_result", "source": "https://owls.example", "title": "Owl facts", "content": [{"type": "text", "text": "Owls hoot."}]},
+                        {"type": "brand_new_block", "text": "FUTURE TEXT"},
+                    ]},
+                ]},
+            ],
+        )  # fmt: skip
+        prompt = await self.prompt(app, fake_engine, tokenizer, body)
+        assert "notes.txt\nDOC BODY" in prompt
+        assert '[server_tool_use web_search: {"query": "bubo"}]' in prompt
+        assert "Owl facts (https://owls.example)\nOwls hoot." in prompt
+        assert "FUTURE TEXT" in prompt
+        assert "opaque" not in prompt
+
+    async def test_deferred_tools_load_where_a_tool_reference_names_them(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """defer_loading tools are not offered up front; a tool_reference shows the tool's definition there."""
+        tools = [
+            {"name": "ToolSearch", "input_schema": {"type": "object"}},
+            {
+                "name": "CronCreate",
+                "description": "Schedule a job",
+                "input_schema": {"type": "object"},
+                "defer_loading": True,
+            },
+        ]
+        first = message(tools=tools)
+        prompt = await self.prompt(app, fake_engine, tokenizer, first)
+        assert "ToolSearch" in prompt
+        assert "CronCreate" not in prompt
+        later = message(
+            tools=tools,
+            messages=[
+                {"role": "user", "content": "Schedule it"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "cron"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "tool_reference", "tool_name": "CronCreate"}]}]},
+            ],
+        )  # fmt: skip
+        prompt = await self.prompt(app, fake_engine, tokenizer, later)
+        assert prompt.index("ToolSearch") < prompt.index(
+            'Tool CronCreate is now available:\n{"name": "CronCreate"'
+        )
+
+    async def test_clear_thinking_keeps_the_last_turns(self, app, fake_engine: FakeEngine, tokenizer) -> None:
+        """clear_thinking_20251015 with thinking_turns 1 drops the thinking of every assistant turn but the last."""
+
+        def turn(text: str) -> dict[str, object]:
+            return {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"thought {text}", "signature": ""},
+                    {"type": "text", "text": text},
+                ],
+            }
+
+        body = message(
+            messages=[{"role": "user", "content": "a"}, turn("one"), {"role": "user", "content": "b"}, turn("two"), {"role": "user", "content": "c"}],
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]},
+        )  # fmt: skip
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200
+        # what the template received: only the last assistant turn kept its reasoning
+        request = translate.messages_request(structure(make_converter(), body, wire.MessagesRequest))
+        assert [m.reasoning for m in request.prompt.messages if m.role == "assistant"] == [
+            None,
+            "thought two",
+        ]
+
+    async def test_clear_thinking_keep_must_be_all_or_turns(self, app) -> None:
+        """A keep that is neither "all" nor thinking_turns is a 400 naming it."""
+        body = message(
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "x"}}]}
+        )
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["message"].startswith("keep must be")
+
+
+class TestContentATextModelCannotRead:
+    IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    PDF = {
+        "type": "document",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+    }
+
+    async def test_images_in_tool_results_and_earlier_turns_become_placeholders(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A screenshot a tool returned, or one from an earlier turn, is read as a placeholder; the header counts them."""
+        body = message(
+            messages=[
+                {"role": "user", "content": [self.IMAGE, self.PDF, {"type": "text", "text": "What is this?"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [self.IMAGE]}, {"type": "text", "text": "And this?"}]},
+            ],
+        )  # fmt: skip
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200
+        assert response.headers["Bubo-Omitted-Content"] == "document=1, image=2"
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert prompt.count("[image omitted: this model reads text only]") == 2
+        assert "[document omitted: this model reads text only]\nWhat is this?" in prompt
+
+    async def test_count_tokens_counts_the_placeholders(self, app) -> None:
+        """count_tokens reads the same placeholder text that generation renders."""
+        turns = [
+            {"role": "user", "content": "Look"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "shot", "input": {}}],
+            },
+        ]
+        with_image = [
+            *turns,
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [self.IMAGE]}],
+            },
+        ]
+        as_text = [
+            *turns,
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": "[image omitted: this model reads text only]",
+                    }
+                ],
+            },
+        ]
+        client = app.test_client()
+        counts = [
+            (await (await client.post(PATH + "/count_tokens", json={"model": "bubo", "messages": m})).get_json())["input_tokens"]
+            for m in (with_image, as_text)
+        ]  # fmt: skip
+        assert counts[0] == counts[1]
+
+    @pytest.mark.parametrize("block", [IMAGE, PDF])
+    async def test_an_image_the_user_just_sent_is_a_400(self, app, block) -> None:
+        """Only content in the newest user turn, typed by the user, is refused: the user can act on that."""
+        body = message(
+            messages=[{"role": "user", "content": [block, {"type": "text", "text": "What is this?"}]}]
+        )
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert error["code"] == "unsupported_content"
+        assert "text only" in error["message"]

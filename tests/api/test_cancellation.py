@@ -170,7 +170,11 @@ class TestShutdownDeadline:
         event, data = last_frame(raws["/v1/messages"])
         assert (event, data["type"], data["error"]["type"]) == ("error", "error", "overloaded_error")
         event, data = last_frame(raws["/v1/responses"])
-        assert (event, data["type"], data["code"]) == ("error", "error", "not_ready")
+        assert (event, data["type"]) == ("response.failed", "response.failed")
+        assert (data["response"]["error"]["code"], data["response"]["error"]["type"]) == (
+            "server_error",
+            "not_ready",
+        )
         assert raws["/completion status"] == b"503"
         assert json.loads(raws["/completion"])["error"]["code"] == "not_ready"
 

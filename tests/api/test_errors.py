@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
 from dirty_equals import IsStr
@@ -79,6 +81,20 @@ class TestSemanticErrors:
         assert body == envelope("model_not_found", param="model")
         assert "smollm2-135m-instruct-q4-1" in body["error"]["message"]
 
+    @pytest.mark.parametrize("path", [CHAT, "/v1/messages", "/v1/responses"])
+    async def test_any_model_name_with_model_names_any(self, make_runtime, settings, path) -> None:
+        """--model-names any: the names agents ask for (claude-haiku-…, gpt-5-codex) are the served model."""
+        runtime = attrs.evolve(make_runtime(), any_model_name=True)
+        app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+        body = {"model": "claude-haiku-4-5", "max_tokens": 4, "messages": USER, "input": "Hi"}
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            response = await test_app.test_client().post(path, json=body)
+            missing = await test_app.test_client().post(path, json={**body, "model": None})
+        assert response.status_code == 200
+        assert (await response.get_json())["model"] == "claude-haiku-4-5"
+        assert missing.status_code == 400  # a name is still required
+
     @pytest.mark.parametrize("messages", [None, []])
     async def test_missing_messages(self, app, messages) -> None:
         """Absent or empty messages is 400 missing_messages."""
@@ -114,6 +130,32 @@ class TestSemanticErrors:
         assert body["error"]["code"] == "context_length_exceeded"
         assert body["error"]["n_ctx"] == 2048
         assert body["error"]["n_prompt_tokens"] > 2048
+
+    @pytest.mark.parametrize(
+        ("path", "body", "kind", "pattern"),
+        [
+            (CHAT, {"model": "bubo", "messages": [{"role": "user", "content": "word " * 3000}]}, "invalid_request_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+            ("/v1/responses", {"model": "bubo", "input": "word " * 3000}, "invalid_request_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+            ("/v1/messages", {"model": "bubo", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * 3000}]},
+             "invalid_request_error", r"^prompt is too long: (\d+) tokens > 2048 maximum$"),
+            ("/completion", {"prompt": "word " * 3000}, "exceed_context_size_error",
+             r"^This model's maximum context length is 2048 tokens\. However, your messages resulted in (\d+) tokens\."),
+        ],
+        ids=["chat", "responses", "anthropic", "llama-server"],
+    )  # fmt: skip
+    async def test_overflow_in_the_words_agents_compact_on(self, app, path, body, kind, pattern) -> None:
+        """Each dialect words an overflow as its agents match it, with the prompt's real token count."""
+        response = await app.test_client().post(path, json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["type"], error["code"]) == (kind, "context_length_exceeded")
+        match = re.match(pattern, error["message"])
+        assert match is not None, error["message"]
+        assert int(match.group(1)) > 2048
+        if path != "/v1/messages":
+            assert (error["n_ctx"], error["n_prompt_tokens"]) == (2048, int(match.group(1)))
 
     async def test_images_are_rejected_on_a_text_model(self, app) -> None:
         """An image part is a clear 400 naming the part."""

@@ -276,10 +276,6 @@ class TestDeepArguments:
                 {"type": "message", "role": "user", "content": "hi"},
                 {"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP},
             ]), "input[1].arguments"),
-            (RESPONSES, body(RESPONSES, input=[
-                {"type": "message", "role": "user", "content": "hi"},
-                {"type": "custom_tool_call", "call_id": "c1", "name": "f", "input": DEEP},
-            ]), "input[1].input"),
             (MESSAGES, body(MESSAGES, messages=[
                 USER,
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": nested_object(200)}]},

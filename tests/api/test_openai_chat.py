@@ -235,3 +235,25 @@ class TestStreaming:
         assert error == {
             "error": {"message": IsStr, "type": "server_error", "param": None, "code": "engine_error"}
         }
+
+
+class TestContentATextModelCannotRead:
+    IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+    async def test_images_in_earlier_turns_and_tool_results_are_placeholders(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """An image a tool returned, or one in an earlier turn, is read as a placeholder; the header counts them."""
+        messages = [
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, self.IMAGE]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [self.IMAGE]},
+            {"role": "user", "content": "And now?"},
+        ]  # fmt: skip
+        response = await app.test_client().post(
+            "/v1/chat/completions", json={"model": "bubo", "messages": messages}
+        )
+        assert response.status_code == 200
+        assert response.headers["Bubo-Omitted-Content"] == "image=2"
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert prompt.count("[image omitted: this model reads text only]") == 2

@@ -79,10 +79,20 @@ async def test_a_mismatch_is_an_error_naming_the_output_path_and_the_keyword(
 async def test_a_stream_ends_with_the_error_event(
     app, script: FakeScript, path: str, body: dict, field: str
 ) -> None:
-    """The answer was streamed as it came; the check's verdict is the dialect's error event, last."""
+    """The answer was streamed as it came; the check's verdict is the dialect's error event, last.
+
+    Responses ends with ``response.failed`` (carrying the code) after its flat ``error`` event.
+    """
     script.reply = TWICE
     response = await app.test_client().post(path, json={**body, "stream": True})
-    last = json.loads(sse_data(await response.get_data())[-1])
+    events = [json.loads(data) for data in sse_data(await response.get_data())]
+    if path == "/v1/responses":
+        failed = events.pop()
+        assert failed["type"] == "response.failed"
+        assert failed["response"]["status"] == "failed"
+        assert failed["response"]["error"]["code"] == "server_error"  # what OpenAI clients retry
+        assert failed["response"]["error"]["type"] == "output_schema_mismatch"
+    last = events[-1]
     error = last.get("error", last)  # Responses' error event is flat
     assert error["code"] == "output_schema_mismatch"
     assert WHERE in error["message"]

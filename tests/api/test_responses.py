@@ -134,7 +134,7 @@ class TestCreate:
         ("body", "code", "param"),
         [
             ({"model": "bubo"}, "missing_input", "input"),
-            ({"model": "bubo", "input": [{"type": "computer_call"}]}, "parse_error", "input[0].type"),
+            ({"model": "bubo", "input": [{"type": 7}]}, "parse_error", "input[0].type"),
             ({"model": "bubo", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "unsupported_content", "input[0].content[0]"),
             ({"model": "bubo", "input": [{"type": "function_call", "name": "f"}]}, "parse_error", "input[0].call_id"),
             ({"model": "bubo", "input": "x", "tools": [{"type": "function"}]}, "parse_error", "tools[0].name"),
@@ -155,6 +155,13 @@ class TestInputItems:
 
     CALL: typing.ClassVar = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"}
     USER: typing.ClassVar = {"role": "user", "content": "Weather?"}
+
+    async def test_newer_item_types_are_skipped(self, app, fake_engine: FakeEngine, tokenizer) -> None:
+        """An item type Bubo does not know (a hosted tool's call) is skipped, not a 400 for the session."""
+        items = [self.USER, {"type": "computer_call", "call_id": "c2", "action": {"type": "click"}}]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": items})
+        assert response.status_code == 200
+        assert "computer_call" not in tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
 
     @pytest.mark.parametrize(
         ("item", "message"),
@@ -179,9 +186,6 @@ class TestInputItems:
              "expected a string, got object @ $.input[3].arguments"),
             ({"content": "no role"}, "required field missing @ $.input[3].role"),
             ("Thanks", "expected an object, got string @ $.input[3]"),
-            ({"type": "computer_call", "call_id": "c2"},
-             ('expected one of "custom_tool_call", "custom_tool_call_output", "function_call", '
-              '"function_call_output", "item_reference", "message", "reasoning", got "computer_call" @ $.input[3].type')),
         ],
     )  # fmt: skip
     async def test_a_wrong_value_in_an_item_names_its_path(self, app, item: object, message: str) -> None:
@@ -487,3 +491,187 @@ class TestResponseStore:
         assert values["bubo:responses_store_bytes"] > 0
         assert values["bubo:responses_store_budget_bytes"] == 64 * 1024 * 1024
         assert values["bubo:responses_store_evictions_total"] == 0
+
+
+class TestCodexTools:
+    """Codex's namespace and custom (freeform) tools."""
+
+    NAMESPACE = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [
+            {"type": "function", "name": "spawn_agent", "description": "Spawn one.", "strict": False,
+             "parameters": {"type": "object", "properties": {"message": {"type": "string"}}}},
+            {"type": "web_search"},
+        ],
+    }  # fmt: skip
+    PATCH_TOOL = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Apply a patch.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+    }
+    PATCH = "*** Begin Patch\n*** Update File: calc.py\n-    return a - b\n+    return a + b\n*** End Patch"
+
+    async def test_namespace_functions_are_offered_and_called_under_their_names(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A namespace's functions reach the model with its description; their calls carry the namespace."""
+        script.reply = '<tool_call>\n{"name": "spawn_agent", "arguments": {"message": "go"}}\n</tool_call>'
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": "Hi", "tools": [self.NAMESPACE]}
+        )
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert '"name": "spawn_agent"' in prompt
+        assert "(multi_agent_v1: Sub-agents.)" in prompt
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["name"], call["namespace"]) == (
+            "function_call",
+            "spawn_agent",
+            "multi_agent_v1",
+        )
+
+    async def test_a_custom_tool_takes_one_string_and_returns_a_custom_tool_call(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """apply_patch is offered as a function of one string; the call is a custom_tool_call with that string."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": "Fix it", "tools": [self.PATCH_TOOL]}
+        )
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert '"name": "apply_patch"' in prompt
+        assert '"input": {"type": "string"' in prompt
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", self.PATCH)
+        assert call["call_id"].startswith("call_")
+
+    async def test_a_custom_tool_can_be_forced_by_name(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ) -> None:
+        """tool_choice {"type": "custom", "name": …} forces that tool's call, its one string argument by grammar."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        body = {
+            "model": "bubo",
+            "input": "Fix it",
+            "tools": [self.PATCH_TOOL],
+            "tool_choice": {"type": "custom", "name": "apply_patch"},
+        }
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200
+        spec, _ = fake_engine.compiled[-1]
+        assert "call ::= call-0\n" in spec.rules  # one call admitted:
+        assert '\\"apply_patch\\"' in spec.rules  # apply_patch's
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["input"]) == ("custom_tool_call", self.PATCH)
+
+    async def test_a_custom_tool_call_streams_its_input(self, app, script: FakeScript) -> None:
+        """The input arrives as response.custom_tool_call_input.delta events, decoded, then .done."""
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}})
+            + "\n</tool_call>"
+        )
+        body = {"model": "bubo", "input": "Fix it", "tools": [self.PATCH_TOOL], "stream": True}
+        frames = events(await post_stream(app.app, PATH, body))
+        deltas = [f["delta"] for f in frames if f["type"] == "response.custom_tool_call_input.delta"]
+        assert len(deltas) > 3  # streamed as generated, not in one piece
+        assert "".join(deltas) == self.PATCH
+        (done,) = [f for f in frames if f["type"] == "response.custom_tool_call_input.done"]
+        assert done["input"] == self.PATCH
+        added = next(f for f in frames if f["type"] == "response.output_item.added")
+        assert added["item"]["type"] == "custom_tool_call"
+
+    async def test_tools_in_an_additional_tools_item(
+        self, app, script: FakeScript, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """Codex's known model families get their tools in an additional_tools input item: namespaces of
+        function and custom tools; a namespaced custom tool's call carries its namespace."""
+        additional = {
+            "type": "additional_tools",
+            "id": "at_1",
+            "role": "developer",
+            "tools": [{"type": "namespace", "name": "functions", "description": "", "tools": [
+                {"type": "custom", "name": "exec", "description": "Run JavaScript.", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[\\s\\S]+/"}},
+                {"type": "function", "name": "wait", "description": "Wait.", "strict": False, "parameters": {"type": "object", "properties": {}}},
+            ]}],
+        }  # fmt: skip
+        script.reply = (
+            "<tool_call>\n"
+            + json.dumps({"name": "exec", "arguments": {"input": "await tools.wait()"}})
+            + "\n</tool_call>"
+        )
+        items = [
+            additional,
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go"}]},
+        ]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": items})
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert '"name": "exec"' in prompt
+        assert '"name": "wait"' in prompt
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["name"], call["namespace"], call["input"]) == (
+            "custom_tool_call",
+            "exec",
+            "functions",
+            "await tools.wait()",
+        )
+
+    async def test_a_custom_tool_call_in_history_renders_as_the_model_wrote_it(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """A custom_tool_call and its output go back to the template as a call with {"input": …} and a result."""
+        history = [
+            {"type": "message", "role": "user", "content": "Fix it"},
+            {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": self.PATCH},
+            {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"},
+        ]
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": history, "tools": [self.PATCH_TOOL]}
+        )
+        assert response.status_code == 200
+        prompt = tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+        assert (
+            json.dumps({"name": "apply_patch", "arguments": {"input": self.PATCH}}, ensure_ascii=False)
+            in prompt
+        )
+        assert "Done!" in prompt
+
+
+class TestContentATextModelCannotRead:
+    IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+    async def test_an_image_in_a_function_output_is_a_placeholder(
+        self, app, fake_engine: FakeEngine, tokenizer
+    ) -> None:
+        """view_image's output (an image) is read as a placeholder; the header counts it."""
+        history = [
+            {"type": "message", "role": "user", "content": "Look at shot.png"},
+            {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": [self.IMAGE]},
+        ]
+        response = await app.test_client().post(PATH, json={"model": "bubo", "input": history})
+        assert response.status_code == 200
+        assert response.headers["Bubo-Omitted-Content"] == "image=1"
+        assert "[image omitted: this model reads text only]" in tokenizer.decode(
+            fake_engine.requests[-1].prompt_tokens
+        )
+
+    async def test_an_image_the_user_just_sent_is_a_400(self, app) -> None:
+        """An image in the newest user message is refused, naming it."""
+        content = [{"type": "input_text", "text": "What is it?"}, self.IMAGE]
+        response = await app.test_client().post(
+            PATH, json={"model": "bubo", "input": [{"role": "user", "content": content}]}
+        )
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("unsupported_content", "input[0].content[1]")

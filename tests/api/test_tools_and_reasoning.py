@@ -257,7 +257,18 @@ class TestReasoning:
                 "/v1/messages",
                 {"model": "bubo", "max_tokens": 5, "messages": USER, "thinking": {"type": "disabled"}},
             ),
+            (  # Claude Code's effort beside thinking off: thinking stays off
+                "/v1/messages",
+                {
+                    "model": "bubo",
+                    "max_tokens": 5,
+                    "messages": USER,
+                    "thinking": {"type": "disabled"},
+                    "output_config": {"effort": "high"},
+                },
+            ),
             ("/v1/responses", {"model": "bubo", "input": "Hi", "reasoning": {"effort": "none"}}),
+            ("/v1/chat/completions", {"model": "bubo", "messages": USER, "reasoning_effort": "none"}),
         ],
     )
     async def test_thinking_off_reaches_the_template(
@@ -330,22 +341,6 @@ class TestReasoning:
         assert response.status_code == 400
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == ("parse_error", "reasoning_effort")
-
-    async def test_anthropic_disagreement(self, thinking_app) -> None:
-        """Anthropic: thinking disabled with an output_config effort is a 400 naming both."""
-        body = {
-            "model": "bubo",
-            "max_tokens": 5,
-            "messages": USER,
-            "thinking": {"type": "disabled"},
-            "output_config": {"effort": "high"},
-        }
-        response = await thinking_app.test_client().post("/v1/messages", json=body)
-        assert response.status_code == 400
-        error = (await response.get_json())["error"]
-        assert error["code"] == "conflicting_reasoning"
-        assert "thinking" in error["message"]
-        assert "output_config.effort" in error["message"]
 
 
 class TestOtherDialectsTools:
@@ -447,3 +442,79 @@ class TestOtherDialectsTools:
         )
         grammar = planned_grammar(fake_engine)
         assert grammar.schemas == (("output", schema),)
+
+
+# A Llama-3.3-style template: tools in the first user turn, a call is a bare JSON object with "parameters".
+LLAMA_33_STYLE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- if loop.first and tools %}<|start_header_id|>user<|end_header_id|>\n\n"
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+    'that best answers the given prompt. Respond in the format {"name": function name, "parameters": '
+    "dictionary of argument name and its value}.\n\n{%- for t in tools %}{{ t | tojson }}\n\n{% endfor %}"
+    "{{ message['content'] }}<|eot_id|>"
+    "{%- else %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}"
+)
+
+
+class TestStreamingWithToolsOffered:
+    """Issue 24's Llama-3.3-style template, and any other: text streams with tools offered."""
+
+    @pytest.fixture(name="llama_app")
+    async def _llama_app(self, make_runtime, settings):
+        import attrs
+
+        from bubo.server import create_app
+        from bubo.templates import ChatTemplate
+
+        from ..conftest import wait_until_ready
+
+        template = ChatTemplate(LLAMA_33_STYLE, bos_token="", eos_token="", origin="test")
+        runtime = attrs.evolve(make_runtime(), template=template)
+        app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            yield test_app
+
+    WEATHER = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+
+    async def test_a_plain_answer_streams_as_content(self, llama_app, script: FakeScript) -> None:
+        """Tools offered, none called: the answer arrives as many content deltas, from the first token on."""
+        script.reply = "The weather in Paris is usually mild in spring."
+        body = {"model": "bubo", "messages": USER, "tools": [self.WEATHER], "stream": True}
+        raw = await post_stream(llama_app.app, "/v1/chat/completions", body)
+        chunks = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+        contents = [c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices")]
+        texts = [t for t in contents if t]
+        assert "".join(texts) == script.reply
+        assert len(texts) > 5
+
+    async def test_a_bare_call_with_parameters_streams_its_arguments(
+        self, llama_app, script: FakeScript
+    ) -> None:
+        """Llama 3's bare {"name", "parameters"} call is a call; its arguments arrive in several deltas."""
+        script.reply = '{"name": "get_weather", "parameters": {"city": "Paris, the capital of France"}}'
+        body = {"model": "bubo", "messages": USER, "tools": [self.WEATHER], "stream": True}
+        raw = await post_stream(llama_app.app, "/v1/chat/completions", body)
+        chunks = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+        calls = [
+            d["tool_calls"][0]
+            for c in chunks
+            if c.get("choices")
+            for d in [c["choices"][0]["delta"]]
+            if d.get("tool_calls")
+        ]
+        assert calls[0]["function"]["name"] == "get_weather"
+        fragments = [call["function"]["arguments"] for call in calls[1:]]
+        assert len(fragments) > 2
+        assert json.loads("".join(fragments)) == {"city": "Paris, the capital of France"}
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls" or any(
+            c["choices"][0].get("finish_reason") == "tool_calls" for c in chunks if c.get("choices")
+        )

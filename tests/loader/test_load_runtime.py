@@ -9,7 +9,7 @@ import pytest
 from bubo.config import load_settings
 from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import InvalidRequest
-from bubo.loader import load_runtime
+from bubo.loader import cache_ram_mib, load_runtime
 from bubo.service.prompt import render_chat
 
 from .._models import gemma3_path
@@ -116,3 +116,14 @@ def test_a_default_schema_beyond_the_limits_stops_the_start(model_path: Path) ->
         )
     assert error.value.param.startswith("--json-schema")
     assert str(error.value).startswith("--json-schema: ")
+
+
+@pytest.mark.parametrize(
+    ("setting", "available_gib", "expected_mib"),
+    [(-1, 8, 2048), (-1, 64, 8192), (-1, 1, 256), (0, 64, 0), (512, 64, 512)],
+)
+def test_cache_ram_auto_is_a_quarter_of_the_free_memory_up_to_llama_servers_8_gib(
+    setting: int, available_gib: int, expected_mib: int
+) -> None:
+    """--cache-ram -1 (the default) takes a quarter of the memory available at start, at most 8 GiB."""
+    assert cache_ram_mib(setting, available_gib * 1024**3) == expected_mib

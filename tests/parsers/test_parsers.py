@@ -194,6 +194,80 @@ class TestQwen3Coder:
         assert run(make_tool_parser("qwen3_coder", config()), [text]) == [TextDelta(text=text)]
 
 
+class TestStreamingAsGenerated:
+    """Only what could still begin a call is held back; a call's arguments stream as they are generated."""
+
+    @staticmethod
+    def feed_each(fmt: str, pieces: list[str]) -> list[list[OutputEvent]]:
+        parser = make_tool_parser(fmt, config())
+        return [parser.feed(piece) for piece in pieces]
+
+    @pytest.mark.parametrize("fmt", available_tool_parsers())
+    def test_plain_text_is_released_at_once(self, fmt: str) -> None:
+        """With tools offered, each piece of a plain answer comes out as it is fed."""
+        pieces = ["The", " bug", " is", " on", " line", " 2."]
+        assert self.feed_each(fmt, pieces) == [[TextDelta(text=piece)] for piece in pieces]
+
+    @pytest.mark.parametrize("fmt", ["hermes", "json"])
+    def test_json_that_is_no_call_is_released_at_its_first_key(self, fmt: str) -> None:
+        """A leading JSON answer is text once its first key shows it is no call; nothing waits for its end."""
+        out = self.feed_each(fmt, ['{"', 'answer"', ": 42", "}"])
+        assert out[:2] == [[], [TextDelta(text='{"answer"')]]
+        assert out[2:] == [[TextDelta(text=": 42")], [TextDelta(text="}")]]
+
+    @pytest.mark.parametrize(
+        ("fmt", "opening"),
+        [
+            ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": '),
+            ("hermes", '{"name": "get_weather", "arguments": '),
+            ("hermes", '```json\n[{"name": "get_weather", "arguments": '),
+            ("json", '{"name": "get_weather", "arguments": '),
+        ],
+    )
+    def test_a_call_starts_at_its_name_and_streams_its_arguments(self, fmt: str, opening: str) -> None:
+        """The start comes with the arguments key; each later piece of arguments is its own delta, compacted."""
+        out = self.feed_each(fmt, [opening, '{"city": "Pa', 'ris", "days"', ": 3}"])
+        assert out[0] == [ToolCallStart(index=0, id="call_0", name="get_weather")]
+        assert out[1:] == [
+            [ToolCallArgumentsDelta(index=0, fragment='{"city":"Pa')],
+            [ToolCallArgumentsDelta(index=0, fragment='ris","days"')],
+            [ToolCallArgumentsDelta(index=0, fragment=":3}")],
+        ]
+
+    def test_a_second_call_of_an_array_streams_too(self) -> None:
+        """Calls in one JSON array come one after the other, each as it is written."""
+        text = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+        assert run(make_tool_parser("hermes", config()), list(text)) == [
+            *call(0, {"city": "Oslo"}),
+            *call(1, {"city": "Rome"}),
+        ]
+
+    def test_qwen3_coder_string_parameters_stream(self) -> None:
+        """An XML call starts at <function=…>; a string parameter's text streams before </parameter>."""
+        out = self.feed_each(
+            "qwen3_coder",
+            ["<tool_call>\n<function=get_weather>\n", "<parameter=city>\nNew", " York", "\n</parameter>\n", "</function>\n</tool_call>"],
+        )  # fmt: skip
+        assert out[0] == [ToolCallStart(index=0, id="call_0", name="get_weather")]
+        assert out[1] == [ToolCallArgumentsDelta(index=0, fragment='{"city":"New')]
+        assert out[2] == [ToolCallArgumentsDelta(index=0, fragment=" York")]
+        assert out[3:] == [
+            [ToolCallArgumentsDelta(index=0, fragment='"')],
+            [ToolCallArgumentsDelta(index=0, fragment="}")],
+        ]
+
+    def test_a_call_cut_short_keeps_what_was_streamed(self) -> None:
+        """Output cut inside a started call's arguments ends the call there (finish_reason says length)."""
+        events = run(
+            make_tool_parser("hermes", config()),
+            ['<tool_call>{"name": "get_weather", "arguments": {"city": "Os'],
+        )
+        assert events == [
+            ToolCallStart(index=0, id="call_0", name="get_weather"),
+            ToolCallArgumentsDelta(index=0, fragment='{"city":"Os'),
+        ]
+
+
 class TestRegistry:
     def test_unknown_name_lists_the_available_ones(self) -> None:
         """Asking for an unknown format names the registered ones."""
@@ -221,6 +295,11 @@ OUTPUTS = [
     "plain answer with a < sign and </tool_call> stray tag",
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
     '{"name": "get_weather", "arg',
+    '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"days": 1}}]',
+    '{"answer": 1} then <tool_call>{"name": "get_weather", "arguments": {"days": 2}}</tool_call>',
+    '<tool_call>{"name": "get_weather", "parameters": "{\\"city\\": \\"Lima\\"}"}</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "x"}}\n{"name": "get_weather", "arguments": {}}</tool_call>',
+    "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n<parameter=city>\nA\nB\n</parameter>\n</function>",
 ]
 
 

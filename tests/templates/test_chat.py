@@ -162,6 +162,56 @@ class TestPolyfills:
         prompt = ChatPrompt(messages=(Message(role="system", content="Rules."), *USER))
         assert render(source, prompt) == "[user]Rules.\n\nHi"
 
+    def test_later_system_turns_stay_where_the_template_takes_them(self, template) -> None:
+        """ChatML renders a system turn after the first user turn in its place (Claude Code's environment)."""
+        prompt = ChatPrompt(messages=(*USER, Message(role="system", content="Env.")))
+        assert "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nEnv.<|im_end|>\n" in template.render(
+            prompt
+        )
+
+    # A Gemma-style template: one leading system turn at most, roles must alternate.
+    ONLY_LEADING_SYSTEM = (
+        "{% for m in messages %}"
+        "{% if m.role == 'system' and not loop.first %}{{ raise_exception('system must come first') }}{% endif %}"
+        "[{{ m.role }}]{{ m.content }}{% endfor %}"
+    )
+
+    @pytest.mark.parametrize(
+        ("messages", "expected"),
+        [
+            ((*USER, Message(role="system", content="Env.")), "[user]Hi\n\nEnv."),
+            (
+                (*USER, Message(role="assistant", content="Yes?"), Message(role="system", content="Env.")),
+                "[user]Hi[assistant]Yes?[user]Env.",
+            ),
+            (
+                (
+                    *USER,
+                    Message(role="assistant", content="Yes?"),
+                    Message(role="system", content="Env."),
+                    Message(role="user", content="Go"),
+                ),
+                "[user]Hi[assistant]Yes?[user]Env.\n\nGo",
+            ),
+            (
+                (Message(role="system", content="Rules."), *USER, Message(role="system", content="Env.")),
+                "[system]Rules.[user]Hi\n\nEnv.",
+            ),
+        ],
+    )
+    def test_later_system_turns_folded_into_a_neighbouring_user_turn(self, messages, expected) -> None:
+        """Where the template takes only a leading system turn, later ones join the user turn beside them."""
+        prompt = ChatPrompt(messages=messages, add_generation_prompt=False)
+        assert render(self.ONLY_LEADING_SYSTEM, prompt) == expected
+
+    def test_folding_keeps_the_next_request_a_continuation(self) -> None:
+        """The next turn's prompt starts with this turn's: a folded system turn does not move."""
+        first = (*USER, Message(role="system", content="Env."))
+        later = (*first, Message(role="assistant", content="Done."), Message(role="user", content="More"))
+        before = render(self.ONLY_LEADING_SYSTEM, ChatPrompt(messages=first, add_generation_prompt=False))
+        after = render(self.ONLY_LEADING_SYSTEM, ChatPrompt(messages=later, add_generation_prompt=False))
+        assert after.startswith(before)
+
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -50,6 +50,7 @@ class ApiContext:
     metrics: bool = True  # GET /metrics is served (--metrics)
     slots: bool = True  # GET /slots is served (--slots)
     started: int = attrs.field(factory=lambda: int(time.time()))  # unix time the server started
+    sse_keepalive_s: float = 5.0  # a stream silent this long sends a keep-alive; 0: never
 
     @property
     def fingerprint(self) -> str:

@@ -13,7 +13,8 @@ machinery and overrides only what it cannot do:
 - unions are cattrs strategies: union passthrough for strings, booleans,
   ``null`` and literals; a tagged union on ``type`` where every member is an
   attrs class with a ``Literal`` ``type`` (the member whose ``type`` may be
-  ``None`` is the default for an object without one); and, for what is left
+  ``None`` is the default for an object without one, and a member whose
+  ``type`` is a plain ``str`` takes every tag no other member names); and, for what is left
   (numbers, arrays, objects), the one member that takes the value's JSON type,
   so no union depends on the order of its members;
 - unknown keys are ignored and logged at debug level, as real clients send
@@ -283,20 +284,26 @@ def _type_tags(cls: Any) -> tuple[Any, ...] | None:
     return (*get_args(literals[0]), *may_omit)
 
 
+def _is_catch_all(cls: Any) -> bool:
+    """An attrs class whose ``type`` is any string: it takes the tags its union's other members do not."""
+    return attrs.has(cls) and typing.get_type_hints(cls).get(TAG) is str
+
+
+def _taggable(cls: Any) -> bool:
+    return _type_tags(cls) is not None or _is_catch_all(cls)
+
+
 def _is_tagged_union(tp: Any) -> bool:
-    """A union of attrs classes, each with a ``Literal`` ``type``."""
-    return _is_union(tp) and all(_type_tags(member) is not None for member in get_args(tp))
+    """A union of attrs classes, each with a ``Literal`` ``type`` but at most one catch-all."""
+    if not _is_union(tp) or not all(_taggable(member) for member in get_args(tp)):
+        return False
+    return sum(_is_catch_all(member) for member in get_args(tp)) <= 1 < len(get_args(tp))
 
 
-def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
-    """The cattrs tagged-union strategy on ``type``, behind a JSON object check and a known-tag check.
-
-    The member whose ``type`` may be ``None`` is the default (an object without
-    ``type``).  An unknown tag is an error at ``….type`` that lists the known ones;
-    cattrs would send it to the default or fail with a bare ``KeyError``.
-    """
+def _tagged_members(union: Any, members: list[Any]) -> tuple[list[tuple[Any, Any]], Any]:
+    """``(tag, member)`` for each tagged member, and the one that may omit its ``type`` (or NOTHING)."""
     tagged, defaults = [], []
-    for member in get_args(union):
+    for member in members:
         member_tags = _type_tags(member) or ()
         named = [tag for tag in member_tags if tag is not None]
         if len(named) != 1:
@@ -307,7 +314,19 @@ def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
     if len(defaults) > 1:
         msg = f"{union}: only one member may omit its type"
         raise TypeError(msg)
-    default = defaults[0] if defaults else attrs.NOTHING
+    return tagged, defaults[0] if defaults else attrs.NOTHING
+
+
+def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
+    """The cattrs tagged-union strategy on ``type``, behind a JSON object check and a known-tag check.
+
+    The member whose ``type`` may be ``None`` is the default (an object without
+    ``type``).  An unknown tag goes to the catch-all member (``type: str``), if
+    there is one; else it is an error at ``….type`` that lists the known ones
+    (cattrs would send it to the default or fail with a bare ``KeyError``).
+    """
+    catch_all = next((m for m in get_args(union) if _is_catch_all(m)), None)
+    tagged, default = _tagged_members(union, [m for m in get_args(union) if m is not catch_all])
     # in the tags' order: equal unions written in another order share one hook, and list the tags alike
     tags = {member: tag for tag, member in sorted(tagged, key=lambda pair: json.dumps(pair[0]))}
     # configure_tagged_union registers the union's hook on a converter: on one holding only the
@@ -315,24 +334,31 @@ def _tagged_union_hook(union: Any, converter: cattrs.Converter) -> Hook:
     registry = cattrs.Converter()
     for member in tags:
         registry.register_structure_hook(member, converter.get_structure_hook(member))
-    configure_tagged_union(union, registry, tag_generator=tags.__getitem__, tag_name=TAG, default=default)
-    by_tag = registry.get_structure_hook(union)
+    known_union: Any = typing.Union[tuple(tags)]  # noqa: UP007 - a union built at run time
+    if _is_union(known_union):
+        configure_tagged_union(
+            known_union, registry, tag_generator=tags.__getitem__, tag_name=TAG, default=default
+        )
+    by_tag = registry.get_structure_hook(known_union)
     known: Any = Literal[tuple(tags.values())]
     check_tag = _literal_hook(known)
+    other = None if catch_all is None else converter.get_structure_hook(catch_all)
 
     def structure(value: Any, _: Any) -> Any:
         if not isinstance(value, dict):
             raise UnexpectedValue("an object", _kind(value))
         tag = value.get(TAG)
         if tag is None and default is not attrs.NOTHING:
-            return by_tag(value, union)
+            return by_tag(value, known_union)
         if tag is None:
             raise _at_tag(WireValueError(f"required field missing, {_describe(known)}"), union, known)
         try:
             check_tag(tag, known)
         except UnexpectedValue as error:
-            raise _at_tag(error, union, known) from None
-        return by_tag(value, union)
+            if other is None or not isinstance(tag, str):
+                raise _at_tag(error, union, known) from None
+            return other(value, catch_all)
+        return by_tag(value, known_union)
 
     return structure
 
@@ -395,7 +421,7 @@ def _routes(union: Any) -> dict[str, Any]:
         chosen = _takers(kind, get_args(union))
         if len(chosen) <= 1:
             routes.update({kind: chosen[0]} if chosen else {})
-        elif all(_type_tags(m) is not None for m in chosen):
+        elif all(_taggable(m) for m in chosen):
             routes[kind] = typing.Union[tuple(chosen)]  # noqa: UP007 - a union built at run time
         elif all(_is_list(m) and get_args(m) for m in chosen):
             routes[kind] = _arrays(union, chosen)

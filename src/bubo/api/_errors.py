@@ -1,7 +1,12 @@
 """The error envelope every route uses except Anthropic's: the reference's shape.
 
 ``{"error": {"message", "type", "param", "code"}}``, the status from the
-exception, its headers (``WWW-Authenticate``, ``Retry-After``) added.
+exception, its headers (``WWW-Authenticate``, ``Retry-After``) added.  A
+context overflow says so in OpenAI's words (``This model's maximum context
+length is M tokens. However, your messages resulted in N tokens.``, which
+agents match to compact their history) with ``n_prompt_tokens`` and ``n_ctx``;
+on llama-server's own routes its type is llama-server's
+``exceed_context_size_error``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ from bubo.errors import BuboError, ContextOverflow
 
 from ._json import json_response
 
-__all__ = ["ErrorBody", "ErrorEnvelope", "error_envelope", "render_error"]
+__all__ = [
+    "LLAMA_OVERFLOW_TYPE",
+    "ErrorBody",
+    "ErrorEnvelope",
+    "error_envelope",
+    "overflow_message",
+    "render_error",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -37,16 +49,38 @@ class ErrorEnvelope:
     error: ErrorBody
 
 
-def error_envelope(error: BuboError) -> ErrorEnvelope:
-    """The envelope for *error*."""
+LLAMA_OVERFLOW_TYPE = "exceed_context_size_error"
+
+
+def error_envelope(error: BuboError, *, llama_server: bool = False) -> ErrorEnvelope:
+    """The envelope for *error* (*llama_server*: on one of llama-server's own routes)."""
     extra: dict[str, Any] = {}
+    message, kind = error.message, error.type
     if isinstance(error, ContextOverflow):
         extra = {"n_prompt_tokens": error.n_prompt_tokens, "n_ctx": error.n_ctx}
+        message = overflow_message(error)
+        kind = LLAMA_OVERFLOW_TYPE if llama_server else kind
     return ErrorEnvelope(
-        error=ErrorBody(message=error.message, type=error.type, param=error.param, code=error.code, **extra)
+        error=ErrorBody(message=message, type=kind, param=error.param, code=error.code, **extra)
     )
 
 
-def render_error(error: BuboError) -> Response:
+def overflow_message(error: ContextOverflow) -> str:
+    """OpenAI's wording of a context overflow, and what to do about it.
+
+    A prompt counted only until it passed the context has at least the tokens
+    named; the sentence agents parse keeps its shape, a note says so.
+    """
+    counted = " It was counted only that far: it has at least that many." if error.at_least else ""
+    return (
+        f"This model's maximum context length is {error.n_ctx} tokens. However, your messages resulted in "
+        f"{error.n_prompt_tokens} tokens.{counted} Please reduce the length of the messages, or start the "
+        "server with a larger --ctx-size."
+    )
+
+
+def render_error(error: BuboError, *, llama_server: bool = False) -> Response:
     """The HTTP response for *error*."""
-    return json_response(error_envelope(error), status=error.status, headers=dict(error.headers))
+    return json_response(
+        error_envelope(error, llama_server=llama_server), status=error.status, headers=dict(error.headers)
+    )

@@ -111,6 +111,8 @@ class ChatRequest:
     reasoning: ReasoningControl = attrs.field(factory=ReasoningControl)
     output_format: OutputFormat | None = None
     grammar: RawGrammar | None = None  # at most one of output_format and grammar
+    # content a text model cannot read, replaced by a placeholder: how many items of each kind
+    omitted: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

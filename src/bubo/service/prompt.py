@@ -39,20 +39,26 @@ class RenderedPrompt:
     tokens: tuple[int, ...]
 
 
-_VOLATILE_STAMP = re.compile(r"(x-anthropic-billing-header:[^\n]*?\bcch=)[^;\n]*")
+BILLING_HEADER = "x-anthropic-billing-header:"
+_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*", re.MULTILINE)
+STABLE_BILLING_LINE = "x-anthropic-billing-header: -"
+"""What Claude Code's attribution line becomes: the same on every turn, from every client version."""
 
 
 def stable_prompt(prompt: ChatPrompt) -> ChatPrompt:
     """*prompt* with volatile stamps that would defeat the prompt cache made constant.
 
-    Claude Code starts its system prompt with ``x-anthropic-billing-header: …;
-    cch=<hash>;``, where the hash changes every turn; a changed first line would
-    make every turn a full cache miss.  The hash means nothing to a local model.
+    Claude Code starts its system prompt with an attribution line,
+    ``x-anthropic-billing-header: cc_version=…; cc_entrypoint=…; cch=<hash>;``,
+    whose hash changes every turn and whose version and entry point change
+    between releases and between the CLI and the SDK; a changed first line would
+    make every turn a full cache miss.  The whole line means nothing to a local
+    model: it becomes :data:`STABLE_BILLING_LINE`.
     """
-    if not any(m.role == "system" and m.content and "cch=" in m.content for m in prompt.messages):
+    if not any(m.role == "system" and m.content and BILLING_HEADER in m.content for m in prompt.messages):
         return prompt
     messages = tuple(
-        attrs.evolve(m, content=_VOLATILE_STAMP.sub(r"\g<1>0", m.content))
+        attrs.evolve(m, content=_BILLING_LINE.sub(STABLE_BILLING_LINE, m.content))
         if m.role == "system" and m.content
         else m
         for m in prompt.messages

@@ -56,6 +56,7 @@ class Runtime:
     slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
     aliases: tuple[str, ...] = ()  # more names the model answers to (--alias a,b: a is the id)
     tags: tuple[str, ...] = ()  # informational (--tags), listed in /v1/models
+    any_model_name: bool = False  # --model-names any: every name is this model
     chat: ChatDefaults = attrs.field(factory=ChatDefaults)
     card: ModelCard | None = None  # the model file's identity and metadata, read at load (None: no file)
 
@@ -78,7 +79,7 @@ class Runtime:
                 code="missing_model",
                 param="model",
             )
-        if name not in self.model_names:
+        if name not in self.model_names and not self.any_model_name:
             raise NotFound(
                 f"model {name!r} is not served by this process; it serves {self.model_id!r} "
                 f"(also as {', '.join(repr(n) for n in self.model_names[1:])})",

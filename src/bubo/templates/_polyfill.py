@@ -11,7 +11,12 @@ rewrites the conversation into a generic, documented form before rendering:
   (the Hermes/Qwen format Bubo's default tool parser reads);
 - tool calls it drops become that same markup in the assistant's content;
 - tool results it drops become a user turn wrapped in ``<tool_response>``;
-- a system role it rejects is folded into the first user turn;
+- a system role it rejects is folded into the first user turn; a system turn
+  later in the conversation (Claude Code sends its environment as one), where
+  the template rejects or drops it, is folded into the user turn just before
+  it, else the one just after it, else it becomes a user turn of its own; so a
+  turn's text never depends on what comes after its neighbours, and the prompt
+  of the next request starts with this one's (the prompt cache still hits);
 - null content becomes an empty string when the template needs a string.
 
 The probe also learns how the template prints a tool call's arguments: as an
@@ -59,6 +64,7 @@ class TemplateCapabilities:
     system_role: bool
     null_content: bool
     object_arguments: bool = True  # tool-call arguments are passed as objects, not as their JSON text
+    later_system: bool = True  # renders system turns after the first user turn, where they are
     past_reasoning: bool = False  # renders the reasoning of turns before the latest user message
     preserve_reasoning: tuple[str, bool] | None = None  # the variable that makes it, when it does not
 
@@ -105,6 +111,10 @@ def probe(render: Callable[[dict[str, Any]], str]) -> TemplateCapabilities:
             _RESULT, [user, call, {"role": "tool", "content": _RESULT, "tool_call_id": "call_1"}]
         ),
         system_role=shows(_SYSTEM, [{"role": "system", "content": _SYSTEM}, user]),
+        later_system=shows(
+            _SYSTEM,
+            [user, {"role": "assistant", "content": "a"}, {"role": "system", "content": _SYSTEM}, user],
+        ),
         null_content=shows("x", [user, {"role": "assistant", "content": None}]),
         object_arguments=_prints_object_arguments(render, user),
     )
@@ -188,9 +198,44 @@ def adapt(prompt: ChatPrompt, caps: TemplateCapabilities) -> ChatPrompt:
         if message.content is None and not caps.null_content:
             message = attrs.evolve(message, content="")  # noqa: PLW2901
         out.append(message)
+    if not caps.later_system:
+        out = _fold_later_system(out)
     if not caps.system_role:
         out = _fold_system(out)
     return attrs.evolve(prompt, messages=tuple(out), tools=tools)
+
+
+def _fold_later_system(messages: list[Message]) -> list[Message]:
+    """System turns after the first other turn, folded into a neighbouring user turn.
+
+    Into the user turn just before, else the user turn just after, else a user
+    turn of their own; the leading system turns stay for the template.
+    """
+    out: list[Message] = []
+    pending: list[str] = []  # system text waiting for the next user turn
+    for message in messages:
+        leading = all(m.role == "system" for m in out)
+        if message.role == "system" and not leading:
+            if out[-1].role == "user" and not pending:
+                out[-1] = attrs.evolve(out[-1], content=_joined(out[-1].content, message.content))
+            else:
+                pending.append(message.content or "")
+            continue
+        if pending:
+            preamble = "\n\n".join(pending)
+            pending = []
+            if message.role == "user":
+                message = attrs.evolve(message, content=_joined(preamble, message.content))  # noqa: PLW2901
+            else:
+                out.append(Message(role="user", content=preamble))
+        out.append(message)
+    if pending:
+        out.append(Message(role="user", content="\n\n".join(pending)))
+    return out
+
+
+def _joined(first: str | None, second: str | None) -> str:
+    return "\n\n".join(text for text in (first, second) if text)
 
 
 def _with_system(messages: list[Message], section: str) -> list[Message]:

@@ -12,6 +12,7 @@ import attrs
 from bubo.api._constraints import output_constraint
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_bias, check_token_limit, sampling_overrides, token_id
+from bubo.api._omitted import Omissions
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import LogitBias, SamplingOverrides
@@ -67,9 +68,12 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
         if body.max_completion_tokens is not None
         else (body.max_tokens, "max_tokens")
     )
+    omissions = Omissions()
+    newest_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
+    messages = tuple(_message(m, i, omissions, refuse=i == newest_user) for i, m in enumerate(body.messages))
     return ChatRequest(
         prompt=ChatPrompt(
-            messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
+            messages=messages,
             tools=tuple(_tool(t, i) for i, t in enumerate(body.tools or ())),
             template_kwargs=body.chat_template_kwargs or {},
             add_generation_prompt=body.add_generation_prompt,
@@ -87,6 +91,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
         reasoning=reasoning_control(body),
         output_format=output_format,
         grammar=grammar,
+        omitted=omissions.counts(),
     )
 
 
@@ -217,13 +222,13 @@ def _role(role: str) -> Role:
     return "system" if role == "developer" else role  # type: ignore[return-value]
 
 
-def _message(message: wire.ChatMessage, index: int) -> Message:
+def _message(message: wire.ChatMessage, index: int, omissions: Omissions, *, refuse: bool) -> Message:
     param = f"messages[{index}]"
     if message.content is None and message.role != "assistant":
         raise InvalidRequest(f"a {message.role} message needs content", param=f"{param}.content")
     return Message(
         role=_role(message.role),
-        content=_content(message.content, f"{param}.content"),
+        content=_content(message.content, f"{param}.content", omissions, refuse=refuse),
         reasoning=message.reasoning_content if message.reasoning_content is not None else message.reasoning,
         tool_calls=tuple(
             ToolCall(
@@ -240,14 +245,23 @@ def _message(message: wire.ChatMessage, index: int) -> Message:
     )
 
 
-def _content(content: str | list[wire.ContentPart] | None, param: str) -> str | None:
+_OMITTED_KINDS = {"image_url": "image", "input_audio": "audio", "file": "file"}
+
+
+def _content(
+    content: str | list[wire.ContentPart] | None, param: str, omissions: Omissions, *, refuse: bool
+) -> str | None:
+    """A message's text; an image, audio or file part is a placeholder, or (with *refuse*) a 400."""
     if content is None or isinstance(content, str):
         return content
     texts = []
     for index, part in enumerate(content):
-        if not isinstance(part, wire.TextPart):
+        if isinstance(part, wire.TextPart):
+            texts.append(part.text)
+        elif refuse:
             raise UnsupportedContent(part.type, param=f"{param}[{index}]")
-        texts.append(part.text)
+        else:
+            texts.append(omissions.placeholder(_OMITTED_KINDS[part.type]))
     return "\n".join(texts)
 
 

@@ -178,7 +178,7 @@ class ThinkingSwitch:
     budget_tokens: int | None = None
 
 
-ReasoningEffort = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
+ReasoningEffort = Literal["none", "off", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 @attrs.frozen(kw_only=True)

@@ -1,7 +1,9 @@
 """Anthropic's error envelope, with Bubo's stable code and a request id.
 
 ``{"type": "error", "error": {"type", "message", "code"}, "request_id"}``;
-the ``type`` names are Anthropic's, chosen by HTTP status.
+the ``type`` names are Anthropic's, chosen by HTTP status.  A context overflow
+reads ``prompt is too long: N tokens > M maximum``, the words Claude Code and
+other agents match to compact their history.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from quart import Response
 
 from bubo.api._json import json_response
-from bubo.errors import BuboError
+from bubo.errors import BuboError, ContextOverflow
 
 from . import wire
 
@@ -28,11 +30,12 @@ _TYPES = {
 
 
 def error_envelope(error: BuboError, request_id: str) -> wire.ErrorEnvelope:
-    """The Anthropic envelope for *error*."""
+    """The Anthropic envelope for *error*; a context overflow in the words agents compact on."""
+    message = error.message
+    if isinstance(error, ContextOverflow):
+        message = f"prompt is too long: {error.n_prompt_tokens} tokens > {error.n_ctx} maximum"
     return wire.ErrorEnvelope(
-        error=wire.ErrorDetail(
-            type=_TYPES.get(error.status, "api_error"), message=error.message, code=error.code
-        ),
+        error=wire.ErrorDetail(type=_TYPES.get(error.status, "api_error"), message=message, code=error.code),
         request_id=request_id,
     )
 

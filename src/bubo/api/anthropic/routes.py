@@ -11,6 +11,7 @@ from quart import Blueprint, Response
 from bubo.api._context import request_id, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
+from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.errors import InvalidRequest
@@ -36,7 +37,9 @@ async def messages() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, _converter, wire.MessagesRequest)
     runtime.check_model(body.model)
-    prepared = await prepare_chat(runtime, translate.messages_request(body))
+    chat = translate.messages_request(body)
+    report_omitted(chat.omitted)
+    prepared = await prepare_chat(runtime, chat)
     message_id = new_id("msg_")
     model = body.model or runtime.model_id
     if body.stream:
@@ -61,6 +64,7 @@ async def count_tokens() -> Response:
     if body.stream:
         raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
     chat = translate.count_request(body)
+    report_omitted(chat.omitted)
     n_tokens = await runtime.workers.run(
         lambda: count_chat_request(runtime, chat),
         need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR,

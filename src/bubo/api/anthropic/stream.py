@@ -4,7 +4,8 @@
 (``text_delta``, ``thinking_delta``, ``input_json_delta``) and
 ``content_block_stop``; ``message_delta`` with the stop reason and usage;
 ``message_stop``.  ``ping`` events keep the connection alive while a long
-prompt is evaluated.  An error after the headers is an ``event: error``.
+prompt is evaluated, and whenever nothing else was sent for a while (a request
+waiting for its slot).  An error after the headers is an ``event: error``.
 
 ``message_start`` waits for the engine's first prompt-progress report, so its
 usage already says how many prompt tokens came from the cache.
@@ -134,6 +135,10 @@ class MessageStream:
             },
         )
         yield _event("message_stop", {})
+
+    def keepalive(self) -> Iterable[bytes]:
+        """A ``ping`` event (the SDKs skip it, before ``message_start`` too)."""
+        return [_event("ping", {})]
 
     def error(self, error: BuboError) -> Iterable[bytes]:
         """``event: error`` with the Anthropic envelope; the stream ends there."""

@@ -25,18 +25,61 @@ class TextBlock:
 
 @attrs.frozen(kw_only=True)
 class ImageBlock:
-    """An image; a text model rejects it."""
+    """An image; a text model reads only a placeholder for it (a 400 in the newest user turn)."""
 
     type: Literal["image"]
     source: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
 class DocumentBlock:
-    """A document (PDF, text source); rejected on a text model."""
+    """A document: a text source is read as text, a PDF or URL becomes a placeholder."""
 
     type: Literal["document"]
     source: dict[str, Any] | None = None
+    title: str | None = None
+    context: str | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolReferenceBlock:
+    """``{"type": "tool_reference", "tool_name": …}``: a tool search's result, loading a deferred tool."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+
+
+@attrs.frozen(kw_only=True)
+class SearchResultBlock:
+    """A search result a client tool returned: its source, title and text content."""
+
+    type: Literal["search_result"]
+    source: str | None = None
+    title: str | None = None
+    content: list[TextBlock] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OtherBlock:
+    """A block of a type Bubo does not know (server tools' blocks, newer types): read as text.
+
+    Its fields are kept as sent, whatever their shape; :mod:`.translate` shows
+    the ones that hold text.
+    """
+
+    type: str
+    text: Any = None
+    content: Any = None
+    name: Any = None
+    input: Any = None
+    title: Any = None
+    source: Any = None
+
+
+ResultBlock = TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock | SearchResultBlock | OtherBlock
 
 
 @attrs.frozen(kw_only=True)
@@ -56,7 +99,7 @@ class ToolResultBlock:
 
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None
+    content: str | list[ResultBlock] | None = None
     is_error: bool | None = None
     cache_control: dict[str, Any] | None = None
 
@@ -86,25 +129,33 @@ ContentBlock = (
     | ToolResultBlock
     | ThinkingBlock
     | RedactedThinkingBlock
+    | ToolReferenceBlock
+    | SearchResultBlock
+    | OtherBlock
 )
 
 
 @attrs.frozen(kw_only=True)
 class InputMessage:
-    """One turn: ``user`` or ``assistant``, a string or content blocks."""
+    """One turn: ``user``, ``assistant`` or ``system`` (Claude Code sends system turns mid-conversation)."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
 @attrs.frozen(kw_only=True)
 class Tool:
-    """A client tool; ``type`` is absent or ``custom`` (server tools carry other types)."""
+    """A client tool; ``type`` is absent or ``custom`` (server tools carry other types).
+
+    ``defer_loading`` tools are not shown to the model until a ``tool_reference``
+    in the conversation loads them (Anthropic's tool search).
+    """
 
     name: str
     type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    defer_loading: bool | None = None
     cache_control: dict[str, Any] | None = None
 
 
@@ -119,9 +170,14 @@ class ToolChoice:
 
 @attrs.frozen(kw_only=True)
 class ThinkingConfig:
-    """``enabled`` (with ``budget_tokens``), ``adaptive``, ``between_tools`` or ``disabled``."""
+    """``enabled`` (with ``budget_tokens``), ``adaptive``, ``between_tools`` or ``disabled``.
 
-    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    ``display`` (``summarized``, ``omitted``) says how Anthropic shows thinking;
+    Bubo streams the model's thinking as it is.  A newer ``type`` keeps the
+    template's default.
+    """
+
+    type: str
     budget_tokens: int | None = None
     display: str | None = None
 
@@ -139,14 +195,22 @@ class OutputConfig:
     """``output_config``: a structured ``format`` and an ``effort`` level."""
 
     format: OutputFormat | None = None
-    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    effort: str | None = None
 
 
 @attrs.frozen(kw_only=True)
-class Metadata:
-    """Request metadata (accepted, not used)."""
+class ContextEdit:
+    """One ``context_management`` edit: ``clear_thinking_20251015`` (with ``keep``) is applied."""
 
-    user_id: str | None = None
+    type: str
+    keep: str | dict[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ContextManagement:
+    """``context_management``: edits the server applies to the history before the model reads it."""
+
+    edits: list[ContextEdit] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -157,7 +221,7 @@ class MessagesRequest:
     messages: list[InputMessage] | None = None
     max_tokens: int
     system: str | list[TextBlock] | None = None
-    metadata: Metadata | None = None
+    metadata: dict[str, Any] | None = None  # accepted, not used (Claude Code's user_id is JSON text)
     stop_sequences: list[str] | None = None
     stream: bool | None = None
     temperature: float | None = None
@@ -167,6 +231,7 @@ class MessagesRequest:
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -180,6 +245,7 @@ class CountTokensRequest:
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     stream: bool | None = None
 
 

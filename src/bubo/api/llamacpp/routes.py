@@ -16,7 +16,7 @@ from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._progress import LiveTimings, progress
-from bubo.api._sse import sse_frame, sse_response
+from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame, sse_response
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
 from bubo.errors import BuboError, InvalidRequest, NotImplementedOnThisModel
@@ -140,7 +140,10 @@ class _CompletionStream:
         return ()
 
     def error(self, error: BuboError) -> Iterable[bytes]:
-        return [sse_frame(dumps(unstructure(error_envelope(error))))]
+        return [sse_frame(dumps(unstructure(error_envelope(error, llama_server=True))))]
+
+    def keepalive(self) -> Iterable[bytes]:
+        return [COMMENT_KEEPALIVE]
 
 
 @attrs.frozen
@@ -166,6 +169,9 @@ class _SideBySideStream:
 
     def error(self, error: BuboError) -> Iterable[bytes]:
         return self._streams[0].error(error)
+
+    def keepalive(self) -> Iterable[bytes]:
+        return [COMMENT_KEEPALIVE]
 
 
 @asynccontextmanager

@@ -218,6 +218,10 @@ class NdjsonStream:
         """``{"error": "..."}``: the stream ends there, without a ``done`` line."""
         return [line(wire.ErrorBody(error=error.message))]
 
+    def keepalive(self) -> Iterable[bytes]:
+        """Nothing: Ollama's clients read every line as a JSON chunk, and have no idle timeout to feed."""
+        return ()
+
 
 Output = AbstractAsyncContextManager[AsyncIterator[OutputEvent]]
 

@@ -12,6 +12,7 @@ from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import json_response
+from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.model import ALIAS
@@ -41,7 +42,9 @@ async def chat_completions() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
     runtime.check_model(body.model)
-    prepared = await prepare_chat(runtime, chat_translate.chat_request(body))
+    chat = chat_translate.chat_request(body)
+    report_omitted(chat.omitted)
+    prepared = await prepare_chat(runtime, chat)
     identity = _identity(body.model or runtime.model_id, "chatcmpl-")
     logprobs = bool(body.logprobs)
     if body.stream:

@@ -17,7 +17,7 @@ import attrs
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, unstructure
 from bubo.api._progress import LiveTimings, progress
-from bubo.api._sse import sse_frame
+from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame
 from bubo.api._usage import Timings, timings, usage
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import (
@@ -149,6 +149,10 @@ class ChatStream:
         """An ``{"error": …}`` data frame; the stream ends there."""
         return _error_frames(error)
 
+    def keepalive(self) -> Iterable[bytes]:
+        """An SSE comment line, which every client skips."""
+        return [COMMENT_KEEPALIVE]
+
 
 class CompletionStream:
     """Encodes output events as ``text_completion`` frames.
@@ -221,3 +225,7 @@ class CompletionStream:
     def error(self, error: BuboError) -> Iterable[bytes]:
         """An ``{"error": …}`` data frame; the stream ends there."""
         return _error_frames(error)
+
+    def keepalive(self) -> Iterable[bytes]:
+        """An SSE comment line, which every client skips."""
+        return [COMMENT_KEEPALIVE]

@@ -9,6 +9,7 @@ from quart import Blueprint, Response
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
 from bubo.api._converter import make_converter
 from bubo.api._json import dumps, json_response, unstructure
+from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.domain.messages import Message
@@ -50,6 +51,7 @@ async def create() -> Response:
             raise _not_stored(body.previous_response_id, "previous_response_id")
         previous = stored.conversation
     conversation = translate.responses_request(_converter, body, previous)
+    report_omitted(conversation.request.omitted)
     prepared = await prepare_chat(runtime, conversation.request)
     response_id = new_id("resp_")
     created_at = int(time.time())
@@ -64,7 +66,12 @@ async def create() -> Response:
 
     if body.stream:
         encoder = ResponseStream(
-            body, response_id=response_id, created_at=created_at, model=model, on_finished=remember
+            body,
+            response_id=response_id,
+            created_at=created_at,
+            model=model,
+            on_finished=remember,
+            tools=conversation.tools,
         )
         return sse_response(open_output(runtime, prepared, request_timeline()), encoder)
     async with open_output(runtime, prepared, request_timeline()) as output:
@@ -74,7 +81,7 @@ async def create() -> Response:
         response_id=response_id,
         created_at=created_at,
         model=model,
-        output=translate.output_items(completion),
+        output=translate.output_items(completion, conversation.tools),
         done=completion.done,
     )
     remember(response, translate.assistant_message(response.output))

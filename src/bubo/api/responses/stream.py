@@ -6,12 +6,18 @@
 ``.done``, ``response.function_call_arguments.delta``/``.done``,
 ``response.content_part.done``) and ``response.output_item.done``; then
 ``response.completed`` (or ``response.incomplete``) with the whole response.
+An error after the headers is an ``error`` event and ``response.failed``;
+while nothing else is sent, ``response.in_progress`` is repeated as a keep-alive.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import attrs
 
 from bubo.api._json import dumps, unstructure
 from bubo.api._sse import sse_frame
@@ -28,10 +34,20 @@ from bubo.domain.output import (
 from bubo.errors import BuboError
 
 from . import translate, wire
+from .tools import CUSTOM_INPUT, OfferedTools
 
 __all__ = ["ResponseStream"]
 
 OnFinished = Callable[[wire.Response, Message], None]
+
+
+def failure(error: BuboError) -> dict[str, Any]:
+    """``response.error`` for *error*, Bubo's code as its ``type``.
+
+    The ``code`` is OpenAI's: ``server_error``, which clients retry, or ``invalid_prompt``, which they do not.
+    """
+    code = "server_error" if error.status >= 500 else "invalid_prompt"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.code}
 
 
 class _OpenItem:
@@ -43,6 +59,54 @@ class _OpenItem:
         self.output_index = output_index
         self.text: list[str] = []
         self.call: ToolCall | None = None
+        self.custom_input: _CustomInput | None = None  # a custom tool's input, decoded as it streams
+
+
+_INPUT_OPENING = re.compile(r'\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
+_PARTIAL_ESCAPE = re.compile(
+    r"\\(u[0-9a-fA-F]{0,3})?\Z|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u?[0-9a-fA-F]{0,3})?\Z"
+)
+
+
+class _CustomInput:
+    """A custom call's ``input`` string, decoded from its JSON arguments as they stream."""
+
+    def __init__(self) -> None:
+        self._raw = ""
+        self._shown = 0
+
+    def feed(self, fragment: str) -> str:
+        """The input text the arguments so far add."""
+        self._raw += fragment
+        text = _decoded_so_far(self._raw)
+        if text is None or len(text) <= self._shown:
+            return ""
+        delta, self._shown = text[self._shown :], len(text)
+        return delta
+
+
+def _decoded_so_far(raw: str) -> str | None:
+    """The ``input`` string's text in ``{"input": "…`` so far; None when the arguments have another shape."""
+    opening = _INPUT_OPENING.match(raw)
+    if opening is None:
+        return None
+    body = raw[opening.end() :]
+    escaped = False
+    for index, char in enumerate(body):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            body = body[:index]
+            break
+    else:
+        body = _PARTIAL_ESCAPE.sub("", body)
+    try:
+        text: str = json.loads(f'"{body}"')
+    except ValueError:
+        return None
+    return text
 
 
 class ResponseStream:
@@ -56,8 +120,10 @@ class ResponseStream:
         created_at: int,
         model: str,
         on_finished: OnFinished,
+        tools: OfferedTools | None = None,
     ) -> None:
         self._body = body
+        self._tools = tools or OfferedTools()
         self._response_id = response_id
         self._created_at = created_at
         self._model = model
@@ -124,16 +190,14 @@ class ResponseStream:
         else:
             assert current.call is not None
             call = ToolCall(id=current.call.id, name=current.call.name, arguments=text)
-            item = translate.function_call_item(current.id, call)
-            yield self._event(
-                "response.function_call_arguments.done",
-                {
-                    "item_id": current.id,
-                    "output_index": current.output_index,
-                    "arguments": text,
-                    "name": call.name,
-                },
-            )
+            item = translate.function_call_item(current.id, call, self._tools)
+            at = {"item_id": current.id, "output_index": current.output_index}
+            if isinstance(item, wire.CustomToolCallOut):
+                yield self._event("response.custom_tool_call_input.done", {**at, "input": item.input})
+            else:
+                yield self._event(
+                    "response.function_call_arguments.done", {**at, "arguments": text, "name": call.name}
+                )
         self._items.append(item)
         yield self._event(
             "response.output_item.done", {"output_index": current.output_index, "item": unstructure(item)}
@@ -163,21 +227,23 @@ class ResponseStream:
                     "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
                 )
             case ToolCallStart(id=call_id, name=name):
-                item_id = new_id("fc_")
+                custom = name in self._tools.custom
+                item_id = new_id("ctc_" if custom else "fc_")
                 call = ToolCall(id=call_id, name=name, arguments="")
-                yield from self._add(
-                    "function_call", translate.function_call_item(item_id, call, "in_progress"), None
-                )
+                item = translate.function_call_item(item_id, call, self._tools, "in_progress")
+                yield from self._add("function_call", item, None)
                 assert self._open is not None
                 self._open.call = call
+                self._open.custom_input = _CustomInput() if custom else None
             case ToolCallArgumentsDelta(fragment=fragment) if (
                 self._open is not None and self._open.kind == "function_call"
             ):
                 self._open.text.append(fragment)
-                yield self._event(
-                    "response.function_call_arguments.delta",
-                    {"item_id": self._open.id, "output_index": self._open.output_index, "delta": fragment},
-                )
+                at = {"item_id": self._open.id, "output_index": self._open.output_index}
+                if self._open.custom_input is None:
+                    yield self._event("response.function_call_arguments.delta", {**at, "delta": fragment})
+                elif delta := self._open.custom_input.feed(fragment):
+                    yield self._event("response.custom_tool_call_input.delta", {**at, "delta": delta})
             case Done():
                 yield from self._finish(event)
 
@@ -189,6 +255,16 @@ class ResponseStream:
         yield self._event(name, {"response": unstructure(response)})
         self._on_finished(response, translate.assistant_message(self._items))
 
+    def keepalive(self) -> Iterable[bytes]:
+        """``response.in_progress`` again, with the output so far."""
+        yield self._event("response.in_progress", {"response": unstructure(self._response(None))})
+
     def error(self, error: BuboError) -> Iterable[bytes]:
-        """An ``error`` event; the stream ends there."""
-        return [self._event("error", {"code": error.code, "message": error.message, "param": error.param})]
+        """An ``error`` event, then ``response.failed`` with the error's code; the stream ends there.
+
+        Codex skips a bare ``error`` event and reads ``response.failed``'s code to
+        decide whether to retry (see :func:`failure`).
+        """
+        yield self._event("error", {"code": error.code, "message": error.message, "param": error.param})
+        failed = attrs.evolve(self._response(None), status="failed", error=failure(error))
+        yield self._event("response.failed", {"response": unstructure(failed)})

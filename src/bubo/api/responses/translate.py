@@ -9,23 +9,28 @@ from typing import Any
 import attrs
 import cattrs
 
-from bubo.api._converter import structure
+from bubo.api._json import dumps
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._omitted import Omissions
 from bubo.domain.ids import new_id
-from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
+from bubo.domain.messages import ChatPrompt, Message, ToolCall
 from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
+from .tools import CUSTOM_INPUT, OfferedTools, custom_input, offered_tools
 
 __all__ = [
+    "CUSTOM_INPUT",
     "Conversation",
+    "OfferedTools",
     "answered",
     "assistant_message",
     "closing_status",
+    "custom_input",
     "function_call_item",
     "message_item",
     "output_items",
@@ -50,6 +55,7 @@ class Conversation:
 
     request: ChatRequest
     history: tuple[Message, ...]
+    tools: OfferedTools = attrs.field(factory=OfferedTools)
 
 
 def responses_request(
@@ -67,13 +73,22 @@ def responses_request(
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
     check_token_limit(body.max_output_tokens, "max_output_tokens")
+    omissions = Omissions()
     items = (
-        [Message(role="user", content=body.input)] if isinstance(body.input, str) else _messages(body.input)
+        [Message(role="user", content=body.input)]
+        if isinstance(body.input, str)
+        else _messages(body.input, omissions)
     )
     history = (*previous, *items)
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
+    items_tools = [
+        (f"input[{index}].tools", item.tools)
+        for index, item in enumerate(body.input if isinstance(body.input, list) else ())
+        if isinstance(item, wire.AdditionalToolsItem)
+    ]
+    tools = offered_tools(converter, [("tools", body.tools or ()), *items_tools])
     request = ChatRequest(
-        prompt=ChatPrompt(messages=(*system, *history), tools=_tools(converter, body.tools or ())),
+        prompt=ChatPrompt(messages=(*system, *history), tools=tools.specs),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
             sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
@@ -82,12 +97,13 @@ def responses_request(
         parallel_tool_calls=body.parallel_tool_calls is not False,
         reasoning=_reasoning(body.reasoning),
         output_format=_output_format(body.text),
+        omitted=omissions.counts(),
     )
-    return Conversation(request=request, history=history)
+    return Conversation(request=request, history=history, tools=tools)
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
-    """``none``/``auto``/``required`` or ``{"type": "function", "name": …}``."""
+    """``none``/``auto``/``required`` or ``{"type": "function" | "custom", "name": …}``."""
     if choice is None:
         return ToolChoice()
     if isinstance(choice, str):
@@ -95,9 +111,10 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
             raise InvalidRequest(f"tool_choice {choice!r} is not none, auto or required", param="tool_choice")
         return ToolChoice(mode=choice)  # type: ignore[arg-type]
     name = choice.get("name")
-    if choice.get("type") != "function" or not isinstance(name, str):
+    if choice.get("type") not in ("function", "custom") or not isinstance(name, str):
         raise InvalidRequest(
-            'tool_choice must name a function as {"type": "function", "name": …}', param="tool_choice"
+            'tool_choice must name a tool as {"type": "function" | "custom", "name": …}',
+            param="tool_choice",
         )
     return ToolChoice(mode="named", name=name, param="tool_choice.name")
 
@@ -129,32 +146,33 @@ def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
     raise InvalidRequest(f"text.format type {spec.get('type')!r} is not supported", param="text.format.type")
 
 
-def _messages(items: Sequence[wire.InputItem]) -> list[Message]:
+def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Message]:
     out: list[Message] = []
     reasoning: list[str] = []
+    newest_user = max(
+        (i for i, item in enumerate(items) if isinstance(item, wire.MessageItem) and item.role == "user"),
+        default=-1,
+    )
     for index, item in enumerate(items):
         match item:
             case wire.ReasoningItem():
                 reasoning.extend(part.text for part in (item.content or item.summary or ()))
             case wire.MessageItem():
                 role = "system" if item.role == "developer" else item.role
-                text = _text(item.content, f"input[{index}].content")
+                text = _text(item.content, f"input[{index}].content", omissions, refuse=index == newest_user)
                 if role == "assistant":
                     _add_assistant(out, reasoning, text=text)
                 else:
                     out.append(Message(role=role, content=text))
             case wire.FunctionCallItem() | wire.CustomToolCallItem():
-                arguments = (
-                    check_arguments_depth(item.arguments, f"input[{index}].arguments")
-                    if isinstance(item, wire.FunctionCallItem)
-                    else check_arguments_depth(item.input, f"input[{index}].input")
-                )
-                _add_assistant(
-                    out, reasoning, call=ToolCall(id=item.call_id, name=item.name, arguments=arguments)
-                )
+                _add_assistant(out, reasoning, call=_call(item, f"input[{index}]"))
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
-                output = _text(item.output, f"input[{index}].output")
+                output = _text(item.output, f"input[{index}].output", omissions, refuse=False)
                 out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
+            case wire.AdditionalToolsItem():
+                pass  # offered with the request's tools
+            case wire.OtherItem(type=kind):
+                logger.warning("skipping input[%d] of type %r: Bubo does not know it", index, kind)
             case wire.ItemReference():
                 raise InvalidRequest(
                     "item references are not supported: Bubo keeps no items by id; "
@@ -162,6 +180,15 @@ def _messages(items: Sequence[wire.InputItem]) -> list[Message]:
                     param=f"input[{index}].id",
                 )
     return out
+
+
+def _call(item: wire.FunctionCallItem | wire.CustomToolCallItem, param: str) -> ToolCall:
+    """An earlier call; a custom tool's as the model writes it, its one string argument as ``input``."""
+    if isinstance(item, wire.FunctionCallItem):
+        arguments = check_arguments_depth(item.arguments, f"{param}.arguments")
+    else:
+        arguments = dumps({CUSTOM_INPUT: item.input})
+    return ToolCall(id=item.call_id, name=item.name, arguments=arguments)
 
 
 def _add_assistant(
@@ -195,7 +222,8 @@ def _join(first: str | None, second: str | None) -> str | None:
     return first or second
 
 
-def _text(content: str | list[wire.InputContent], param: str) -> str:
+def _text(content: str | list[wire.InputContent], param: str, omissions: Omissions, *, refuse: bool) -> str:
+    """The text of a message or an output; an image or file is a placeholder, or (with *refuse*) a 400."""
     if isinstance(content, str):
         return content
     texts = []
@@ -205,30 +233,13 @@ def _text(content: str | list[wire.InputContent], param: str) -> str:
                 texts.append(text)
             case wire.RefusalIn(refusal=text):
                 texts.append(text)
-            case _:
+            case _ if refuse:
                 raise UnsupportedContent(part.type, param=f"{param}[{index}]")
+            case wire.InputImage():
+                texts.append(omissions.placeholder("image"))
+            case wire.InputFile():
+                texts.append(omissions.placeholder("file"))
     return "\n".join(texts)
-
-
-def _tools(converter: cattrs.Converter, tools: Sequence[dict[str, Any]]) -> tuple[ToolSpec, ...]:
-    out = []
-    for index, raw in enumerate(tools):
-        if raw.get("type") != "function":
-            logger.warning(
-                "skipping tool %s of type %r: only function tools are served", index, raw.get("type")
-            )
-            continue
-        tool = structure(converter, raw, wire.FunctionTool, path=f"$.tools[{index}]")
-        out.append(
-            ToolSpec(
-                name=tool.name,
-                description=tool.description,
-                parameters=tool.parameters or _EMPTY_SCHEMA,
-                strict=tool.strict,
-                param=f"tools[{index}].parameters",
-            )
-        )
-    return tuple(out)
 
 
 # ---- output --------------------------------------------------------------------------------
@@ -247,10 +258,26 @@ def message_item(item_id: str, text: str, status: str = "completed") -> wire.Mes
     return wire.MessageOut(id=item_id, status=status, content=content)
 
 
-def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> wire.FunctionCallOut:
-    """A function call output item."""
+def function_call_item(
+    item_id: str, call: ToolCall, tools: OfferedTools, status: str = "completed"
+) -> wire.FunctionCallOut | wire.CustomToolCallOut:
+    """A call's output item: ``custom_tool_call`` for a custom tool, else ``function_call``."""
+    if call.name in tools.custom:
+        return wire.CustomToolCallOut(
+            id=item_id,
+            call_id=call.id,
+            name=call.name,
+            input=custom_input(call.arguments),
+            status=status,
+            namespace=tools.namespaces.get(call.name),
+        )
     return wire.FunctionCallOut(
-        id=item_id, call_id=call.id, name=call.name, arguments=call.arguments, status=status
+        id=item_id,
+        call_id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        status=status,
+        namespace=tools.namespaces.get(call.name),
     )
 
 
@@ -262,7 +289,7 @@ def closing_status(done: Done, kind: str) -> str:
     return "incomplete" if done.cause.truncated and kind in ("message", "reasoning") else "completed"
 
 
-def output_items(completion: Completion) -> list[wire.OutputItem]:
+def output_items(completion: Completion, tools: OfferedTools) -> list[wire.OutputItem]:
     """The output of a whole completion, item by item in generation order (as streamed)."""
     items: list[wire.OutputItem] = []
     parts = completion.parts
@@ -276,13 +303,15 @@ def output_items(completion: Completion) -> list[wire.OutputItem]:
                 status = closing_status(completion.done, "message") if last else "completed"
                 items.append(message_item(new_id("msg_"), text, status))
             case ToolCall():
-                items.append(function_call_item(new_id("fc_"), part))
+                items.append(function_call_item(new_id("fc_"), part, tools))
     return answered(items, completion.done)
 
 
 def answered(items: list[wire.OutputItem], done: Done) -> list[wire.OutputItem]:
     """*items*, with an empty message when they hold neither a message nor a call (streamed or not)."""
-    if any(isinstance(item, wire.MessageOut | wire.FunctionCallOut) for item in items):
+    if any(
+        isinstance(item, wire.MessageOut | wire.FunctionCallOut | wire.CustomToolCallOut) for item in items
+    ):
         return items
     return [*items, message_item(new_id("msg_"), "", closing_status(done, "message"))]
 
@@ -346,8 +375,14 @@ def assistant_message(items: list[wire.OutputItem]) -> Message:
         part.text for item in items if isinstance(item, wire.ReasoningOut) for part in item.content
     )
     calls = tuple(
-        ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+        ToolCall(
+            id=item.call_id,
+            name=item.name,
+            arguments=item.arguments
+            if isinstance(item, wire.FunctionCallOut)
+            else dumps({CUSTOM_INPUT: item.input}),
+        )
         for item in items
-        if isinstance(item, wire.FunctionCallOut)
+        if isinstance(item, wire.FunctionCallOut | wire.CustomToolCallOut)
     )
     return Message(role="assistant", content=text or None, reasoning=reasoning or None, tool_calls=calls)

@@ -83,6 +83,7 @@ class FunctionCallItem:
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # the namespace tool the function belongs to
     id: str | None = None
     status: str | None = None
 
@@ -140,6 +141,24 @@ class ReasoningItem:
 
 
 @attrs.frozen(kw_only=True)
+class AdditionalToolsItem:
+    """``{"type": "additional_tools", "tools": […]}``: tools offered from this point of the input (Codex)."""
+
+    type: Literal["additional_tools"]
+    tools: list[dict[str, Any]]
+    role: str | None = None
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OtherItem:
+    """An input item of a type Bubo does not know (a hosted tool's call, a compaction): skipped."""
+
+    type: str
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ItemReference:
     """An earlier item named by its ``id``; Bubo keeps no items by id and refuses it."""
 
@@ -155,6 +174,8 @@ InputItem = (
     | CustomToolCallOutputItem
     | ReasoningItem
     | ItemReference
+    | AdditionalToolsItem
+    | OtherItem
 )
 
 
@@ -167,6 +188,29 @@ class FunctionTool:
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class NamespaceTool:
+    """``{"type": "namespace", "name", "description", "tools": [functions]}`` (Codex's sub-agent tools)."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CustomTool:
+    """``{"type": "custom", "name", "description", "format"}``: a freeform tool taking one string.
+
+    ``format`` is ``{"type": "text"}`` or a grammar (``{"type": "grammar", "syntax": "lark", …}``).
+    """
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -254,7 +298,7 @@ class MessageOut:
 
 @attrs.frozen(kw_only=True)
 class FunctionCallOut:
-    """A ``function_call`` output item."""
+    """A ``function_call`` output item (``namespace`` for a function of a namespace tool)."""
 
     type: Literal["function_call"] = "function_call"
     id: str
@@ -262,9 +306,23 @@ class FunctionCallOut:
     name: str
     arguments: str
     status: str
+    namespace: str | None = None
 
 
-OutputItem = ReasoningOut | MessageOut | FunctionCallOut
+@attrs.frozen(kw_only=True)
+class CustomToolCallOut:
+    """A ``custom_tool_call`` output item: a freeform tool's call, its ``input`` one string."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: str
+    namespace: str | None = None
+
+
+OutputItem = ReasoningOut | MessageOut | FunctionCallOut | CustomToolCallOut
 
 
 @attrs.frozen(kw_only=True)

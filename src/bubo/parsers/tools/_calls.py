@@ -11,7 +11,7 @@ import attrs
 from bubo.domain.output import OutputEvent, ToolCallArgumentsDelta, ToolCallStart
 from bubo.parsers.base import ParserConfig
 
-__all__ = ["Emitter", "ParsedCall", "calls_from_json", "compact_json"]
+__all__ = ["Emitter", "ParsedCall", "calls_from_json", "compact_json", "joined_fragments"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,16 +63,42 @@ class Emitter:
         self._config = config
         self.count = 0
 
+    def start(self, name: str, events: list[OutputEvent]) -> int | None:
+        """Add a call's start to *events*; its index, or ``None`` (nothing added) past ``max_calls``."""
+        if self._config.max_calls is not None and self.count >= self._config.max_calls:
+            logger.debug("dropping tool call %r: only %d call(s) allowed", name, self._config.max_calls)
+            return None
+        index = self.count
+        self.count += 1
+        events.append(ToolCallStart(index=index, id=self._config.new_id(), name=name))
+        return index
+
+    @staticmethod
+    def arguments(index: int, fragment: str) -> ToolCallArgumentsDelta:
+        """A fragment of call *index*'s arguments."""
+        return ToolCallArgumentsDelta(index=index, fragment=fragment)
+
     def emit(self, calls: list[ParsedCall]) -> list[OutputEvent]:
-        """Start and argument events for each call still allowed."""
+        """Start and argument events for each whole call still allowed."""
         events: list[OutputEvent] = []
         for call in calls:
-            if self._config.max_calls is not None and self.count >= self._config.max_calls:
-                logger.debug(
-                    "dropping tool call %r: only %d call(s) allowed", call.name, self._config.max_calls
-                )
-                continue
-            events.append(ToolCallStart(index=self.count, id=self._config.new_id(), name=call.name))
-            events.append(ToolCallArgumentsDelta(index=self.count, fragment=call.arguments))
-            self.count += 1
+            index = self.start(call.name, events)
+            if index is not None:
+                events.append(self.arguments(index, call.arguments))
         return events
+
+
+def joined_fragments(events: list[OutputEvent]) -> list[OutputEvent]:
+    """*events* with adjacent argument fragments of one call joined (scanners make one per character)."""
+    out: list[OutputEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if (
+            isinstance(event, ToolCallArgumentsDelta)
+            and isinstance(last, ToolCallArgumentsDelta)
+            and last.index == event.index
+        ):
+            out[-1] = ToolCallArgumentsDelta(index=event.index, fragment=last.fragment + event.fragment)
+        else:
+            out.append(event)
+    return out

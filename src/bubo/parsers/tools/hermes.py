@@ -16,7 +16,7 @@ from bubo.grammar import THINK_BODY, literal
 from bubo.parsers.base import ParserConfig
 
 from ._calls import ParsedCall, calls_from_json
-from ._stream import CallStreamParser, Tags
+from ._stream import CallStreamParser, Tags, json_scanner
 
 __all__ = ["HermesParser", "call_grammar"]
 
@@ -36,7 +36,9 @@ class HermesParser(CallStreamParser):
     """Tagged calls, plus a leading bare or fenced JSON call."""
 
     def __init__(self, config: ParserConfig) -> None:
-        super().__init__(config, tags=Tags(START, END, _body, json_body=True), leading_json=True)
+        super().__init__(
+            config, tags=Tags(START, END, _body, scanner=json_scanner, json_body=True), leading_json=True
+        )
 
 
 def call_grammar(tools: Sequence[ToolSpec], *, prefix: str, max_calls: int | None) -> GrammarSpec:

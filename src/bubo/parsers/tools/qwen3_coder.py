@@ -11,7 +11,9 @@ Paris
 ```
 
 A parameter whose schema type is ``string`` keeps its text; any other value is
-read as JSON (numbers, booleans, objects), falling back to the text.
+read as JSON (numbers, booleans, objects), falling back to the text.  The call
+starts once ``<function=NAME>`` is written; a string parameter streams as it
+is generated, any other when its ``</parameter>`` closes it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from typing import Any
 
 from bubo.domain.generation import GrammarSpec
 from bubo.domain.messages import ToolSpec
+from bubo.domain.output import OutputEvent
 from bubo.grammar import THINK_BODY, literal
-from bubo.parsers.base import ParserConfig
+from bubo.parsers.base import ParserConfig, hold_partial
 
-from ._calls import ParsedCall, compact_json
-from ._stream import CallStreamParser, Tags
+from ._calls import Emitter, ParsedCall, compact_json
+from ._stream import CallStreamParser, Tags, Verdict
 
 __all__ = ["Qwen3CoderParser", "call_grammar"]
 
@@ -61,11 +64,149 @@ def _body(text: str, config: ParserConfig) -> list[ParsedCall] | None:
     return [ParsedCall(name=name, arguments=compact_json(arguments))]
 
 
+_OPEN_FUNCTION = "<function="
+_CLOSE_FUNCTION = "</function>"
+_OPEN_PARAMETER = "<parameter="
+_CLOSE_PARAMETER = "</parameter>"
+
+
+class XmlCallScanner:
+    """One ``<function=…>`` body read as it is written, its parameters passed on as JSON."""
+
+    def __init__(self, config: ParserConfig, emitter: Emitter) -> None:
+        self._config = config
+        self._emitter = emitter
+        self.verdict = Verdict.UNDECIDED
+        self.held = ""
+        self.rest = ""
+        self._buffer = ""
+        self._index: int | None = None
+        self._properties: Mapping[str, Any] = {}
+        self._opened = False  # the arguments' "{" was written
+        self._parameter: str | None = None  # the parameter whose value is being read
+        self._streams_text = False  # that value is a string, written as it comes
+        self._value: list[str] = []  # a non-string value so far
+        self._value_started = False  # past the newline that follows a parameter's opening tag
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        """Consume text; the call's start and its arguments as they become known."""
+        events: list[OutputEvent] = []
+        if self.verdict is Verdict.UNDECIDED:
+            self.held += text
+            self._head(events)
+            text, self._buffer = self._buffer, ""
+        if self.verdict is not Verdict.STREAMING:
+            return events
+        self._buffer += text
+        while self.verdict is Verdict.STREAMING and self._advance(events):
+            pass
+        return events
+
+    def _head(self, events: list[OutputEvent]) -> None:
+        stripped = self.held.lstrip()
+        if len(stripped) < len(_OPEN_FUNCTION) and _OPEN_FUNCTION.startswith(stripped):
+            return
+        close = stripped.find(">")
+        if not stripped.startswith(_OPEN_FUNCTION) or (close == -1 and "\n" in stripped):
+            self.verdict, self.rest, self.held = Verdict.WHOLE, "", self.held
+            return
+        if close == -1:
+            return
+        name = stripped[len(_OPEN_FUNCTION) : close].strip()
+        tool = self._config.tool(name)
+        self._properties = (tool.parameters.get("properties") or {}) if tool else {}
+        self.verdict, self.held = Verdict.STREAMING, ""
+        self._buffer = stripped[close + 1 :]
+        self._index = self._emitter.start(name, events)
+
+    def _advance(self, events: list[OutputEvent]) -> bool:
+        """Read what the buffer holds; whether to go on."""
+        if self._parameter is not None:
+            return self._read_value(events)
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(_CLOSE_FUNCTION):
+            self._emit("}" if self._opened else "{}", events)
+            self.verdict, self.rest = Verdict.DONE, stripped[len(_CLOSE_FUNCTION) :]
+            return False
+        if stripped.startswith(_OPEN_PARAMETER):
+            close = stripped.find(">")
+            if close == -1:
+                return False
+            key = stripped[len(_OPEN_PARAMETER) : close].strip()
+            self._emit(("," if self._opened else "{") + json.dumps(key, ensure_ascii=False) + ":", events)
+            self._opened = True
+            self._parameter = key
+            schema = self._properties.get(key)
+            self._streams_text = isinstance(schema, Mapping) and schema.get("type") == "string"
+            self._value, self._value_started = [], False
+            self._buffer = stripped[close + 1 :]
+            if self._streams_text:
+                self._emit('"', events)
+            return bool(self._buffer)
+        if any(m.startswith(stripped) for m in (_CLOSE_FUNCTION, _OPEN_PARAMETER)):
+            return False  # a marker being written
+        skip = stripped.find("<", 1)  # something that is no parameter: dropped
+        self._buffer = "" if skip == -1 else stripped[skip:]
+        return skip != -1
+
+    def _read_value(self, events: list[OutputEvent]) -> bool:
+        if not self._value_started:  # the newline after the opening tag is not the value's
+            if not self._buffer:
+                return False
+            self._buffer, self._value_started = self._buffer.removeprefix("\n"), True
+        end = self._buffer.find(_CLOSE_PARAMETER)
+        if end == -1:
+            keep = max(
+                hold_partial(self._buffer, "\n" + _CLOSE_PARAMETER),
+                hold_partial(self._buffer, _CLOSE_PARAMETER),
+            )
+            ready, self._buffer = (
+                self._buffer[: len(self._buffer) - keep],
+                self._buffer[len(self._buffer) - keep :],
+            )
+            self._value_text(ready, events)
+            return False
+        self._value_text(self._buffer[:end].removesuffix("\n"), events)
+        self._buffer = self._buffer[end + len(_CLOSE_PARAMETER) :]
+        self._close_value(events)
+        return True
+
+    def _value_text(self, text: str, events: list[OutputEvent]) -> None:
+        if self._streams_text:
+            self._emit(json.dumps(text, ensure_ascii=False)[1:-1], events)
+        else:
+            self._value.append(text)
+
+    def _close_value(self, events: list[OutputEvent]) -> None:
+        assert self._parameter is not None
+        if self._streams_text:
+            self._emit('"', events)
+        else:
+            value = _value("".join(self._value), self._properties.get(self._parameter))
+            self._emit(compact_json(value), events)
+        self._parameter = None
+
+    def _emit(self, fragment: str, events: list[OutputEvent]) -> None:
+        if fragment and self._index is not None:
+            events.append(self._emitter.arguments(self._index, fragment))
+
+    def finish(self) -> list[OutputEvent]:
+        """Cut inside the call: the arguments so far, closed."""
+        events: list[OutputEvent] = []
+        if self.verdict is not Verdict.STREAMING:
+            return events
+        if self._parameter is not None:
+            self._value_text(self._buffer, events)
+            self._close_value(events)
+        self._emit("}" if self._opened else "{}", events)
+        return events
+
+
 class Qwen3CoderParser(CallStreamParser):
     """XML-parameter calls inside ``<tool_call>`` tags."""
 
     def __init__(self, config: ParserConfig) -> None:
-        super().__init__(config, tags=Tags(START, END, _body), leading_json=False)
+        super().__init__(config, tags=Tags(START, END, _body, scanner=XmlCallScanner), leading_json=False)
 
 
 def call_grammar(tools: Sequence[ToolSpec], *, prefix: str, max_calls: int | None) -> GrammarSpec:

@@ -1,0 +1,333 @@
+"""Coding agents run whole sessions on Bubo: Claude Code, Codex CLI and opencode (``nox -s agents``).
+
+    python agents/run.py [--only claude,codex] [--timeout 600] [--record tests/fixtures/agents]
+
+Installs the agents from the npm registry into a cache folder (``--cache``),
+starts ``bubo serve`` with Qwen2.5-Coder-0.5B on a free loopback port, and runs
+each agent once, offline and bounded, on a small task in a temporary git
+repository, through a logging proxy (``proxy.py``).  It fails when a request
+got a non-2xx status, when a stream carried an error after its 200, or when a
+request re-read more than 10 % of the prompt prefix the previous request
+already had (the prefix is measured on the prompts Bubo renders, ``prompts.py``;
+the re-read is the part of it not served from the prompt cache).  The report
+(``--report``, also printed) lists per request: endpoint, status, prompt and
+cached tokens, the prefix shared with the previous request, the time to the
+first byte and to the first token.  ``--record DIR`` writes the agents' first
+requests, machine paths scrubbed, as the test fixtures the default test run
+replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
+
+from clis import AGENTS, Agent, install  # noqa: E402 - the harness's own modules, by path
+from prompts import PromptRenderer, shared_prefix  # noqa: E402
+from proxy import Exchange, LoggingProxy  # noqa: E402
+from tests._models import qwen25_coder_path  # noqa: E402
+
+CONTEXT = 32768
+REREAD_LIMIT = 0.10  # of the prefix the previous request had
+MIN_PREFIX = 256  # shorter shared prefixes are not judged
+TASK = "calc.py has a bug: add(2, 3) returns -1. Fix add() so that it returns the sum, then stop."
+GENERATING = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+
+
+@attrs.define
+class AgentRun:
+    """One agent's session and what it sent."""
+
+    agent: Agent
+    exchanges: list[Exchange]
+    returncode: int | None  # None: stopped at the time limit
+    seconds: float
+    # exchange number -> tokens its prompt shares with the previous request's
+    prefixes: dict[int, int] = attrs.Factory(dict)
+    failures: list[str] = attrs.Factory(list)
+    cache: dict[str, Any] = attrs.Factory(dict)  # /debug/cache after the session: live tokens, snapshots
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", default=",".join(a.name for a in AGENTS), help="agents to run, by name")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds each agent may run (600)")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".nox" / "agents-cli", help="npm install folder")
+    parser.add_argument("--report", type=Path, default=ROOT / ".nox" / "agents-report.md")
+    parser.add_argument("--record", type=Path, help="write the first requests as fixtures here")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    wanted = set(args.only.split(","))
+    agents = tuple(a for a in AGENTS if a.name in wanted)
+    install(agents, args.cache)
+    model = qwen25_coder_path()
+    renderer = PromptRenderer(model)
+    runs: list[AgentRun] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bubo-agents-") as scratch,
+        _BuboServer(model, Path(scratch), args.threads) as url,
+    ):
+        for agent in agents:
+            run = _run(agent, url, Path(scratch) / agent.name, args.cache, args.timeout)
+            run.cache = httpx.get(f"{url}/debug/cache", timeout=30).json()
+            _check(run, renderer)
+            runs.append(run)
+            if args.record is not None:
+                _record(run, args.record, Path(scratch) / agent.name, args.cache)
+    report = _report(runs)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(report)
+    print(report)
+    return 1 if any(run.failures for run in runs) else 0
+
+
+# ---- the server -----------------------------------------------------------------------------------
+
+
+class _BuboServer:
+    """``bubo serve`` with the coder model on a free loopback port, stopped by PID."""
+
+    def __init__(self, model: Path, scratch: Path, threads: int) -> None:
+        self._model = model
+        self._log = scratch / "bubo.log"
+        self._threads = threads
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> str:
+        port = _free_port()
+        command = [
+            sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
+            "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
+        ]  # fmt: skip
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise SystemExit(f"bubo serve exited:\n{self._log.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    return url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit("bubo serve was not ready within 300 s")
+
+    def __exit__(self, *_: object) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ---- one agent --------------------------------------------------------------------------------------
+
+
+def _repository(folder: Path) -> Path:
+    """A git repository holding the task's one file, committed."""
+    repo = folder / "repo"
+    repo.mkdir(parents=True)
+    (repo / "calc.py").write_text('def add(a, b):\n    """The sum of a and b."""\n    return a - b\n')
+    git = ["git", "-c", "user.email=agent@bubo.test", "-c", "user.name=agent", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "calc.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "add()"], check=True)
+    return repo
+
+
+def _run(agent: Agent, upstream: str, folder: Path, cache: Path, timeout: float) -> AgentRun:
+    repo = _repository(folder)
+    home = folder / "home"
+    home.mkdir()
+    started = time.monotonic()
+    with LoggingProxy(upstream) as proxy:
+        environment = {"PATH": os.environ.get("PATH", ""), **agent.environment(proxy.base_url, home, CONTEXT)}
+        log = folder / f"{agent.name}.log"
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                agent.command(cache, TASK),
+                cwd=repo,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                returncode: int | None = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                returncode = None
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=10)
+        exchanges = sorted(proxy.exchanges, key=lambda e: e.number)
+    print(f"{agent.name}: {len(exchanges)} requests, exit {returncode}, {time.monotonic() - started:.0f} s")
+    print(log.read_text(errors="replace")[-1500:])
+    return AgentRun(
+        agent=agent, exchanges=exchanges, returncode=returncode, seconds=time.monotonic() - started
+    )
+
+
+# ---- the checks -------------------------------------------------------------------------------------
+
+
+def _check(run: AgentRun, renderer: PromptRenderer) -> None:
+    """Non-2xx, errors in streams, and prefixes re-read instead of served from the cache."""
+    previous: tuple[int, ...] | None = None
+    generating = 0
+    for exchange in run.exchanges:
+        where = f"{run.agent.name} #{exchange.number} {exchange.method} {exchange.endpoint}"
+        if exchange.status is None or not 200 <= exchange.status < 300:
+            run.failures.append(f"{where}: status {exchange.status}: {exchange.response_head[:300]!r}")
+        run.failures.extend(f"{where}: error in the stream: {error}" for error in exchange.stream_errors)
+        if not exchange.endpoint.endswith(GENERATING) or exchange.method != "POST":
+            continue
+        generating += 1
+        tokens = renderer.tokens(exchange.endpoint, exchange.json_body())
+        if tokens is None:
+            continue
+        if previous is not None:
+            prefix = shared_prefix(previous, tokens)
+            run.prefixes[exchange.number] = prefix
+            cached = exchange.cached_tokens
+            if prefix >= MIN_PREFIX and cached is not None and prefix - cached > REREAD_LIMIT * prefix:
+                run.failures.append(
+                    f"{where}: re-read {prefix - cached} of the {prefix} prompt tokens the previous request "
+                    f"already had (cached {cached})"
+                )
+        previous = tokens
+    if not any(
+        e.status == 200 and e.ended_s is not None for e in run.exchanges if e.endpoint.endswith(GENERATING)
+    ):
+        run.failures.append(f"{run.agent.name}: no generating request was answered")
+
+
+# ---- the report ------------------------------------------------------------------------------------
+
+
+_COLUMNS = (
+    "#",
+    "endpoint",
+    "status",
+    "prompt",
+    "cached",
+    "shared with previous",
+    "first byte s",
+    "first token s",
+    "total s",
+)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _report(runs: list[AgentRun]) -> str:
+    lines = ["# Coding agents on Bubo", ""]
+    for run in runs:
+        ended = "timed out" if run.returncode is None else f"exit {run.returncode}"
+        heading = (
+            f"## {run.agent.name} ({run.agent.package}, model name {run.agent.model!r}): "
+            f"{len(run.exchanges)} requests, {ended}, {run.seconds:.0f} s"
+        )
+        lines += [
+            heading,
+            "",
+            "| " + " | ".join(_COLUMNS) + " |",
+            "|" + "---|" * len(_COLUMNS),
+        ]
+        for e in run.exchanges:
+            cells = (
+                e.number, f"{e.method} {e.endpoint}", e.status, e.prompt_tokens, e.cached_tokens,
+                run.prefixes.get(e.number), e.first_byte_s, e.first_token_s, e.ended_s,
+            )  # fmt: skip
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        snapshots = run.cache.get("snapshots", [])
+        sizes = ", ".join(f"{s['n_tokens']} tokens: {s['size_bytes'] / 2**20:.0f} MiB" for s in snapshots)
+        cache = (
+            f"Prompt cache after the session: {run.cache.get('live_tokens', '-')} tokens live in the slots, "
+            f"{len(snapshots)} snapshots in host RAM taking {run.cache.get('used_bytes', 0) / 2**20:.0f} MiB "
+            f"of {run.cache.get('budget_bytes', 0) / 2**20:.0f} MiB ({sizes or 'none'})."
+        )
+        lines += [
+            "",
+            cache,
+            "",
+            *(f"- FAILED: {failure}" for failure in run.failures),
+            "",
+        ]
+    verdict = "FAILED" if any(run.failures for run in runs) else "passed"
+    return "\n".join([*lines, f"Result: {verdict}", ""])
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+
+_KEPT_HEADERS = {
+    "anthropic-beta", "anthropic-version", "user-agent", "x-app", "accept", "content-type", "originator",
+    "x-codex-beta-features", "openai-beta",
+}  # fmt: skip
+
+
+def _record(run: AgentRun, folder: Path, scratch: Path, cache: Path) -> None:
+    """The agent's first generating requests as fixtures: the headers that shape them, paths scrubbed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    replacements = {
+        str(scratch / "repo"): "/work/repo",
+        str(scratch / "home"): "/home/agent",
+        str(cache): "/cache",
+    }
+    kept = [
+        e for e in run.exchanges if e.endpoint.endswith(GENERATING) and e.method == "POST" and e.json_body()
+    ]
+    for index, exchange in enumerate(kept[:3]):
+        text = exchange.body.decode()
+        for path, placeholder in replacements.items():
+            text = text.replace(path, placeholder)
+        fixture: dict[str, Any] = {
+            "agent": run.agent.package,
+            "method": exchange.method,
+            "path": exchange.path,
+            "headers": {k.lower(): v for k, v in exchange.headers.items() if k.lower() in _KEPT_HEADERS},
+            "body": json.loads(text),
+        }
+        target = folder / f"{run.agent.name}-{index}.json"
+        target.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n")
+        print(f"recorded {target}")
+    shutil.rmtree(scratch / "home", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
