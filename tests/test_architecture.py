@@ -54,6 +54,20 @@ RESTRICTED = {
     "tokenizers": {"tokenizer"},
     "prometheus_client": {"api"},
 }
+# The engine modules that hold llama.cpp objects.  The rest of the engine (the decode loop, a
+# generation and its parts, slots, the fake engine) is written against engine/_protocols.py and is
+# tested without a model: at module level it reaches neither llama_cpp nor one of these.
+NATIVE_ENGINE = {
+    "llama",
+    "_context",
+    "_kv",
+    "_sampler",
+    "_embedder",
+    "_grammar",
+    "probe",
+    "vocab",
+    "_probe_child",
+}
 DIALECTS = tuple(sorted(p.name for p in (SRC / "api").iterdir() if p.is_dir() and not p.name.startswith("_")))
 
 
@@ -66,11 +80,12 @@ def layer_of(path: Path) -> str:
     return parts[0]
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, *, at_import: bool = False) -> set[str]:
+    """What *path* imports anywhere, or (*at_import*) only in statements that run when it is imported."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = ["bubo", *path.relative_to(SRC).parent.parts]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in tree.body if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -80,6 +95,25 @@ def imports_of(path: Path) -> set[str]:
             elif node.module:
                 found.add(node.module)
     return found
+
+
+ENGINE_MODULES = sorted(p.stem for p in (SRC / "engine").glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", [m for m in ENGINE_MODULES if m not in NATIVE_ENGINE])
+def test_the_engine_logic_needs_no_model(name: str) -> None:
+    """Importing the decode loop, a generation's parts or the fake engine reaches no native module."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        for imported in imports_of(SRC / "engine" / f"{module}.py", at_import=True):
+            assert imported.partition(".")[0] != "llama_cpp", f"{module} imports llama_cpp (from {name})"
+            if imported.startswith("bubo.engine."):
+                target = imported.removeprefix("bubo.engine.").partition(".")[0]
+                assert target not in NATIVE_ENGINE, f"{module} imports engine.{target} (from {name})"
+                if target not in seen:
+                    todo.append(target)
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(SRC)))

@@ -92,14 +92,11 @@ class Slot:
         """The generation phase ended after *seconds*."""
         self.totals.tokens_predicted_seconds += seconds
 
-    def drafted(self, n_tokens: int) -> None:
-        """A draft of *n_tokens* was verified in one step."""
-        self.totals.draft_tokens += n_tokens
+    def draft_verified(self, n_drafted: int, n_accepted: int) -> None:
+        """A draft of *n_drafted* tokens was verified in one step; *n_accepted* of them were kept."""
+        self.totals.draft_tokens += n_drafted
         self.totals.draft_steps += 1
-
-    def draft_accepted(self) -> None:
-        """One drafted token was accepted."""
-        self.totals.draft_accepted += 1
+        self.totals.draft_accepted += n_accepted
 
     def holds(self, n_tokens: int) -> None:
         """The slot's KV sequence now holds *n_tokens* (the longest ever held is a total)."""
