@@ -12,7 +12,6 @@ on the real engine.  Never imports ``llama_cpp``.
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import re
 import time
@@ -117,6 +116,21 @@ class FakeEmbedder:
         return pooled
 
 
+@attrs.frozen
+class _KvMirror:
+    """A slot's "KV sequence": the last prompt it ran."""
+
+    kv: dict[int, tuple[int, ...]]
+    slot_id: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.kv.get(self.slot_id, ()))
+
+    def head(self, n: int) -> tuple[int, ...]:
+        return self.kv.get(self.slot_id, ())[:n]
+
+
 class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time."""
 
@@ -139,10 +153,7 @@ class FakeEngine(SlotEngine):
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
         for slot in self.slots:
-            slot.cached_tokens = functools.partial(self._cached, slot.id)
-
-    def _cached(self, slot_id: int) -> tuple[int, ...]:
-        return self._kv.get(slot_id, ())
+            slot.mirror = _KvMirror(self._kv, slot.id)
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """The converted text, as the real engine makes it (the fake samples no grammar); recorded."""

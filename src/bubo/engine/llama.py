@@ -233,7 +233,7 @@ class LlamaEngine(SlotEngine):
             context_shift=options.context_shift,
         )
         for slot, cache in zip(self.slots, context.caches, strict=True):
-            slot.cached_tokens = cache.copy_tokens
+            slot.mirror = cache
         if options.embeddings:
             try:
                 self.embedder = Embedder(

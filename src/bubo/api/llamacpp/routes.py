@@ -239,7 +239,7 @@ async def completion() -> Response:
 
 def check_id_slot(runtime: Runtime, id_slot: int | None) -> None:
     """400 unless *id_slot* is absent, -1 (any slot) or a slot's id."""
-    n_slots = len(runtime.engine.statistics().slots)
+    n_slots = runtime.engine.n_slots
     if id_slot not in (None, -1) and not 0 <= id_slot < n_slots:
         raise InvalidRequest(
             f"id_slot must be -1 (any slot) or a slot id from 0 to {n_slots - 1}; got {id_slot}",
@@ -441,7 +441,7 @@ async def props() -> Response:
                 ),
                 n_ctx=info.n_ctx,
             ),
-            total_slots=len(runtime.engine.statistics().slots),
+            total_slots=runtime.engine.n_slots,
             modalities=wire.Modalities(vision=False, audio=False),
             template=template.source,
             chat_template=template.source,
