@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "bubo"
+DESIGN = SRC.parent.parent / "docs" / "design.md"
 
 # package -> the bubo packages it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -153,6 +155,37 @@ def test_what_dialects_share_imports_no_dialect(path: Path) -> None:
     dialects = {f"bubo.api.{d}" for d in DIALECTS}
     for name in imports_of(path):
         assert not any(name == d or name.startswith(d + ".") for d in dialects), f"imports {name}"
+
+
+def layer_table() -> dict[str, set[str]]:
+    """docs/design.md's layer table: each package and what it may import."""
+    lines = DESIGN.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| package | may import | job |") + 2
+    table: dict[str, set[str]] = {}
+    for line in itertools.takewhile(lambda row: row.startswith("|"), lines[start:]):
+        package, may_import = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        name = package.strip("`").removesuffix("/").removesuffix(".py")
+        table[name] = set() if may_import == "nothing of Bubo" else {n.strip() for n in may_import.split(",")}
+    return table
+
+
+def test_the_layer_table_in_the_design_doc_is_this_one() -> None:
+    """docs/design.md lists every layer with exactly what this test allows it."""
+    assert layer_table() == {layer: allowed for layer, allowed in ALLOWED.items() if layer != "__init__"}
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_request_converter_is_a_module_global(path: Path) -> None:
+    """The request converter is the app's (``ApiContext.converter``): no module builds one at import."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for statement in tree.body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue  # runs when called, not at import
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_converter":
+                pytest.fail(
+                    f"line {node.lineno} builds a converter at import; use structured_body(runtime, cls)"
+                )
 
 
 def test_importing_the_app_loads_no_model() -> None:

@@ -8,8 +8,8 @@ cancelled; the thread lets go of it at its next step, and only then is the
 slot given back.
 
 Events are handed to trio without waiting (``TrioToken.run_sync_soon``): a
-blocking round trip per token cost 0.28 ms of a 9.4 ms step on the reference
-machine.  The channel is therefore unbounded, but a generation's events are
+blocking round trip per token would cost every step a wake-up of the event
+loop.  The channel is therefore unbounded, but a generation's events are
 bounded by its context length, and the decode never waits for a slow client.
 
 Each slot's KV sequence keeps its previous request's tokens; a new request

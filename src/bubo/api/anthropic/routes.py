@@ -9,7 +9,6 @@ from __future__ import annotations
 from quart import Blueprint, Response
 
 from bubo.api._context import request_id, request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
@@ -27,14 +26,13 @@ PATH_PREFIX = "/v1/messages"
 """Errors on paths under this prefix use the Anthropic envelope."""
 
 blueprint = Blueprint("anthropic", __name__)
-_converter = make_converter()
 
 
 @blueprint.post("/v1/messages")
 async def messages() -> Response:
     """Messages, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.MessagesRequest)
+    body = await structured_body(runtime, wire.MessagesRequest)
     runtime.check_model(body.model)
     prepared = await prepare_chat(runtime, translate.messages_request(body))
     message_id = new_id("msg_")
@@ -56,7 +54,7 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     """The prompt's token count as generation would see it; no generation, no context limit."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.CountTokensRequest)
+    body = await structured_body(runtime, wire.CountTokensRequest)
     runtime.check_model(body.model)
     if body.stream:
         raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
