@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "bubo"
+DESIGN = SRC.parent.parent / "docs" / "design.md"
 
 # package -> the bubo packages it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -54,6 +56,20 @@ RESTRICTED = {
     "tokenizers": {"tokenizer"},
     "prometheus_client": {"api"},
 }
+# The engine modules that hold llama.cpp objects.  The rest of the engine (the decode loop, a
+# generation and its parts, slots, the fake engine) is written against engine/_protocols.py and is
+# tested without a model: at module level it reaches neither llama_cpp nor one of these.
+NATIVE_ENGINE = {
+    "llama",
+    "_context",
+    "_kv",
+    "_sampler",
+    "_embedder",
+    "_grammar",
+    "probe",
+    "vocab",
+    "_probe_child",
+}
 DIALECTS = tuple(sorted(p.name for p in (SRC / "api").iterdir() if p.is_dir() and not p.name.startswith("_")))
 
 
@@ -66,11 +82,12 @@ def layer_of(path: Path) -> str:
     return parts[0]
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, *, at_import: bool = False) -> set[str]:
+    """What *path* imports anywhere, or (*at_import*) only in statements that run when it is imported."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = ["bubo", *path.relative_to(SRC).parent.parts]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in tree.body if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -80,6 +97,25 @@ def imports_of(path: Path) -> set[str]:
             elif node.module:
                 found.add(node.module)
     return found
+
+
+ENGINE_MODULES = sorted(p.stem for p in (SRC / "engine").glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", [m for m in ENGINE_MODULES if m not in NATIVE_ENGINE])
+def test_the_engine_logic_needs_no_model(name: str) -> None:
+    """Importing the decode loop, a generation's parts or the fake engine reaches no native module."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        for imported in imports_of(SRC / "engine" / f"{module}.py", at_import=True):
+            assert imported.partition(".")[0] != "llama_cpp", f"{module} imports llama_cpp (from {name})"
+            if imported.startswith("bubo.engine."):
+                target = imported.removeprefix("bubo.engine.").partition(".")[0]
+                assert target not in NATIVE_ENGINE, f"{module} imports engine.{target} (from {name})"
+                if target not in seen:
+                    todo.append(target)
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(SRC)))
@@ -119,6 +155,37 @@ def test_what_dialects_share_imports_no_dialect(path: Path) -> None:
     dialects = {f"bubo.api.{d}" for d in DIALECTS}
     for name in imports_of(path):
         assert not any(name == d or name.startswith(d + ".") for d in dialects), f"imports {name}"
+
+
+def layer_table() -> dict[str, set[str]]:
+    """docs/design.md's layer table: each package and what it may import."""
+    lines = DESIGN.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| package | may import | job |") + 2
+    table: dict[str, set[str]] = {}
+    for line in itertools.takewhile(lambda row: row.startswith("|"), lines[start:]):
+        package, may_import = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        name = package.strip("`").removesuffix("/").removesuffix(".py")
+        table[name] = set() if may_import == "nothing of Bubo" else {n.strip() for n in may_import.split(",")}
+    return table
+
+
+def test_the_layer_table_in_the_design_doc_is_this_one() -> None:
+    """docs/design.md lists every layer with exactly what this test allows it."""
+    assert layer_table() == {layer: allowed for layer, allowed in ALLOWED.items() if layer != "__init__"}
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_request_converter_is_a_module_global(path: Path) -> None:
+    """The request converter is the app's (``ApiContext.converter``): no module builds one at import."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for statement in tree.body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue  # runs when called, not at import
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_converter":
+                pytest.fail(
+                    f"line {node.lineno} builds a converter at import; use structured_body(runtime, cls)"
+                )
 
 
 def test_importing_the_app_loads_no_model() -> None:

@@ -9,16 +9,23 @@ server's own nursery, so it has no answer to two things a public server needs:
   raised toward its hard limit at start).  At the cap a newcomer takes the
   place of the connection idle longest; when every connection has a request
   running, it gets a plain 503 ``too_many_connections`` and is closed.
-- **One connection's failure stays its own.**  An exception in Hypercorn's
-  protocol code (its HTTP/2 handling has raised ``KeyError`` on a client's
-  stray frame, see ``api/_transport.py``) would end ``serve()`` and the
-  process; here it is logged and only that connection is closed.
+- **One connection's failure stays its own.**  ``worker_serve`` runs each
+  connection's ``TCPServer`` in one handler nursery (``trio.serve_listeners``),
+  and ``TCPServer.run`` catches only ``OSError``: anything else its protocol
+  code raises (``H2Protocol`` raises ``KeyError`` on a client's DATA for a
+  stream already answered, see ``api/_transport.py``) ends that nursery,
+  ``serve()`` and the process.  Here it is logged and only that connection is
+  closed.
 
-The rest is Hypercorn's ``worker_serve`` (0.18) for a plain-TCP worker: the
-ASGI lifespan around serving, and at shutdown idle connections told to close
-and ``graceful_timeout`` for the rest.  Each connection is still Hypercorn's
-``TCPServer`` (HTTP/1.1, h2c, keep-alive timeout).  Under
-``hypercorn bubo.app:app`` none of this applies: Hypercorn runs its own loop.
+The rest is Hypercorn's ``hypercorn.trio.run.worker_serve`` (0.18) for a
+plain-TCP worker, built from the same internals: ``Lifespan(app, config,
+state)`` around serving, ``WorkerContext(None)``, one ``TCPServer(app, config,
+context, state, stream)`` per connection (HTTP/1.1, h2c, keep-alive timeout),
+and at shutdown ``WorkerContext.terminated`` set (``TCPServer._idle_timeout``
+waits on it: idle keep-alive connections close at once) with
+``graceful_timeout`` for the rest.  ``tests/test_hypercorn_coupling.py`` runs
+those internals as used here.  Under ``hypercorn bubo.app:app`` none of this
+applies: Hypercorn runs its own loop.
 """
 
 from __future__ import annotations
@@ -265,7 +272,7 @@ async def serve(
                     await shutdown_trigger()
                     accept_nursery.cancel_scope.cancel()
             finally:
-                await context.terminated.set()  # idle keep-alive connections close now
+                await context.terminated.set()  # idle keep-alive connections close now (as worker_serve)
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()

@@ -6,15 +6,26 @@ import pytest
 import trio
 
 from bubo.domain.sampling import GenerationDefaults
+from bubo.engine import EngineStatistics
 from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.service.runtime import Runtime
 
 from .test_cancellation import CHAT, body, wait_for
 
 
+class Counted(FakeEngine):
+    """Counts the full snapshots taken: the routes and admission must not need one."""
+
+    snapshots = 0
+
+    def statistics(self) -> EngineStatistics:
+        self.snapshots += 1
+        return super().statistics()
+
+
 @pytest.fixture(name="fake_engine")
 def _fake_engine(script: FakeScript) -> FakeEngine:
-    return FakeEngine(script=script, n_slots=2)
+    return Counted(script=script, n_slots=2)
 
 
 @pytest.fixture(name="max_queue")
@@ -86,3 +97,26 @@ async def test_with_no_queue_a_free_slot_still_takes_a_request(
         assert refused.status_code == 503
         assert (await refused.get_json())["error"]["code"] == "queue_full"
     assert statuses == [200, 200]
+
+
+async def test_admission_and_slot_checks_read_cheap_counts_not_a_snapshot(
+    app, script: FakeScript, fake_engine: Counted
+) -> None:
+    """Admitting, refusing, checking an id_slot and /props count slots without copying every slot's state."""
+    script.piece_delay = 0.05
+    script.reply = "word " * 20
+    client = app.test_client()
+
+    async def ask() -> None:
+        await client.post(CHAT, data=body(stream=False))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):  # two run, one waits
+            nursery.start_soon(ask)
+        await wait_for(fake_engine, lambda s: s.requests_deferred == 1)
+        taken = fake_engine.snapshots
+        assert (await client.post(CHAT, data=body(stream=False))).status_code == 503  # queue_full
+        bad_slot = await client.post("/completion", json={"prompt": "x", "id_slot": 7})
+        assert bad_slot.status_code == 400
+        assert (await (await client.get("/props")).get_json())["total_slots"] == 2
+        assert fake_engine.snapshots == taken

@@ -17,8 +17,8 @@ import attrs
 import pytest
 
 from bubo.domain.generation import StopCause
-from bubo.engine._context import BatchEntry, ContextFull
 from bubo.engine._decode_loop import DecodeLoop
+from bubo.engine._protocols import BatchEntry, ContextFull
 from bubo.engine.base import EngineFailure
 from bubo.errors import ServiceUnavailable
 

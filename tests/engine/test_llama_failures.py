@@ -29,7 +29,7 @@ from bubo.domain.generation import (
     TokenGenerated,
 )
 from bubo.domain.sampling import SamplingParams
-from bubo.engine import EngineFailure, _context, _sequence
+from bubo.engine import EngineFailure, _context, _generation
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.errors import DeviceLost, InternalError, ServiceUnavailable
@@ -130,16 +130,16 @@ async def test_a_bug_mid_generation_forgets_the_sequence(engine, request_, monke
     """An unexpected exception fails its request with a 500 and clears the slot's cache, which it may have
     left half-written; the engine stays up and the next answer equals a fresh one."""
     expected, _ = await outcome(engine, request_)
-    real_after_token: Callable[..., None] = _sequence.Sequence._after_token
+    real_next: Callable[..., int] = _generation.Generation._next
     steps: list[int] = []
 
-    def buggy_after_token(self: _sequence.Sequence, index: int) -> None:
+    def buggy_next(self: _generation.Generation, index: int) -> int:
         steps.append(index)
         if len(steps) == 3:
             raise KeyError("a bug in the third step")
-        real_after_token(self, index)
+        return real_next(self, index)
 
-    monkeypatch.setattr(_sequence.Sequence, "_after_token", buggy_after_token)
+    monkeypatch.setattr(_generation.Generation, "_next", buggy_next)
     _, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFailed)
     assert isinstance(last.error, InternalError)

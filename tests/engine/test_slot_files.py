@@ -55,9 +55,9 @@ async def test_restore_continues_as_before_and_reuses_the_prefix(engine, tokeniz
     prompt = tuple(tokenizer.encode(TEXT))
     before, _ = await generate(engine, greedy(prompt, slot=0))
     saved = await engine.save_slot(0, tmp_path / "slot.bin")
-    assert saved.n_tokens == len(engine.slots[0].cached_tokens()) >= len(prompt)
+    assert saved.n_tokens == engine.slots[0].n_cached >= len(prompt)
     assert await engine.erase_slot(0) == saved.n_tokens
-    assert engine.slots[0].cached_tokens() == []
+    assert engine.slots[0].n_cached == 0
     restored = await engine.restore_slot(0, tmp_path / "slot.bin")
     assert restored.n_tokens == saved.n_tokens
     assert restored.n_bytes == saved.n_bytes == (tmp_path / "slot.bin").stat().st_size
@@ -109,7 +109,7 @@ async def test_an_unreadable_file_empties_the_slot_and_it_serves_on(engine, toke
     with pytest.raises(EngineFailure) as failure:
         await engine.restore_slot(0, tmp_path / "junk.bin")
     assert not failure.value.fatal
-    assert engine.slots[0].cached_tokens() == []
+    assert engine.slots[0].n_cached == 0
     tokens, finished = await generate(engine, greedy(prompt, slot=0))
     assert tokens
     assert finished.stats.cached_tokens == 0

@@ -29,6 +29,22 @@ async def generate(engine: FakeEngine, req: GenerationRequest, log: list[str], n
     return text
 
 
+class Held:
+    """A slot's KV mirror holding *tokens*; notes how many tokens each copy asked for."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.asked: list[int] = []
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def head(self, n: int) -> list[int]:
+        self.asked.append(n)
+        return self.tokens[:n]
+
+
 def pool(n: int, *, similarity: float = 0.1) -> SlotPool:
     totals = EngineCounters()
     return SlotPool([Slot(id=i, n_ctx=100, totals=totals) for i in range(n)], similarity=similarity)
@@ -106,7 +122,7 @@ class TestSlotChoice:
 
     async def test_a_share_at_or_below_the_similarity_falls_back_to_lru(self) -> None:
         slots = pool(2, similarity=0.5)
-        slots.slots[0].cached_tokens = lambda: (1, 2, 9, 9)
+        slots.slots[0].mirror = Held([1, 2, 9, 9])
         slots.slots[0].last_used = 5
         slots.slots[1].last_used = 1
         assert (await slots.acquire((1, 2, 3, 4))).id == 1  # half the prompt: not more than 0.5
@@ -154,3 +170,35 @@ class TestPool:
             assert not done.is_set()
             slots.release(b)
         assert done.is_set()
+
+
+class TestCounts:
+    async def test_the_engines_cheap_counts_agree_with_its_snapshot(self, autojump_clock) -> None:
+        engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S), n_slots=2)
+        log: list[str] = []
+        assert (engine.n_slots, engine.requests_running, engine.requests_waiting) == (2, 0, 0)
+        async with trio.open_nursery() as nursery:
+            for index in range(3):
+                nursery.start_soon(generate, engine, request(index, 9), log, str(index))
+                await trio.testing.wait_all_tasks_blocked()
+            statistics = engine.statistics()
+            assert engine.n_slots == len(statistics.slots)
+            assert (engine.requests_running, engine.requests_waiting) == (2, 1)
+            assert (statistics.requests_processing, statistics.requests_deferred) == (2, 1)
+        assert (engine.requests_running, engine.requests_waiting) == (0, 0)
+
+    def test_a_slots_token_count_is_read_from_its_mirror_without_a_copy(self) -> None:
+        mirror = Held(list(range(42)))
+        slot = Slot(id=0, n_ctx=100, totals=EngineCounters(), mirror=mirror)
+        assert slot.n_cached == 42
+        assert slot.statistics().n_prompt_tokens == 42
+        assert mirror.asked == []
+
+    async def test_slot_choice_copies_only_the_prompts_length_of_each_slot(self) -> None:
+        slots = pool(2)
+        mirrors = [Held(list(range(1000))), Held([7] * 1000)]
+        for slot, mirror in zip(slots.slots, mirrors, strict=True):
+            slot.mirror = mirror
+        chosen = await slots.acquire((0, 1, 2, 3))
+        assert chosen.id == 0
+        assert [m.asked for m in mirrors] == [[4], [4]]

@@ -1,4 +1,4 @@
-"""What route handlers reach through the app: state, key, converters (never module globals)."""
+"""What route handlers reach through the app: state, key, the converter (never module globals)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState
 from bubo.service.work import PARSE_BYTES_PER_BYTE
 
-from ._converter import parse_json_object, structure
+from ._converter import make_converter, parse_json_object, structure
 from ._latency import LatencyHistograms
 
 __all__ = [
@@ -51,6 +51,8 @@ class ApiContext:
     slots: bool = True  # GET /slots is served (--slots)
     started: int = attrs.field(factory=lambda: int(time.time()))  # unix time the server started
     sse_keepalive_s: float = 5.0  # a stream silent this long sends a keep-alive; 0: never
+    # request bodies to wire models; cattrs caches the hooks it builds inside, so it is the app's
+    converter: cattrs.Converter = attrs.field(factory=make_converter, repr=False, eq=False)
 
     @property
     def fingerprint(self) -> str:
@@ -75,12 +77,9 @@ async def json_body() -> dict[str, Any]:
 
 
 async def structured_body(
-    runtime: Runtime,
-    converter: cattrs.Converter,
-    cls: type[T],
-    precheck: Callable[[dict[str, Any]], None] | None = None,
+    runtime: Runtime, cls: type[T], precheck: Callable[[dict[str, Any]], None] | None = None
 ) -> T:
-    """The request body parsed and structured as *cls* (400 naming the field otherwise).
+    """The request body structured as *cls* by the app's converter (400 naming the field otherwise).
 
     A large body is parsed in one of the runtime's workers, admitted against
     memory first, so that it does not freeze the event loop.  *precheck* sees
@@ -88,6 +87,7 @@ async def structured_body(
     for millions of values to be checked one by one).
     """
     raw = await _raw_body()
+    converter = api_context().converter
 
     def parse() -> T:
         data = parse_json_object(raw)

@@ -1,25 +1,37 @@
 """The ASGI edge under the framework: how each exchange ends, and WebSocket refused.
 
-Hypercorn does its connection bookkeeping inside the ``send()`` call that
-ends a response: it closes a ``Connection: close`` (or HTTP/1.0) connection
-there, re-arms the keep-alive timer there, and on HTTP/2 forgets the stream
-there.  Two things go wrong with quart-trio on top:
+Three behaviours of Hypercorn 0.18 (pinned below 0.19), each reproduced on
+Hypercorn alone in ``docs/design.md`` ("The Hypercorn coupling") and pinned by
+``tests/test_hypercorn_coupling.py``:
 
-- Hypercorn hands the app ``http.disconnect`` from inside that very call, and
-  quart-trio answers it by cancelling the request's task group, which is the
-  task still inside ``send()``.  The rest of the bookkeeping is cancelled:
-  the socket is never closed and the keep-alive timer never runs again, so
-  every served connection stays open until the client leaves.
-- On HTTP/2, a DATA frame that arrives after the stream was forgotten (the app
-  answered before the request body ended: an early 401, a CORS preflight,
-  ``/health``) raises ``KeyError`` in Hypercorn, which stops the whole server.
+1. **The disconnect comes from inside the last send.**  The app's final
+   ``http.response.body`` send runs ``HTTPStream._send_closed``, which reaches
+   ``H11Protocol._maybe_recycle`` (``H2Protocol.stream_send(StreamClosed)`` on
+   HTTP/2): it first queues ``http.disconnect`` for the app
+   (``HTTPStream.handle(StreamClosed)``), then closes a ``Connection: close``
+   or HTTP/1.0 connection (``send(Closed())``), or re-arms the keep-alive timer
+   (``Updated(idle=True)`` → ``TCPServer.idle_task.restart``).  quart-trio
+   cancels the request's task group on that disconnect, and the task it
+   cancels is the one still inside ``send()``: the close and the timer never
+   happen, and every served connection stays open until the client leaves.
+2. **DATA for a stream already answered raises.**  ``H2Protocol._handle_events``
+   looks a ``DataReceived`` up in ``self.streams`` without the ``KeyError``
+   guard it gives ``StreamEnded``; a stream leaves ``self.streams`` when its
+   response ends.  An app that answers before the request body ended (an
+   early 401, a CORS preflight, ``/health``) lets the client's next DATA frame
+   raise ``KeyError`` out of ``TCPServer.run``, which ends
+   ``hypercorn.trio.serve``.
+3. **The queue into the app is bounded, and its reader waits on it.**
+   ``TaskGroup.spawn_app`` gives the app a queue of ``max_app_queue_size``
+   (10) messages; ``HTTPStream.handle(Body)``, awaited by the connection's
+   reader (``TCPServer._read_data``), blocks once that many wait unread.
 
 :class:`TransportGuard` therefore holds back the message that ends each
 response and sends it itself once the framework's task has returned, where
-nothing cancels it; on HTTP/2 it first waits until the client has ended its
+nothing cancels it (1); on HTTP/2 it first waits until the client has ended its
 request (or left, or :data:`REQUEST_END_WAIT_S` passed), so no frame can arrive
-on a forgotten stream from a client that behaves.  It keeps
-reading the request meanwhile, so the server never blocks on a full queue.
+on a forgotten stream from a client that behaves (2); and it reads the request
+meanwhile, so Hypercorn never waits on a queue nobody empties (3).
 
 There is no WebSocket endpoint: an upgrade gets a plain 400 in the error
 envelope before any handshake, instead of reaching the framework.
@@ -98,7 +110,9 @@ class _Exchange:
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self._final = message  # sent by finish(), once the framework's task is over
+            # Hypercorn's bookkeeping runs inside this send, after it queued http.disconnect (1):
+            # sent by finish(), once the framework's task (which that disconnect cancels) is over.
+            self._final = message
             return
         await self._send(message)
 
@@ -106,7 +120,7 @@ class _Exchange:
         """End the response: on HTTP/2 once the request is over, then send the held final message."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_rest)
-            if self._http2:  # bounded: a client that never ends its request cannot hold the stream
+            if self._http2:  # (2); bounded: a client that never ends its request cannot hold the stream
                 with trio.move_on_after(REQUEST_END_WAIT_S):
                     await self._request_over.wait()
             if self._final is not None and not self._gone:
@@ -114,7 +128,7 @@ class _Exchange:
             nursery.cancel_scope.cancel()
 
     async def _read_rest(self) -> None:
-        """Take what the server still delivers (unread body, the disconnect) so it never waits on us."""
+        """Take what the server still delivers (unread body, the disconnect) so it never waits on us (3)."""
         while not self._gone:
             await self.receive()
 

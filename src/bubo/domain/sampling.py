@@ -1,7 +1,8 @@
 """Sampling parameters: the server's defaults merged with a request's overrides.
 
-This is the one place sampling defaults live (``config.Settings.sampling`` holds a
-:class:`SamplingParams`); a request only says what it changes.
+This is the one place sampling defaults live (``config.Settings.generation`` is a
+:class:`GenerationDefaults`, whose ``sampling`` holds a :class:`SamplingParams`);
+a request only says what it changes.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
-import attrs
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from ._kv import SequenceCache, SnapshotStore
+from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
 from .base import EngineFailure
 from .stats import EngineCounters
@@ -27,22 +27,11 @@ FATAL_DECODE_STATUS = -2
 _NO_KV_SLOT = 1
 
 
-class ContextFull(EngineFailure):
-    """llama.cpp found no room in the KV cache for the batch (the slots' shared context is full)."""
-
-
-@attrs.frozen
-class BatchEntry:
-    """Tokens of one sequence in a batch; logits for every one (a draft to verify) or only the last."""
-
-    cache: SequenceCache
-    tokens: tuple[int, ...]
-    all_logits: bool = False
-    last_logits: bool = True  # a prompt chunk that does not end the prompt needs none
-
-
 class LlamaContext:
-    """A context with one sequence per slot, the caches of their tokens, and the totals it feeds."""
+    """A context with one sequence per slot, the caches of their tokens, and the totals it feeds.
+
+    The :class:`~._protocols.DecodeContext` the decode loop and the generations use.
+    """
 
     def __init__(
         self,

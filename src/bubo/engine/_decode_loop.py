@@ -1,27 +1,30 @@
-"""The decode thread: one ``llama_decode`` a step for every active sequence (continuous batching).
+"""The decode thread: one ``llama_decode`` a step for every active generation (continuous batching).
 
-Each step builds one batch: the next token of every generating sequence, then
-up to ``prefill_chunk`` prompt tokens of the sequences still prefilling, oldest
+Each step builds one batch: the next token of every generating request, then
+up to ``prefill_chunk`` prompt tokens of the requests still prefilling, oldest
 first.  A long new prompt therefore delays the running streams by at most one
 chunk a step, and a new request's prompt starts at the next step, whoever else
-is generating.  Sequences join (:meth:`DecodeLoop.submit`) and are dropped
-(``Sequence.cancelled``, then :meth:`DecodeLoop.wake`) from the trio thread at
-any time; the loop takes the changes at the start of each step, so a sequence
-whose client left is let go within one step.  With nothing to decode the loop
-runs idle jobs (warming a slot for its conversation's next turn), then sleeps
-until woken.
+is generating.  Generations join (:meth:`DecodeLoop.submit`) and are dropped
+(``cancelled``, then :meth:`DecodeLoop.wake`) from the trio thread at any time;
+the loop takes the changes at the start of each step, so a generation whose
+client left is let go within one step.  With nothing to decode the loop runs
+idle jobs (warming a slot for its conversation's next turn), then sleeps until
+woken.
 
 The thread is the only one that touches the context once it runs; it is
-started with the first sequence and stopped by :meth:`DecodeLoop.stop`.
+started with the first generation and stopped by :meth:`DecodeLoop.stop`.
 
-Whatever the thread holds always ends.  A failure of one sequence's step ends
-that sequence (its request gets the error); a bug in a step ends the step's
-sequences and the loop goes on.  Anything else that escapes, in admission, a
-call, idle work or the handling of a failure itself, reaches the one guard
-around the whole loop: every active sequence, every arrival and every pending
-call then ends with an :class:`EngineFailure`, the failure is logged once, the
-engine is told it is lost (``on_lost``), and the thread ends; later work is
-refused.  Nobody waiting on the thread is left waiting.
+Whatever the thread holds always ends.  A failure of one generation's step
+ends that generation (its request gets the error); a bug in a step ends the
+step's generations and the loop goes on.  Anything else that escapes, in
+admission, a call, idle work or the handling of a failure itself, reaches the
+one guard around the whole loop: the engine is told it is lost (``on_lost``),
+every active generation, every arrival and every pending call ends with an
+:class:`EngineFailure`, the failure is logged once, and the thread ends; later
+work is refused.  Nobody waiting on the thread is left waiting.
+
+The loop is written against :mod:`._protocols` (the context) and
+:class:`ActiveGeneration`; it imports nothing native.
 """
 
 from __future__ import annotations
@@ -31,30 +34,74 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 
 from bubo.domain.generation import StopCause
 from bubo.errors import ServiceUnavailable
 
-from ._context import BatchEntry, ContextFull, LlamaContext
 from ._draft_policy import DraftPolicy
-from ._sequence import Sequence
+from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
 from .base import EngineFailure
 
-__all__ = ["DecodeLoop", "IdleJob"]
+__all__ = ["ActiveGeneration", "DecodeLoop", "IdleJob"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 Ended = Callable[[BaseException | None], None]
-"""Called on the decode thread once the loop lets go of a sequence: with its error, or None."""
+"""Called on the decode thread once the loop lets go of a generation: with its error, or None."""
+
+
+class ActiveGeneration(Protocol):
+    """What the loop asks of a generation (``_generation.Generation``), on the decode thread."""
+
+    cancelled: bool  # set on the trio thread: let go of it at the next step
+
+    @property
+    def cache(self) -> KvSequence:
+        """The slot's KV sequence it writes."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Whether it ended."""
+        ...
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens remain to evaluate."""
+        ...
+
+    def start(self) -> None:
+        """Reuse the cached prefix and build the sampler (raises the request's own failure)."""
+        ...
+
+    def prompt_entry(self, room: int) -> BatchEntry:
+        """Up to *room* prompt tokens for the next batch."""
+        ...
+
+    def token_entry(self, *, alone: bool) -> BatchEntry:
+        """The token to evaluate next (and a draft, when *alone* in the batch)."""
+        ...
+
+    def evaluated(self, entry: BatchEntry, index: int) -> None:
+        """*entry* was decoded at batch index *index*."""
+        ...
+
+    def finish(self, cause: StopCause) -> None:
+        """End it now, for *cause*."""
+        ...
+
+    def close(self) -> None:
+        """Free what it holds (it ended, failed or was let go of)."""
+        ...
 
 
 IdleJob = Callable[[], None]
-"""Work for when no sequence is active (a warm-up); what it raises costs only that work."""
+"""Work for when no generation is active (a warm-up); what it raises costs only that work."""
 
 LOOP_FAILED = "the engine failed on its decode thread and cannot serve requests"
 
@@ -76,17 +123,17 @@ class _Call:
 
 @attrs.define(eq=False)
 class _Member:
-    sequence: Sequence
+    generation: ActiveGeneration
     ended: Ended
     over: bool = False  # its end was delivered (or is being delivered): never twice
 
 
 class DecodeLoop:
-    """Drives every active sequence of one context, one batch a step, on its own thread."""
+    """Drives every active generation of one context, one batch a step, on its own thread."""
 
     def __init__(
         self,
-        context: LlamaContext,
+        context: DecodeContext,
         *,
         prefill_chunk: int,
         drafting: DraftPolicy | None,
@@ -112,8 +159,8 @@ class DecodeLoop:
 
     # ---- the trio side -----------------------------------------------------------------------
 
-    def submit(self, sequence: Sequence, ended: Ended) -> None:
-        """Add *sequence* to the next step; *ended* is called when the loop lets go of it.
+    def submit(self, generation: ActiveGeneration, ended: Ended) -> None:
+        """Add *generation* to the next step; *ended* is called when the loop lets go of it.
 
         Raises:
             EngineFailure: the engine is closed, or lost (then fatal).
@@ -121,17 +168,17 @@ class DecodeLoop:
         """
         with self._wakeup:
             self._check_open()
-            self._arrivals.append(_Member(sequence, ended))
+            self._arrivals.append(_Member(generation, ended))
             self._start_thread()
             self._wakeup.notify_all()
 
     def wake(self) -> None:
-        """Make the loop look at its sequences now (one was cancelled)."""
+        """Make the loop look at its generations now (one was cancelled)."""
         with self._wakeup:
             self._wakeup.notify_all()
 
     def schedule_idle(self, job: IdleJob) -> None:
-        """Run *job* once no sequence is active (dropped when the engine is closed or lost)."""
+        """Run *job* once no generation is active (dropped when the engine is closed or lost)."""
         with self._wakeup:
             if self._stopping or self._failed:
                 return
@@ -144,7 +191,7 @@ class DecodeLoop:
 
         For state operations on a sequence no generation uses (saving or
         restoring a slot): they run between two ``llama_decode`` calls, while
-        the other sequences keep generating.  Blocking: call from a worker thread.
+        the other generations go on.  Blocking: call from a worker thread.
         The thread must take the call up within *start_within_s* (it finishes
         the step in progress first); how long *function* then runs is its own
         work (a slot file's reading or writing).
@@ -178,7 +225,7 @@ class DecodeLoop:
     def stop(self, timeout_s: float | None = None) -> bool:
         """Stop the thread and wait for it (at most *timeout_s*); whether it stopped.
 
-        Sequences still active end with an error.  A thread that does not stop
+        Generations still active end with an error.  A thread that does not stop
         in time is inside llama.cpp and may still touch the context.
         """
         with self._wakeup:
@@ -242,9 +289,9 @@ class DecodeLoop:
                 self._step_failed(error)
 
     def _step_failed(self, error: Exception) -> None:
-        logger.error("a decode step failed; its sequences end with an error", exc_info=error)
+        logger.error("a decode step failed; its generations end with an error", exc_info=error)
         for member in self._active:
-            member.sequence.cache.clear()
+            member.generation.cache.clear()
         self._end_all(error)
 
     def _close_down(self) -> None:
@@ -259,7 +306,7 @@ class DecodeLoop:
         self._end_all(closed)
 
     def _fail_everything(self, error: BaseException) -> None:
-        """The guard: end every sequence, arrival and call with an error, refuse new work, report the loss.
+        """The guard: end every generation, arrival and call with an error, refuse new work, report the loss.
 
         Each end is delivered whatever happens to the others: this runs after
         a bug, so nothing here may rely on the state it left.
@@ -284,7 +331,7 @@ class DecodeLoop:
         self._active = []
         for member in members:
             try:
-                member.sequence.close()
+                member.generation.close()
             except Exception:  # noqa: BLE001, S110 - its sampler leaks; the end is still delivered
                 pass
             finally:
@@ -295,19 +342,19 @@ class DecodeLoop:
         try:
             DecodeLoop._end(member, error)
         except Exception:
-            logger.exception("a sequence's end could not be delivered")
+            logger.exception("a generation's end could not be delivered")
 
     def _admit(self, member: _Member) -> None:
-        if member.sequence.cancelled:
+        if member.generation.cancelled:
             self._end(member, None)
             return
         if self._fatal is not None:
             self._end(member, self._fatal)
             return
         try:
-            member.sequence.start()
+            member.generation.start()
         except Exception as error:  # noqa: BLE001 - the request's own failure (a grammar, a prompt)
-            member.sequence.close()
+            member.generation.close()
             self._end(member, error)
             return
         self._active.append(member)
@@ -317,7 +364,7 @@ class DecodeLoop:
         if not self._active:
             return
         batch = self._next_batch()
-        timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].sequence.prefilling
+        timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].generation.prefilling
         started = time.perf_counter()
         try:
             starts = self._context.decode_batch([entry for _, entry in batch])
@@ -327,44 +374,44 @@ class DecodeLoop:
         except EngineFailure as failure:
             self._decode_failed(failure, [member for member, _ in batch])
             return
-        if timed and self._drafting is not None:  # the drafting policy models one sequence's steps
+        if timed and self._drafting is not None:  # the drafting policy models one generation's steps
             self._drafting.observe_decode(len(batch[0][1].tokens), time.perf_counter() - started)
         for (member, entry), start in zip(batch, starts, strict=True):
             try:
-                member.sequence.evaluated(entry, start)
+                member.generation.evaluated(entry, start)
             except Exception as error:  # noqa: BLE001 - a bug fails its own request only
                 self._fail(member, error)
                 continue
-            if member.sequence.done:
+            if member.generation.done:
                 self._active.remove(member)
                 self._end(member, None)
 
     def _drop_cancelled(self) -> None:
-        for member in [m for m in self._active if m.sequence.cancelled]:
-            member.sequence.close()
+        for member in [m for m in self._active if m.generation.cancelled]:
+            member.generation.close()
             self._active.remove(member)
             self._end(member, None)
 
     def _next_batch(self) -> list[tuple[_Member, BatchEntry]]:
-        """Every generating sequence's token, then prompt chunks, oldest sequence first, up to the chunk."""
+        """Every generating request's token, then prompt chunks, oldest first, up to the chunk."""
         alone = len(self._active) == 1
         batch = [
-            (member, member.sequence.token_entry(alone=alone))
+            (member, member.generation.token_entry(alone=alone))
             for member in self._active
-            if not member.sequence.prefilling
+            if not member.generation.prefilling
         ]
         room = min(self._prefill_chunk, self._context.n_batch - sum(len(entry.tokens) for _, entry in batch))
         for member in self._active:
             if room <= 0:
                 break
-            if member.sequence.prefilling:
-                entry = member.sequence.prompt_entry(room)
+            if member.generation.prefilling:
+                entry = member.generation.prompt_entry(room)
                 batch.append((member, entry))
                 room -= len(entry.tokens)
         return batch
 
     def _decode_failed(self, failure: EngineFailure, in_batch: list[_Member]) -> None:
-        """A fatal failure ends every sequence, now and later; another only those in the batch."""
+        """A fatal failure ends every generation, now and later; another only those in the batch."""
         if failure.fatal:
             self._lose(failure)
             self._end_all(failure)
@@ -376,20 +423,20 @@ class DecodeLoop:
         """The shared context is full: free idle slots' sequences, else end one of the batch.
 
         Idle slots' tokens go first (to a host-RAM snapshot when they are worth
-        one).  Then the newest sequence still reading its prompt fails with a 503
-        (it has sent nothing yet; the client may retry); else the generating
-        sequence holding the most tokens ends as if its context were full.
+        one).  Then the newest request still reading its prompt fails with a 503
+        (it has sent nothing yet; the client may retry); else the generation
+        holding the most tokens ends as if its context were full.
         """
-        active = {member.sequence.cache.seq_id for member in self._active}
+        active = {member.generation.cache.seq_id for member in self._active}
         idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
         if idle:
             for cache in idle:
                 cache.evict()
             return
-        prefilling = [member for member in in_batch if member.sequence.prefilling]
+        prefilling = [member for member in in_batch if member.generation.prefilling]
         if prefilling:
             victim = prefilling[-1]
-            victim.sequence.cache.clear()
+            victim.generation.cache.clear()
             self._fail(
                 victim,
                 ServiceUnavailable(
@@ -399,9 +446,9 @@ class DecodeLoop:
                 ),
             )
             return
-        victim = max(in_batch, key=lambda member: len(member.sequence.cache.tokens))
-        victim.sequence.finish(StopCause.CONTEXT)
-        victim.sequence.cache.evict()
+        victim = max(in_batch, key=lambda member: len(member.generation.cache.tokens))
+        victim.generation.finish(StopCause.CONTEXT)
+        victim.generation.cache.evict()
         self._active.remove(victim)
         self._end(victim, None)
 
@@ -427,15 +474,15 @@ class DecodeLoop:
             logger.exception("idle work failed unexpectedly; the next turn starts cold")
 
     def _lose(self, failure: EngineFailure) -> None:
-        """A fatal failure: every later sequence is refused with it, and the engine hears once."""
+        """A fatal failure: every later generation is refused with it, and the engine hears once."""
         if self._fatal is None:
             self._fatal = failure
             self._on_lost(failure)
 
     def _fail(self, member: _Member, error: BaseException) -> None:
-        member.sequence.close()
+        member.generation.close()
         if not isinstance(error, EngineFailure | ServiceUnavailable):
-            member.sequence.cache.clear()  # a bug may have left the sequence half-written
+            member.generation.cache.clear()  # a bug may have left the sequence half-written
         if member in self._active:
             self._active.remove(member)
         self._end(member, error)
@@ -443,7 +490,7 @@ class DecodeLoop:
     def _end_all(self, error: BaseException) -> None:
         members, self._active = self._active, []
         for member in members:
-            member.sequence.close()
+            member.generation.close()
             self._end(member, error)
 
     @staticmethod

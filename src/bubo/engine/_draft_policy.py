@@ -25,9 +25,7 @@ drafts the ``k`` that maximises that ratio when it beats 1 by a margin.
 at a shorter context) would never learn that drafting pays again.  After
 ``EXPLORE_AFTER_STEPS`` single steps it therefore verifies one short draft of
 a proposal that is more likely right than wrong: at most one small batch per
-64 tokens, a bounded cost, which keeps ``beta`` current.  The benchmark found
-the stuck policy: it drafted nothing on the copy-heavy edit after a run of
-long-context scenarios.
+64 tokens, a bounded cost, which keeps ``beta`` current.
 """
 
 from __future__ import annotations

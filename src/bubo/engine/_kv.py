@@ -164,7 +164,11 @@ class SnapshotStore:
 
 
 class SequenceCache:
-    """One sequence of a context (one slot's): its tokens, prefix reuse and snapshots."""
+    """One sequence of a context (one slot's): its tokens, prefix reuse and snapshots.
+
+    Its token list mirrors what llama.cpp holds in the sequence; the slot reads
+    it (:class:`~.slots.TokenMirror`) from the trio thread.
+    """
 
     def __init__(self, ctx: object, memory: object, store: SnapshotStore | None, seq_id: int = 0) -> None:
         self._ctx = ctx
@@ -177,9 +181,14 @@ class SequenceCache:
         self._ever_used = False
         self._exact: int | None = None  # after a shift: how many leading cells are exact (None: all)
 
-    def copy_tokens(self) -> list[int]:
-        """The tokens held, copied in one C call (safe to read from another thread)."""
-        return self.tokens.copy()
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens are held (safe to read from another thread: the list's length, no copy)."""
+        return len(self.tokens)
+
+    def head(self, n: int) -> list[int]:
+        """The first *n* tokens held, copied in one C call (safe to read from another thread)."""
+        return self.tokens[:n]
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Record *tokens* as evaluated after the cached ones."""

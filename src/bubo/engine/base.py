@@ -212,8 +212,23 @@ class Engine(Protocol):
         """
         ...
 
+    @property
+    def n_slots(self) -> int:
+        """How many session slots there are (cheap, as the next two: for admission and checks)."""
+        ...
+
+    @property
+    def requests_running(self) -> int:
+        """Slots held now (by a generation, or a slot action)."""
+        ...
+
+    @property
+    def requests_waiting(self) -> int:
+        """Requests waiting for a slot."""
+        ...
+
     def statistics(self) -> EngineStatistics:
-        """A consistent-enough snapshot of counters and slot state."""
+        """A consistent-enough snapshot of counters and every slot's state (``/slots``, ``/metrics``)."""
         ...
 
     async def wait_idle(self) -> None:
@@ -330,6 +345,21 @@ class SlotEngine(abc.ABC):
     def slots(self) -> tuple[Slot, ...]:
         """The session slots."""
         return self._pool.slots
+
+    @property
+    def n_slots(self) -> int:
+        """How many session slots there are."""
+        return len(self._pool.slots)
+
+    @property
+    def requests_running(self) -> int:
+        """Slots held now (by a generation, or a slot action)."""
+        return self._pool.held
+
+    @property
+    def requests_waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return self._pool.waiting
 
     @property
     def lost(self) -> bool:
@@ -523,7 +553,7 @@ class SlotEngine(abc.ABC):
 
     def cache_contents(self) -> CacheContents:
         """What the prompt cache holds (engines with snapshots say more)."""
-        live = sum(len(slot.cached_tokens()) for slot in self._pool.slots)
+        live = sum(slot.n_cached for slot in self._pool.slots)
         return CacheContents(live_tokens=live, budget_bytes=0)
 
     async def aclose(self) -> None:

@@ -1,19 +1,21 @@
 """A scripted engine for fast tests of everything above the engine.
 
 Same slots, queue, accounting and cancellation machinery as the llama.cpp
-engine (:class:`SlotEngine`, :class:`Slot`); instead of decoding it replays a
-reply text piece by piece, with an optional delay per piece and an optional
-failure.  Each slot remembers the last prompt it ran, so slot choice by prefix
-works as on the real engine.  Never imports ``llama_cpp``.
+engine (:class:`SlotEngine`, :class:`Slot`), and the same rules for when a
+generation ends (:class:`EndPolicy`: limits, stop strings, the time limit,
+``n_indent``, the thinking budget); instead of decoding it replays a reply
+text piece by piece, with an optional delay per piece and an optional failure.
+Each slot remembers the last prompt it ran, so slot choice by prefix works as
+on the real engine.  Never imports ``llama_cpp``.
 """
 
 from __future__ import annotations
 
-import functools
+import collections
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -35,7 +37,7 @@ from bubo.domain.generation import (
     TopLogprob,
 )
 
-from ._stops import GeneratedText
+from ._end_policy import EndPolicy
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
 from .slots import Slot, common_prefix
 
@@ -72,6 +74,8 @@ class FakeScript:
     piece_delay: float = 0.0  # seconds per generated piece
     prefill_delay: float = 0.0  # seconds for the whole prompt
     fail_after: int | None = None  # raise EngineFailure after this many pieces
+    # The bytes of tokens the engine inserts (the end of thinking: ThinkingBudget.end_tokens); others: empty.
+    vocabulary: Mapping[int, bytes] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -112,6 +116,21 @@ class FakeEmbedder:
         return pooled
 
 
+@attrs.frozen
+class _KvMirror:
+    """A slot's "KV sequence": the last prompt it ran."""
+
+    kv: dict[int, tuple[int, ...]]
+    slot_id: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.kv.get(self.slot_id, ()))
+
+    def head(self, n: int) -> tuple[int, ...]:
+        return self.kv.get(self.slot_id, ())[:n]
+
+
 class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time."""
 
@@ -134,10 +153,7 @@ class FakeEngine(SlotEngine):
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
         for slot in self.slots:
-            slot.cached_tokens = functools.partial(self._cached, slot.id)
-
-    def _cached(self, slot_id: int) -> tuple[int, ...]:
-        return self._kv.get(slot_id, ())
+            slot.mirror = _KvMirror(self._kv, slot.id)
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """The converted text, as the real engine makes it (the fake samples no grammar); recorded."""
@@ -185,55 +201,57 @@ class FakeEngine(SlotEngine):
         prompt_ms = (time.perf_counter() - started) * 1000
         slot.prompt_took(prompt_ms / 1000)
         generated = time.perf_counter()
+        ending = EndPolicy(
+            request,
+            eog=self._info.eog_token_ids,
+            n_ctx_train=self._info.n_ctx_train,
+            fits=lambda n: len(prompt) + n < self._info.n_ctx,
+            clock=trio.current_time,
+        )
         pieces = script.pieces if script.pieces is not None else self._words(request)
-        limit = request.max_new_tokens
-        text = GeneratedText(request.stop)
-        cause = StopCause.EOS
-        n = 0
-
-        def at_limit() -> bool:  # as the real engine: past the limit only to finish a character
-            return limit is not None and n >= limit and text.may_end(n - limit)
-
-        for index, piece in enumerate(pieces):
-            if at_limit():
-                cause = StopCause.LIMIT
-                break
-            if script.fail_after is not None and n >= script.fail_after:
+        upcoming = collections.deque((100 + index, piece) for index, piece in enumerate(pieces))
+        cause = StopCause.EOS  # the reply ran out, as if the model ended it
+        if ending.nothing_to_generate:
+            cause = StopCause.LIMIT
+            upcoming.clear()
+        while upcoming:
+            token, piece = upcoming.popleft()
+            if script.fail_after is not None and ending.n_generated >= script.fail_after:
                 raise EngineFailure("the fake engine failed as scripted")
             await trio.sleep(script.piece_delay)
-            n += 1
             slot.generated()
             self._pool.changed()
-            released = text.feed(piece)
-            last = index == len(pieces) - 1 or at_limit()
-            if last and text.matched is None:
-                released += text.finish()
+            verdict = ending.take(token, piece)
+            released = verdict.text
+            if verdict.cause is None and not upcoming and not verdict.insert:
+                released += ending.flush()
             logprob = None
             if request.n_probs is not None:
                 logprob = TokenLogprob(
-                    token_id=100 + index,
+                    token_id=token,
                     piece=piece,
                     logprob=-0.5,
                     top=tuple(
-                        TopLogprob(token_id=100 + index + k, piece=piece, logprob=-0.5 - k)
+                        TopLogprob(token_id=token + k, piece=piece, logprob=-0.5 - k)
                         for k in range(request.n_probs)
                     ),
                 )
-            await send.send(TokenGenerated(token_id=100 + index, text=released, logprob=logprob))
-            if text.matched is not None:
-                cause = StopCause.STOP_WORD
+            await send.send(TokenGenerated(token_id=token, text=released, logprob=logprob))
+            if verdict.cause is not None:
+                cause = verdict.cause
                 break
+            upcoming.extendleft(reversed([(t, script.vocabulary.get(t, b"")) for t in verdict.insert]))
         predicted_ms = (time.perf_counter() - generated) * 1000
         slot.generation_took(predicted_ms / 1000)
         await send.send(
             GenerationFinished(
                 cause=cause,
-                stop_word=text.matched,
+                stop_word=ending.stop_word,
                 stats=GenerationStats(
                     prompt_tokens=len(prompt),
                     cached_tokens=cached,
                     prompt_ms=prompt_ms,
-                    completion_tokens=n,
+                    completion_tokens=ending.n_generated,
                     predicted_ms=predicted_ms,
                     cache=CacheReport(hit=True, miss_reason=None) if cached else CacheReport(),
                     slot_id=slot.id,

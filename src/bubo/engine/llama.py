@@ -2,13 +2,14 @@
 
 One model, one context, ``n_parallel`` session slots, each with its own KV
 sequence.  One decode thread (:mod:`._decode_loop`) drives every active
-sequence, one batch a step; tokens reach trio through each request's memory
-channel.  A client that leaves marks its sequence cancelled; the thread lets
-go of it at its next step, and only then is the slot given back.
+generation (:mod:`._generation`), one batch a step; tokens reach trio through
+each request's memory channel.  A client that leaves marks its generation
+cancelled; the thread lets go of it at its next step, and only then is the
+slot given back.
 
 Events are handed to trio without waiting (``TrioToken.run_sync_soon``): a
-blocking round trip per token cost 0.28 ms of a 9.4 ms step on the reference
-machine.  The channel is therefore unbounded, but a generation's events are
+blocking round trip per token would cost every step a wake-up of the event
+loop.  The channel is therefore unbounded, but a generation's events are
 bounded by its context length, and the decode never waits for a slow client.
 
 Each slot's KV sequence keeps its previous request's tokens; a new request
@@ -38,10 +39,10 @@ from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
+from ._generation import EngineSetup, Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
 from ._sampler import Sampler, dry_key
-from ._sequence import Outcome, Sequence
 from .base import (
     CacheContents,
     EngineFailure,
@@ -193,8 +194,6 @@ class LlamaEngine(SlotEngine):
         context = self._context
         # drafting statistics outlive a request: they describe the model, the machine and the workload
         drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
-        self._drafting = drafting
-        self._context_shift = options.context_shift
         self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
         self._loop = DecodeLoop(
             context, prefill_chunk=options.prefill_chunk, drafting=drafting, on_lost=self._loop_lost
@@ -225,8 +224,16 @@ class LlamaEngine(SlotEngine):
             similarity=options.slot_prompt_similarity,
             totals=totals,
         )
+        self._setup = EngineSetup(
+            context=context,
+            pieces=self._pieces,
+            eog=self._info.eog_token_ids,
+            sampler=self._sampler_for,
+            drafting=drafting,
+            context_shift=options.context_shift,
+        )
         for slot, cache in zip(self.slots, context.caches, strict=True):
-            slot.cached_tokens = cache.copy_tokens
+            slot.mirror = cache
         if options.embeddings:
             try:
                 self.embedder = Embedder(
@@ -302,7 +309,19 @@ class LlamaEngine(SlotEngine):
             snapshots=tuple(store.snapshots()) if store is not None else (),
         )
 
-    # ---- a generation: a sequence on the decode thread ----------------------------------------
+    # ---- a generation on the decode thread ----------------------------------------------------
+
+    def _sampler_for(self, request: GenerationRequest) -> Sampler:
+        """*request*'s sampler chain (on the decode thread: the DRY stage was prepared before)."""
+        context = self._context
+        return Sampler(
+            request.sampling,
+            n_vocab=context.n_vocab,
+            n_ctx=context.n_ctx_seq,
+            vocab=context.vocab,
+            grammar=request.grammar,
+            dry=context.dry,
+        )
 
     async def _produce(
         self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
@@ -310,18 +329,9 @@ class LlamaEngine(SlotEngine):
         trio_token = self._trio_token = trio.lowlevel.current_trio_token()
 
         def emit(event: EngineEvent) -> None:  # on the decode thread
-            _post(trio_token, _deliver, send, event)  # FIFO, before the sequence's end
+            _post(trio_token, _deliver, send, event)  # FIFO, before the generation's end
 
-        sequence = Sequence(
-            self._context,
-            slot,
-            request,
-            pieces=self._pieces,
-            eog=self._info.eog_token_ids,
-            drafting=self._drafting,
-            emit=emit,
-            context_shift=self._context_shift,
-        )
+        generation = Generation(self._setup, slot, request, emit=emit)
         ended = trio.Event()
         failures: list[BaseException] = []
 
@@ -329,24 +339,24 @@ class LlamaEngine(SlotEngine):
             try:
                 if error is not None:
                     failures.append(error)
-                elif sequence.outcome is not None:
-                    self._warm_up_later(slot, request, sequence.outcome)
+                elif generation.outcome is not None:
+                    self._warm_up_later(slot, request, generation.outcome)
             finally:
                 _post(trio_token, ended.set)  # whatever happened above: the producer must hear
 
-        self._loop.submit(sequence, on_end)
+        self._loop.submit(generation, on_end)
         try:
             await ended.wait()
         finally:
             if not ended.is_set():  # the client left, or shutdown's deadline passed
-                sequence.cancelled = True
+                generation.cancelled = True
                 self._loop.wake()
                 await self._wait_released(ended)
         if failures:
             raise failures[0]
 
     async def _wait_released(self, ended: trio.Event) -> None:
-        """Wait (shielded, at most :attr:`release_wait_s`) for the thread to let go of a cancelled sequence.
+        """Wait (shielded, at most :attr:`release_wait_s`) for the thread to let go of a cancelled generation.
 
         It does so at its next step, after the current token or prompt chunk.
         A thread that takes longer is stuck (inside llama.cpp): the engine is
@@ -371,7 +381,7 @@ class LlamaEngine(SlotEngine):
             logger.exception("the next turn's warm-up could not be queued; it starts cold")
 
     def _schedule_warm_up(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
-        """Evaluate the end of turn the next prompt will start with, once no sequence is active.
+        """Evaluate the end of turn the next prompt will start with, once no generation is active.
 
         Called on the decode thread as the generation ends (so a client that
         leaves right after its last token still gets its next turn warm).  Only
@@ -395,7 +405,7 @@ class LlamaEngine(SlotEngine):
             return
         version = cache.version
 
-        def warm_up() -> None:  # on the decode thread, with no sequence active
+        def warm_up() -> None:  # on the decode thread, with no generation active
             if cache.version != version:  # another request used the slot
                 return
             self._context.decode(tokens, cache.seq_id)

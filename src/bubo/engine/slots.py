@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 import trio
 
 from .stats import EngineCounters, SlotStatistics
 
-__all__ = ["Slot", "SlotPool", "common_prefix"]
+__all__ = ["Slot", "SlotPool", "TokenMirror", "common_prefix"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
@@ -37,8 +38,25 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) 
     return i
 
 
-def _no_tokens() -> Sequence[int]:
-    return ()
+class TokenMirror(Protocol):
+    """What a slot's KV sequence holds, read from the trio thread while a producer may change it."""
+
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens it holds (cheap: no copy)."""
+        ...
+
+    def head(self, n: int) -> Sequence[int]:
+        """A copy of its first *n* tokens (for matching a prompt's prefix)."""
+        ...
+
+
+@attrs.frozen
+class _Empty:
+    n_tokens: int = 0
+
+    def head(self, _n: int) -> Sequence[int]:
+        return ()
 
 
 @attrs.define(eq=False)
@@ -48,8 +66,8 @@ class Slot:
     id: int
     n_ctx: int
     totals: EngineCounters
-    cached_tokens: Callable[[], Sequence[int]] = _no_tokens
-    """A copy of the tokens the slot's KV sequence holds (the engine sets it; read for slot choice)."""
+    mirror: TokenMirror = attrs.field(factory=_Empty)
+    """The tokens the slot's KV sequence holds (the engine sets it; read for slot choice and counts)."""
     is_processing: bool = False
     id_task: int = -1
     prompt_processed: int = 0
@@ -92,27 +110,29 @@ class Slot:
         """The generation phase ended after *seconds*."""
         self.totals.tokens_predicted_seconds += seconds
 
-    def drafted(self, n_tokens: int) -> None:
-        """A draft of *n_tokens* was verified in one step."""
-        self.totals.draft_tokens += n_tokens
+    def draft_verified(self, n_drafted: int, n_accepted: int) -> None:
+        """A draft of *n_drafted* tokens was verified in one step; *n_accepted* of them were kept."""
+        self.totals.draft_tokens += n_drafted
         self.totals.draft_steps += 1
-
-    def draft_accepted(self) -> None:
-        """One drafted token was accepted."""
-        self.totals.draft_accepted += 1
+        self.totals.draft_accepted += n_accepted
 
     def holds(self, n_tokens: int) -> None:
         """The slot's KV sequence now holds *n_tokens* (the longest ever held is a total)."""
         self.totals.n_tokens_max = max(self.totals.n_tokens_max, n_tokens)
 
+    @property
+    def n_cached(self) -> int:
+        """Tokens the slot's KV sequence holds now (read from the cache: evictions show at once)."""
+        return self.mirror.n_tokens
+
     def statistics(self) -> SlotStatistics:
-        """The slot as ``/slots`` shows it."""
+        """The slot as ``/slots`` and ``/metrics`` show it (the engine's cheap properties answer the rest)."""
         return SlotStatistics(
             id=self.id,
             n_ctx=self.n_ctx,
             is_processing=self.is_processing,
             id_task=self.id_task,
-            n_prompt_tokens=len(self.cached_tokens()),  # read from the cache: evictions show at once
+            n_prompt_tokens=self.n_cached,
             n_prompt_tokens_processed=self.prompt_processed,
             n_prompt_tokens_cache=self.prompt_cached,
             n_decoded=self.decoded,
@@ -218,7 +238,7 @@ class SlotPool:
             return None
         prompt = waiter.prompt
         if self._similarity > 0 and prompt and len(free) > 1:
-            matches = [(common_prefix(slot.cached_tokens(), prompt), slot) for slot in free]
+            matches = [(common_prefix(slot.mirror.head(len(prompt)), prompt), slot) for slot in free]
             length, best = max(matches, key=lambda match: match[0])
             if length / len(prompt) > self._similarity:
                 return best

@@ -212,12 +212,12 @@ def open_output(
         QueueFull: ``max_queue`` requests already wait for a slot.
 
     """
-    if runtime.max_queue is not None:
-        statistics = runtime.engine.statistics()
-        every_slot_busy = statistics.requests_processing >= len(statistics.slots)
-        if every_slot_busy and statistics.requests_deferred >= runtime.max_queue:
+    engine = runtime.engine
+    if runtime.max_queue is not None and engine.requests_running >= engine.n_slots:
+        waiting = engine.requests_waiting
+        if waiting >= runtime.max_queue:
             raise QueueFull(
-                f"every slot is busy and {statistics.requests_deferred} requests already wait "
+                f"every slot is busy and {waiting} requests already wait "
                 f"(at most {runtime.max_queue} may); retry shortly",
                 retry_after_s=QUEUE_RETRY_AFTER_S,
             )

@@ -141,8 +141,8 @@ class ServerState:
         """Whether a generation runs or waits for the slot."""
         if self.runtime is None:
             return False
-        statistics = self.runtime.engine.statistics()
-        return bool(statistics.requests_processing or statistics.requests_deferred)
+        engine = self.runtime.engine
+        return bool(engine.requests_running or engine.requests_waiting)
 
     def require_runtime(self) -> Runtime:
         """The runtime, or the 503 that says why there is none yet.

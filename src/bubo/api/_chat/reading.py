@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-import cattrs
-
 from bubo.api._context import structured_body
 from bubo.domain.requests import ChatRequest
 from bubo.service.chat import prompt_chars
@@ -25,7 +23,7 @@ __all__ = ["chat_request_without_model", "on_the_prompt"]
 T = TypeVar("T")
 
 
-async def chat_request_without_model(runtime: Runtime, converter: cattrs.Converter) -> ChatRequest:
+async def chat_request_without_model(runtime: Runtime) -> ChatRequest:
     """The request's chat-completions body, translated; ``model`` may be left out, as llama-server allows.
 
     Raises:
@@ -33,7 +31,7 @@ async def chat_request_without_model(runtime: Runtime, converter: cattrs.Convert
         NotFound: it names a model not served here.
 
     """
-    body = await structured_body(runtime, converter, wire.ChatCompletionRequest)
+    body = await structured_body(runtime, wire.ChatCompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     return translate.chat_request(body)

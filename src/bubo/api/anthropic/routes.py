@@ -9,7 +9,6 @@ from __future__ import annotations
 from quart import Blueprint, Response
 
 from bubo.api._context import request_id, request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
@@ -28,14 +27,13 @@ PATH_PREFIX = "/v1/messages"
 """Errors on paths under this prefix use the Anthropic envelope."""
 
 blueprint = Blueprint("anthropic", __name__)
-_converter = make_converter()
 
 
 @blueprint.post("/v1/messages")
 async def messages() -> Response:
     """Messages, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.MessagesRequest)
+    body = await structured_body(runtime, wire.MessagesRequest)
     runtime.check_model(body.model)
     chat = translate.messages_request(body)
     report_omitted(chat.omitted)
@@ -59,7 +57,7 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     """The prompt's token count as generation would see it; no generation, no context limit."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.CountTokensRequest)
+    body = await structured_body(runtime, wire.CountTokensRequest)
     runtime.check_model(body.model)
     if body.stream:
         raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")

@@ -10,7 +10,6 @@ import attrs
 from quart import Response
 
 from bubo.api._context import require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import embedding_inputs
 from bubo.api._json import dumps
 from bubo.errors import InvalidRequest
@@ -26,8 +25,6 @@ from bubo.service.embeddings import (
 from .routes import blueprint
 
 __all__ = ["EmbeddingRequest"]
-
-_converter = make_converter()
 
 
 @attrs.frozen(kw_only=True)
@@ -54,7 +51,7 @@ async def embedding() -> Response:
     """A list of ``{index, embedding}``, one per input."""
     runtime = require_runtime()
     embedder = require_embedder(runtime)
-    body = await structured_body(runtime, _converter, EmbeddingRequest)
+    body = await structured_body(runtime, EmbeddingRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     value, param = (body.input, "input") if body.input is not None else (body.content, "content")

@@ -6,7 +6,6 @@ import attrs
 from quart import Response
 
 from bubo.api._context import require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.errors import InvalidRequest, NotImplementedOnThisModel
 from bubo.service.generation import prepare_completion
 from bubo.service.infill import ExtraChunk, InfillParts, chunk_chars, infill_tokens
@@ -16,8 +15,6 @@ from . import translate, wire
 from .routes import answer_completion, blueprint, check_id_slot
 
 __all__ = ["InfillChunk", "InfillRequest"]
-
-_converter = make_converter()
 
 
 @attrs.frozen(kw_only=True)
@@ -48,7 +45,7 @@ async def infill() -> Response:
             "(prefix, suffix and middle); use a code model trained for FIM, such as Qwen2.5-Coder"
         )
     fim = info.fim
-    body = await structured_body(runtime, _converter, InfillRequest)
+    body = await structured_body(runtime, InfillRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     parts = _parts(body)

@@ -12,7 +12,6 @@ from quart import Blueprint, Response, request
 
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._progress import LiveTimings, progress
@@ -32,7 +31,6 @@ from .metrics import CONTENT_TYPE, render_metrics
 __all__ = ["answer_completion", "blueprint", "check_id_slot"]
 
 blueprint = Blueprint("llamacpp", __name__)
-_converter = make_converter()
 
 MAX_TOKENS = 1 << 20
 """The most token ids one ``/tokenize`` answer or ``/detokenize`` request holds (1,048,576: more than
@@ -228,7 +226,7 @@ def _final(result: wire.CompletionResult, fields: list[str] | None) -> dict[str,
 async def completion() -> Response:
     """Raw-prompt completion; needs no model.  Several prompts are answered side by side, in order."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.CompletionRequest)
+    body = await structured_body(runtime, wire.CompletionRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     check_id_slot(runtime, body.id_slot)
@@ -245,7 +243,7 @@ async def completion() -> Response:
 
 def check_id_slot(runtime: Runtime, id_slot: int | None) -> None:
     """400 unless *id_slot* is absent, -1 (any slot) or a slot's id."""
-    n_slots = len(runtime.engine.statistics().slots)
+    n_slots = runtime.engine.n_slots
     if id_slot not in (None, -1) and not 0 <= id_slot < n_slots:
         raise InvalidRequest(
             f"id_slot must be -1 (any slot) or a slot id from 0 to {n_slots - 1}; got {id_slot}",
@@ -334,7 +332,7 @@ async def _collect_all(
 async def apply_template() -> Response:
     """The chat-completions body rendered as prompt text, as generation renders it; no model needed."""
     runtime = require_runtime()
-    chat = await chat_request_without_model(runtime, _converter)
+    chat = await chat_request_without_model(runtime)
     rendered = await on_the_prompt(runtime, chat, lambda: render_chat_request(runtime, chat))
     return json_response({"prompt": rendered.text})
 
@@ -343,7 +341,7 @@ async def apply_template() -> Response:
 async def tokenize() -> Response:
     """Text to token ids, llama-server semantics (no template; ``add_special`` off by default)."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.TokenizeRequest, _at_most_max_tokens("content"))
+    body = await structured_body(runtime, wire.TokenizeRequest, _at_most_max_tokens("content"))
     content = body.content if body.content is not None else ""
     pieces = (content,) if isinstance(content, str) else tuple(content)
     chars = sum(len(p) if isinstance(p, str) else 1 for p in pieces)
@@ -396,7 +394,7 @@ def _too_many_tokens(param: str, verb: str) -> InvalidRequest:
 async def detokenize() -> Response:
     """Token ids to text."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.DetokenizeRequest, _at_most_max_tokens("tokens"))
+    body = await structured_body(runtime, wire.DetokenizeRequest, _at_most_max_tokens("tokens"))
     tokens = body.tokens or []
     tokenizer = runtime.tokenizer
 
@@ -447,7 +445,7 @@ async def props() -> Response:
                 ),
                 n_ctx=info.n_ctx,
             ),
-            total_slots=len(runtime.engine.statistics().slots),
+            total_slots=runtime.engine.n_slots,
             modalities=wire.Modalities(vision=False, audio=False),
             template=template.source,
             chat_template=template.source,

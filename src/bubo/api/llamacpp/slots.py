@@ -66,7 +66,7 @@ async def slot_action(id_slot: str) -> Response:
         raise NotImplementedOnThisModel(
             "this server does not support slot actions; start it with --slot-save-path DIR"
         )
-    n_slots = len(runtime.engine.statistics().slots)
+    n_slots = runtime.engine.n_slots
     if not id_slot.isascii() or not id_slot.isdigit() or not 0 <= int(id_slot) < n_slots:
         raise InvalidRequest(
             f"invalid slot id {id_slot[:40]!r}: use a slot id from 0 to {n_slots - 1}", param="id_slot"

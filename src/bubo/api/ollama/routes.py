@@ -15,13 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import cattrs
 import trio
-from quart import Blueprint, Response, current_app, request
-from quart.blueprints import BlueprintSetupState
+from quart import Blueprint, Response, request
 
 from bubo.api._context import request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import MAX_EMBEDDING_INPUTS
 from bubo.api._json import json_response
 from bubo.errors import InternalError, InvalidRequest, NotImplementedOnThisModel
@@ -68,26 +65,7 @@ Clients refuse a version that is not numeric or older than they need (VS Code Co
 COPILOT_USER_AGENT = "GitHubCopilotChat/"
 """Ollama writes the requested name into ``general.basename`` for this client; so does Bubo."""
 
-_CONTEXT_KEY = "bubo.ollama"
-
 blueprint = Blueprint("ollama", __name__)
-
-
-@attrs.frozen
-class _Dialect:
-    """The dialect's per-app objects (never module globals)."""
-
-    converter: cattrs.Converter
-
-
-@blueprint.record_once
-def _install(state: BlueprintSetupState) -> None:
-    state.app.extensions[_CONTEXT_KEY] = _Dialect(converter=make_converter())
-
-
-def _converter() -> cattrs.Converter:
-    dialect: _Dialect = current_app.extensions[_CONTEXT_KEY]
-    return dialect.converter
 
 
 def _card(runtime: Runtime) -> ModelCard:
@@ -205,7 +183,7 @@ async def ps() -> Response:
 async def show() -> Response:
     """The model's details, metadata, template, parameters and capabilities."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.ShowRequest)
+    body = await structured_body(runtime, wire.ShowRequest)
     requested = body.model or body.name
     name = require_name(requested, runtime.model_names)
     if body.verbose:
@@ -236,7 +214,7 @@ async def show() -> Response:
 async def chat() -> Response:
     """A chat turn; streamed as NDJSON unless ``stream`` is ``false``."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.ChatRequest)
+    body = await structured_body(runtime, wire.ChatRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
     _ignored(body, keep_alive)
@@ -256,7 +234,7 @@ async def chat() -> Response:
 async def generate() -> Response:
     """A completion of ``prompt``: through the chat template, ``raw``, or filling in before ``suffix``."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.GenerateRequest)
+    body = await structured_body(runtime, wire.GenerateRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
     _ignored(body, keep_alive)
@@ -387,7 +365,7 @@ async def embed_route() -> Response:
     ``truncate`` (default true) cuts an input to what one embedding may hold.
     """
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.EmbedRequest)
+    body = await structured_body(runtime, wire.EmbedRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
     _ignored(None, keep_alive)
@@ -413,7 +391,7 @@ async def embed_route() -> Response:
 async def embeddings() -> Response:
     """The older form: ``prompt`` → ``embedding`` (``[]`` for an empty prompt)."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.EmbeddingsRequest)
+    body = await structured_body(runtime, wire.EmbeddingsRequest)
     require_name(body.model, runtime.model_names)
     _ignored(None, keep_alive_seconds(body.keep_alive))
     generation_options(body.options)
@@ -455,7 +433,7 @@ def pull_response(lines: list[wire.Progress], *, stream: bool | None) -> Respons
 async def pull() -> Response:
     """A served model is here already: its progress ends in ``success`` at once; any other name is 404."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter(), wire.PullRequest)
+    body = await structured_body(runtime, wire.PullRequest)
     require_name(body.model or body.name, runtime.model_names)
     return pull_response(pull_lines(_card(runtime)), stream=body.stream)
 

@@ -11,7 +11,6 @@ import attrs
 from quart import Response
 
 from bubo.api._context import require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._embedding_inputs import embedding_inputs
 from bubo.api._json import dumps, unstructure
 from bubo.errors import InvalidRequest
@@ -27,8 +26,6 @@ from bubo.service.embeddings import (
 from .routes import blueprint
 
 __all__ = ["EmbeddingRequest"]
-
-_converter = make_converter()
 
 
 @attrs.frozen(kw_only=True)
@@ -74,7 +71,7 @@ async def embeddings() -> Response:
     """Pooled, Euclidean-normalized vectors, as llama-server's ``/v1/embeddings``."""
     runtime = require_runtime()
     embedder = require_embedder(runtime)
-    body = await structured_body(runtime, _converter, EmbeddingRequest)
+    body = await structured_body(runtime, EmbeddingRequest)
     if body.model is not None:
         runtime.check_model(body.model)
     if body.input is None:

@@ -10,7 +10,6 @@ from bubo.api._chat import translate as chat_translate
 from bubo.api._chat import wire as chat_wire
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._json import json_response
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
@@ -26,7 +25,6 @@ from .stream import ChatStream, CompletionStream, StreamIdentity
 __all__ = ["blueprint"]
 
 blueprint = Blueprint("openai", __name__)
-_converter = make_converter()
 
 
 def _identity(model: str, prefix: str) -> StreamIdentity:
@@ -40,7 +38,7 @@ def _identity(model: str, prefix: str) -> StreamIdentity:
 async def chat_completions() -> Response:
     """Chat, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, chat_wire.ChatCompletionRequest)
+    body = await structured_body(runtime, chat_wire.ChatCompletionRequest)
     runtime.check_model(body.model)
     chat = chat_translate.chat_request(body)
     report_omitted(chat.omitted)
@@ -81,7 +79,7 @@ async def chat_input_tokens() -> Response:
     ``model`` may be left out, as llama-server allows; if given it must be served here.
     """
     runtime = require_runtime()
-    chat = await chat_request_without_model(runtime, _converter)
+    chat = await chat_request_without_model(runtime)
     n_tokens = await on_the_prompt(runtime, chat, lambda: count_chat_request(runtime, chat))
     return json_response(wire.InputTokens(input_tokens=n_tokens))
 
@@ -90,7 +88,7 @@ async def chat_input_tokens() -> Response:
 async def completions() -> Response:
     """Legacy text completion, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, _converter, wire.CompletionRequest)
+    body = await structured_body(runtime, wire.CompletionRequest)
     runtime.check_model(body.model)
     prepared = await prepare_completion(runtime, translate.completion_request(body))
     identity = _identity(body.model or runtime.model_id, "cmpl-")

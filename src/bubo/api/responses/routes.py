@@ -7,7 +7,6 @@ import time
 from quart import Blueprint, Response
 
 from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
-from bubo.api._converter import make_converter
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
@@ -24,7 +23,6 @@ from .stream import ResponseStream
 __all__ = ["blueprint"]
 
 blueprint = Blueprint("responses", __name__)
-_converter = make_converter()
 
 
 def _not_stored(response_id: str, param: str | None = None) -> NotFound:
@@ -42,7 +40,7 @@ async def create() -> Response:
     """A response, streaming or not; stored for continuation unless ``store`` is false."""
     runtime = require_runtime()
     store = api_context().responses
-    body = await structured_body(runtime, _converter, wire.ResponsesRequest)
+    body = await structured_body(runtime, wire.ResponsesRequest)
     runtime.check_model(body.model)
     previous: tuple[Message, ...] = ()
     if body.previous_response_id is not None:
@@ -50,7 +48,7 @@ async def create() -> Response:
         if stored is None:
             raise _not_stored(body.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    conversation = translate.responses_request(_converter, body, previous)
+    conversation = translate.responses_request(api_context().converter, body, previous)
     report_omitted(conversation.request.omitted)
     prepared = await prepare_chat(runtime, conversation.request)
     response_id = new_id("resp_")

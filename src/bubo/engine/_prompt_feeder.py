@@ -1,0 +1,86 @@
+"""What a generation puts into its slot's KV sequence: the prompt in chunks, then room for each token.
+
+The prompt starts after the longest prefix the sequence (or a snapshot) already
+holds; the rest is read a chunk at a time, as much as the decode loop gives it
+room for in each step's batch.  A generation that reaches the end of its
+context stops there, unless the engine shifts the context (llama-server's
+``--context-shift``): then, before the token that would not fit is evaluated,
+the first ``n_keep`` tokens stay, half of the rest are dropped and the later
+cells move down (:meth:`KvSequence.shift`), and the generation goes on.
+"""
+
+from __future__ import annotations
+
+from bubo.domain.generation import CacheReport, GenerationRequest
+
+from ._protocols import BatchEntry, KvSequence
+
+__all__ = ["PromptFeeder"]
+
+
+class PromptFeeder:
+    """One generation's prompt position and its sequence's room (decode thread only)."""
+
+    def __init__(
+        self, request: GenerationRequest, cache: KvSequence, *, n_ctx: int, bos: int | None, shift: bool
+    ) -> None:
+        """*n_ctx*: what the sequence may hold; *shift*: go on past it (where the memory can move cells)."""
+        self._request = request
+        self._prompt = request.prompt_tokens
+        self._cache = cache
+        self._n_ctx = n_ctx
+        self._bos = bos
+        self.shifting = shift and cache.can_shift()
+        self.at = 0  # the next prompt token to evaluate
+        self.n_cached = 0  # prompt tokens the sequence already held
+        self.shifts = 0
+        self.discarded = 0  # tokens the shifts dropped from the sequence
+
+    def reuse(self) -> CacheReport:
+        """Keep the longest cached prefix of the prompt; reading starts after it."""
+        request = self._request
+        self.n_cached, report = self._cache.prepare(
+            self._prompt, request.cache_tags, reuse=request.cache_prompt
+        )
+        self.at = self.n_cached
+        return report
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens remain to evaluate."""
+        return self.at < len(self._prompt)
+
+    @property
+    def processed(self) -> int:
+        """Prompt tokens evaluated so far (not counting the cached ones)."""
+        return self.at - self.n_cached
+
+    def chunk(self, room: int) -> BatchEntry:
+        """Up to *room* prompt tokens for the next batch (logits after the prompt's last)."""
+        chunk = self._prompt[self.at : self.at + room]
+        return BatchEntry(self._cache, chunk, last_logits=self.at + len(chunk) == len(self._prompt))
+
+    def read(self, n_tokens: int) -> None:
+        """*n_tokens* more of the prompt were evaluated."""
+        self.at += n_tokens
+
+    def fits(self, n_generated: int) -> bool:
+        """Whether the *n_generated*-th generated token can be evaluated (shifting makes room)."""
+        return self.shifting or len(self._prompt) + n_generated < self._n_ctx
+
+    def make_room(self) -> None:
+        """Before a token is evaluated: shift the context if it is full (and shifting is on)."""
+        if self.shifting and len(self._cache.tokens) + 1 >= self._n_ctx:
+            self._shift()
+
+    def _shift(self) -> None:
+        """Keep ``n_keep`` tokens (after a BOS), drop half of the rest."""
+        prompt, request = self._prompt, self._request
+        n_keep = len(prompt) if request.n_keep < 0 else request.n_keep
+        if self._bos is not None and prompt[0] == self._bos:
+            n_keep += 1
+        n_keep = min(self._n_ctx - 4, n_keep)
+        n_discard = (len(self._cache.tokens) - n_keep) // 2
+        self._cache.shift(n_keep, n_discard)
+        self.discarded += n_discard
+        self.shifts += 1

@@ -1,0 +1,282 @@
+"""One request's generation (``Generation``) and its parts, over a scripted context and sampler.
+
+A small driver plays the decode loop's part for a generation alone: a prompt
+chunk or the next token (with a draft) per step.  The scripted model says which
+token follows any sequence, so what drafting, chunking and shifting produce is
+compared with a plain generation token for token; the real model's behaviour is
+in test_llama.py and test_prompt_cache.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import pytest
+
+from bubo.domain.generation import (
+    EngineEvent,
+    GenerationFinished,
+    GenerationRequest,
+    PromptProgress,
+    StopCause,
+    ThinkingBudget,
+    TokenGenerated,
+)
+from bubo.engine._draft_policy import DraftOptions, DraftPolicy
+from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
+from bubo.engine._generation import EngineSetup, Generation
+from bubo.engine.base import EngineFailure
+from bubo.engine.slots import Slot
+from bubo.engine.stats import EngineCounters
+
+from ._scripted import ScriptedContext, pieces, sampler_factory
+
+EOG = 0
+PATTERN = (5, 6, 7, 8, 9)
+
+
+def repeating(end_at: int = 120, deviate_every: int = 0):
+    """A model that continues a period-5 pattern, says 40 at every *deviate_every*-th position, ends at *end_at*."""
+
+    def model(seen: Sequence[int]) -> int:
+        if len(seen) >= end_at:
+            return EOG
+        if deviate_every and len(seen) % deviate_every == 0:
+            return 40
+        return seen[-5] if len(seen) >= 5 else PATTERN[0]
+
+    return model
+
+
+@attrs.define
+class Run:
+    """A generation over a scripted context, driven alone, and everything it emitted."""
+
+    context: ScriptedContext
+    generation: Generation
+    events: list[EngineEvent]
+    slot: Slot
+
+    @property
+    def tokens(self) -> list[int]:
+        return [e.token_id for e in self.events if isinstance(e, TokenGenerated)]
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TokenGenerated))
+
+    @property
+    def finished(self) -> GenerationFinished:
+        last = self.events[-1]
+        assert isinstance(last, GenerationFinished)
+        return last
+
+
+def generate(
+    request: GenerationRequest,
+    context: ScriptedContext | None = None,
+    *,
+    drafting: DraftPolicy | None = None,
+    chunk: int = 16,
+    alone: bool = True,
+    context_shift: bool = False,
+    **sampler: object,
+) -> Run:
+    context = context or ScriptedContext(repeating())
+    events: list[EngineEvent] = []
+    slot = Slot(id=0, n_ctx=context.n_ctx_seq, totals=EngineCounters())
+    setup = EngineSetup(
+        context=context,  # type: ignore[arg-type]
+        pieces=pieces(),
+        eog=frozenset({EOG}),
+        sampler=sampler_factory(context, **sampler),
+        drafting=drafting,
+        context_shift=context_shift,
+    )
+    generation = Generation(setup, slot, request, emit=events.append)
+    generation.start()
+    for _ in range(10_000):
+        if generation.done:
+            break
+        entry = (
+            generation.prompt_entry(chunk) if generation.prefilling else generation.token_entry(alone=alone)
+        )
+        (start,) = context.decode_batch([entry])
+        generation.evaluated(entry, start)
+    assert generation.done
+    return Run(context, generation, events, slot)
+
+
+def request(
+    prompt: Sequence[int] = PATTERN * 6, max_new_tokens: int | None = None, **fields
+) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=tuple(prompt), max_new_tokens=max_new_tokens, **fields)
+
+
+class TestAGeneration:
+    def test_reads_its_prompt_in_chunks_then_generates_until_the_end_token(self) -> None:
+        run = generate(request(), chunk=16)
+        progress = [e for e in run.events if isinstance(e, PromptProgress)]
+        assert [p.processed for p in progress] == [0, 16, 30]  # the first before any chunk, as llama-server's
+        assert run.events[0] is progress[0]
+        assert run.tokens[-1] == EOG
+        assert run.tokens[:5] == list(PATTERN)
+        assert run.finished.cause is StopCause.EOS
+        assert run.finished.stats.completion_tokens == len(run.tokens) == 120 - 30 + 1
+        assert run.generation.outcome is not None
+        assert run.generation.outcome.undecoded == EOG  # the end token is never evaluated
+
+    def test_evaluates_every_generated_token_but_the_last_into_its_sequence(self) -> None:
+        run = generate(request(max_new_tokens=10))
+        assert run.context.caches[0].tokens == [*PATTERN * 6, *run.tokens[:-1]]
+        assert run.finished.cause is StopCause.LIMIT
+
+    def test_with_a_limit_of_zero_only_fills_the_cache(self) -> None:
+        run = generate(request(max_new_tokens=0))
+        assert run.tokens == []
+        assert run.finished.cause is StopCause.LIMIT
+        assert run.context.caches[0].tokens == list(PATTERN * 6)
+
+    def test_reuses_the_cached_prefix(self) -> None:
+        context = ScriptedContext(repeating())
+        context.caches[0].tokens.extend(PATTERN * 4)
+        run = generate(request(max_new_tokens=3), context)
+        assert run.finished.stats.cached_tokens == 20
+        assert sum(len(batch[0].tokens) for batch in context.batches[:1]) == 10  # only the rest is read
+
+    def test_that_does_not_fit_the_context_is_refused_at_start(self) -> None:
+        with pytest.raises(EngineFailure):
+            generate(request(prompt=range(1, 300)))
+
+    def test_frees_its_sampler_when_it_ends(self) -> None:
+        run = generate(request(max_new_tokens=2))
+        assert run.generation._sampler is None
+
+
+class TestDrafting:
+    def drafting(self) -> DraftPolicy:
+        return DraftPolicy(DraftOptions(draft_max=8))
+
+    def test_gives_the_tokens_a_plain_generation_gives(self) -> None:
+        """Accepted drafts, rejected ones and their truncation leave exactly the plain output and cache."""
+        model = repeating(end_at=200, deviate_every=13)
+        plain = generate(request(), ScriptedContext(model))
+        drafted = generate(request(), ScriptedContext(model), drafting=self.drafting())
+        assert drafted.tokens == plain.tokens
+        assert drafted.context.caches[0].tokens == plain.context.caches[0].tokens
+        stats = drafted.finished.stats
+        assert stats.draft_tokens > stats.draft_accepted > 0  # some drafts were right, some not
+        assert len(drafted.context.batches) < len(plain.context.batches)  # fewer steps
+        totals = drafted.slot.totals
+        assert (totals.draft_tokens, totals.draft_accepted) == (stats.draft_tokens, stats.draft_accepted)
+
+    def test_is_made_only_while_the_generation_is_alone_in_the_batch(self) -> None:
+        run = generate(request(), drafting=self.drafting(), alone=False)
+        assert run.finished.stats.draft_tokens == 0
+        assert all(len(batch[0].tokens) == 1 for batch in run.context.batches[2:])
+
+    def test_stays_within_the_token_limit(self) -> None:
+        run = generate(request(max_new_tokens=40), drafting=self.drafting())
+        assert len(run.tokens) == 40
+        assert run.finished.cause is StopCause.LIMIT
+
+
+class TestTheVerifier:
+    def test_keeps_the_draft_up_to_the_first_token_that_differs(self) -> None:
+        verifier = DraftVerifier()
+        model = {10: 1, 11: 2, 12: 9}  # batch index -> what is sampled there
+        walk = verifier.walk((1, 2, 3), 10, model.__getitem__, lambda _t, _at: True)
+        assert (walk.kept, walk.token, walk.at) == (2, 9, 12)
+        assert (verifier.drafted, verifier.accepted) == (3, 2)
+
+    def test_samples_after_a_draft_accepted_whole(self) -> None:
+        model = {10: 1, 11: 2, 12: 7}
+        walk = DraftVerifier().walk((1, 2), 10, model.__getitem__, lambda _t, _at: True)
+        assert (walk.kept, walk.token, walk.at) == (2, 7, 12)
+
+    def test_stops_where_an_accepted_token_ends_the_generation(self) -> None:
+        taken: list[int] = []
+        walk = DraftVerifier().walk((1, 2, 3), 10, lambda at: at - 9, lambda t, _at: taken.append(t) or t < 2)
+        assert (walk.kept, walk.token, walk.at) == (2, None, 12)
+        assert taken == [1, 2]
+
+
+class TestLookupDrafts:
+    def test_proposes_what_followed_the_last_n_gram_within_the_room(self) -> None:
+        policy = DraftPolicy(DraftOptions(draft_max=8))
+        for _ in range(30):  # proposals like these have been right
+            policy.observe_proposal(2, 6, rejected=False)
+        drafts = LookupDrafts((1, 2, 3, 4, 5, 6, 1, 2), policy)
+        assert drafts.propose(room=3) == (3, 4, 5)
+        drafts.observe(3)
+        assert drafts.propose(room=8) == (4, 5, 6, 1, 2)  # the same proposal, followed
+
+
+class TestThinkingBudget:
+    END = (50, 51)
+
+    def thinking(self, **fields) -> GenerationRequest:
+        budget = ThinkingBudget(budget=3, end_tokens=self.END, started=True)
+        return request(max_new_tokens=12, thinking_budget=budget, **fields)
+
+    def test_inserts_the_end_of_thinking_once_spent(self) -> None:
+        run = generate(self.thinking())
+        assert run.tokens[3:5] == list(self.END)
+        sampler = run.generation._make_sampler.last  # type: ignore[attr-defined]
+        assert sampler.inserted == list(self.END)  # shown to the grammar and penalties
+
+    def test_gives_it_up_where_the_grammar_forbids_it(self) -> None:
+        run = generate(self.thinking(), forbidden=frozenset({self.END[0]}))
+        assert not set(self.END) & set(run.tokens)
+
+    def test_is_not_drafted_over(self) -> None:
+        run = generate(self.thinking(), drafting=DraftPolicy(DraftOptions(draft_max=8)))
+        assert run.tokens[3:5] == list(self.END)
+
+
+class TestLogProbabilities:
+    def test_come_from_the_logits_at_the_tokens_position(self) -> None:
+        run = generate(request(max_new_tokens=3, n_probs=2))
+        first = next(e for e in run.events if isinstance(e, TokenGenerated)).logprob
+        assert first is not None
+        assert first.token_id == PATTERN[0]
+        others = sum(math.exp(-t / 10) for t in range(64) if t != PATTERN[0])  # the scripted logits
+        assert first.logprob == pytest.approx(5.0 - math.log(math.exp(5.0) + others), rel=1e-4)
+        assert [t.token_id for t in first.top] == [PATTERN[0], 0]
+
+    def test_after_the_sampler_chain_when_asked(self) -> None:
+        run = generate(request(max_new_tokens=3, n_probs=1, post_sampling_probs=True))
+        first = next(e for e in run.events if isinstance(e, TokenGenerated)).logprob
+        assert first is not None
+        assert first.logprob == pytest.approx(math.log(0.75))
+        assert [t.token_id for t in first.top] == [PATTERN[0]]
+
+    def test_none_for_the_end_token_nor_when_not_asked(self) -> None:
+        run = generate(request(n_probs=0), ScriptedContext(repeating(end_at=33)))
+        assert [e.logprob is None for e in run.events if isinstance(e, TokenGenerated)] == [
+            False,
+            False,
+            False,
+            True,
+        ]
+        plain = generate(request(max_new_tokens=2))
+        assert all(e.logprob is None for e in plain.events if isinstance(e, TokenGenerated))
+
+
+class TestTheContextsEnd:
+    def test_ends_the_generation_without_a_shift(self) -> None:
+        run = generate(request(), ScriptedContext(repeating(end_at=10_000), n_ctx_seq=40))
+        assert run.finished.cause is StopCause.CONTEXT
+        assert max(run.context.held) <= 40
+
+    def test_is_passed_with_a_shift(self) -> None:
+        context = ScriptedContext(repeating(end_at=10_000), n_ctx_seq=40)
+        run = generate(request(max_new_tokens=50, n_keep=4), context, context_shift=True)
+        assert run.finished.cause is StopCause.LIMIT
+        assert len(run.tokens) == 50
+        assert run.finished.stats.context_shifts >= 1
+        assert run.generation.outcome is not None
+        assert run.generation.outcome.shifted
+        assert max(context.held) <= 40
