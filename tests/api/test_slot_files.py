@@ -66,11 +66,13 @@ class TestActions:
 
     async def test_busy_slot(self, slot_app, script) -> None:
         """A slot a request holds answers 503 slot_busy, as llama-server does."""
-        script.piece_delay = 0.05
+        script.piece_delay = 0.2
         client = slot_app.test_client()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_complete, client, "hello there")
-            await trio.sleep(0.02)
+            with trio.fail_after(10):
+                while not (await (await client.get("/slots")).get_json())[0]["is_processing"]:
+                    await trio.sleep(0.01)
             response = await client.post("/slots/0?action=erase")
             assert response.status_code == 503
             assert (await response.get_json())["error"]["code"] == "slot_busy"
