@@ -115,9 +115,13 @@ def agents(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Bubo against llama-server on the default model (bench/); never part of `tests`.
 
-    `nox -s bench -- --rounds 5` passes arguments to bench/vs_llama_server.py.
+    The benchmark's own unit tests (bench/test_*.py: its statistics, its agent client) run
+    first. `nox -s bench -- --rounds 5` passes arguments to bench/vs_llama_server.py.
     """
-    session.install(".", *nox.project.dependency_groups(PYPROJECT, "bench"))
+    session.install(
+        ".", *nox.project.dependency_groups(PYPROJECT, "bench"), "pytest>=8.3", "pytest-trio>=0.8"
+    )
+    session.run("pytest", "bench", "-p", "no:cacheprovider", "-q")
     session.run("python", "bench/vs_llama_server.py", *session.posargs)
     session.run("python", "bench/token_overhead.py")
 

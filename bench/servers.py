@@ -35,11 +35,13 @@ class ServerSpec:
 
 @attrs.define
 class Running:
-    """A started server."""
+    """A started server, and how to start it again on the same port."""
 
     spec: ServerSpec
     process: subprocess.Popen[bytes]
     base_url: str
+    command: list[str]
+    log: Path
 
     def peak_rss_mib(self) -> float:
         """The process's peak resident set (VmHWM), in MiB."""
@@ -47,6 +49,12 @@ class Running:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def restart(self) -> None:
+        """Stop the server (SIGTERM: its graceful shutdown) and start it again, same command and port."""
+        _stop(self.process)
+        self.process = _start(self.command, self.spec, self.log)
+        _wait_ready(self)
 
 
 def free_port() -> int:
@@ -61,19 +69,29 @@ def running(spec: ServerSpec, log_dir: Path) -> Iterator[Running]:
     port = free_port()
     command = [part.replace("{port}", str(port)) for part in spec.command]
     log = log_dir / f"{spec.name}.log"
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **spec.env}
-        )
-    server = Running(spec=spec, process=process, base_url=f"http://127.0.0.1:{port}")
+    server = Running(
+        spec=spec,
+        process=_start(command, spec, log),
+        base_url=f"http://127.0.0.1:{port}",
+        command=command,
+        log=log,
+    )
     try:
-        _wait_ready(server, log)
+        _wait_ready(server)
         yield server
     finally:
-        _stop(process)
+        _stop(server.process)  # the latest process, after any restart
 
 
-def _wait_ready(server: Running, log: Path) -> None:
+def _start(command: list[str], spec: ServerSpec, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as handle:
+        return subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **spec.env}
+        )
+
+
+def _wait_ready(server: Running) -> None:
+    log = server.log
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:

