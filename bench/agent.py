@@ -95,7 +95,7 @@ class AgentPrompt:
 
 def agent_prompt(count_tokens: Callable[[str], int]) -> AgentPrompt:
     """The instructions sized to ``SYSTEM_TOKENS`` of the model's tokens, and the twelve tools."""
-    intro_tokens = count_tokens(INTRO.format(session=uuid.uuid4().hex))
+    intro_tokens = count_tokens(INTRO.replace("{session}", uuid.uuid4().hex))
     notes = scenarios.prose_of_tokens(SYSTEM_TOKENS - intro_tokens, count_tokens, seed=7)
     tools = tuple(json.loads((FIXTURES / "agent_tools.json").read_text()))
     return AgentPrompt(instructions=INTRO + notes, tools=tools)
@@ -128,7 +128,7 @@ class Session:
                 {"type": "text", "text": billing_line(self.rng)},
                 {
                     "type": "text",
-                    "text": self.prompt.instructions.format(session=self.session),
+                    "text": self.prompt.instructions.replace("{session}", self.session),
                     "cache_control": {"type": "ephemeral"},
                 },
             ],
