@@ -254,23 +254,32 @@ def fan_out(client: httpx.Client, prompt: AgentPrompt) -> dict[str, float | list
 def restart(
     client: httpx.Client, restart_server: Callable[[], None], prompt: AgentPrompt
 ) -> dict[str, float]:
-    """Two turns of a session, the server restarted, and the third turn: what survives a restart.
+    """Two turns of a session, the server restarted, the third turn, then that turn read cold.
 
-    Today nothing does (turn 3 reads its whole prompt); a server started with a disk
-    prompt cache (Bubo: ``--bubo-args "--cache-dir DIR"`` once that tier exists) should
-    restore the prefix instead.  The restarted server's first request is turn 3 itself.
+    Without a disk prompt cache nothing survives a restart and turn 3 reads its whole
+    prompt; with one (``vs_llama_server.py`` starts the restart's Bubo with
+    ``--cache-dir`` when its ``--help`` lists the disk tier) turn 3 should restore the
+    prefix instead.  The restarted server's first request is turn 3 itself.  The cold
+    read it is measured against is the same request from a twin session (another
+    nonce, so nothing of it is cached anywhere), sent right after.
     """
     session = Session(prompt)
     first = session.ask(client, *TURNS[0])
     time.sleep(scenarios.CLIENT_TURN_GAP_S)
     warm = session.ask(client, *TURNS[1])
+    history = list(session.messages)
     time.sleep(RESTART_PAUSE_S)
     restart_server()
     after = session.ask(client, *TURNS[2])
+    time.sleep(scenarios.CLIENT_TURN_GAP_S)
+    cold = Session(prompt, messages=history).ask(client, *TURNS[2])
     return {
         "restart_turn1_ttft_s": first.ttft_s,
         "restart_warm_ttft_s": warm.ttft_s,
         "restart_ttft_s": after.ttft_s,
+        "restart_cold_ttft_s": cold.ttft_s,
+        "restart_over_cold": after.ttft_s / cold.ttft_s,
         "restart_prompt_tokens": after.prompt_tokens,
         "restart_cached_tokens": after.cached_tokens,
+        "restart_cold_cached_tokens": cold.cached_tokens,
     }

