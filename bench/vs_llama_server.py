@@ -3,7 +3,7 @@
 Usage:
     python bench/vs_llama_server.py [--rounds 3] [--model PATH] [--llama-server PATH] [--ctx 16384]
                                     [--json results.json] [--only agent_session,fan_out,...]
-                                    [--bubo-args "--cache-dir DIR"]
+                                    [--bubo-args "--prefill-chunk 512"]
 
 The servers a run's scenarios need start at once and stay loaded; only one
 works at a time.  Each scenario runs round by round, every server in turn
@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=THREADS, help="each server's -t and -tb")
     parser.add_argument("--ctx", type=int, default=CTX, help="each server's context (-c), all slots together")
     parser.add_argument(
-        "--bubo-args", default="", help='more flags for every Bubo server, one string: "--cache-dir DIR"'
+        "--bubo-args", default="", help='more flags for every Bubo server, one string: "--prefill-chunk 512"'
     )
     args = parser.parse_args()
     # stopped from outside (a timeout): unwind, so that every server started is stopped too
