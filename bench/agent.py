@@ -109,6 +109,10 @@ class Turn:
     prompt_tokens: int  # the whole prompt, cached or not
     cached_tokens: int  # of which the server read from its cache
 
+    def read_tok_s(self) -> float:
+        """The prompt tokens the server evaluated per second of the TTFT: comparable where prompts differ."""
+        return (self.prompt_tokens - self.cached_tokens) / self.ttft_s
+
 
 @attrs.define
 class Session:
@@ -221,6 +225,7 @@ def agent_session(client: httpx.Client, prompt: AgentPrompt) -> dict[str, float]
         "agent_later_max_ttft_s": max(t.ttft_s for t in later),
         "agent_later_over_turn1": later_ttft / first.ttft_s,
         "agent_turn1_prompt_tokens": first.prompt_tokens,
+        "agent_turn1_prompt_tok_s": first.read_tok_s(),
         "agent_last_prompt_tokens": later[-1].prompt_tokens,
         "agent_later_cached_share": sum(t.cached_tokens for t in later) / sum(t.prompt_tokens for t in later),
     }
@@ -282,4 +287,5 @@ def restart(
         "restart_prompt_tokens": after.prompt_tokens,
         "restart_cached_tokens": after.cached_tokens,
         "restart_cold_cached_tokens": cold.cached_tokens,
+        "restart_cold_prompt_tok_s": cold.read_tok_s(),
     }

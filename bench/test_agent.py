@@ -85,3 +85,10 @@ class TestUserContent:
 
     def test_the_first_message(self) -> None:
         assert agent.user_content([], "Hello.", "") == [{"type": "text", "text": "Hello."}]
+
+
+class TestTurn:
+    def test_the_read_rate_counts_only_the_tokens_evaluated(self) -> None:
+        """3,000 prompt tokens, 1,000 of them cached, first token after 4 s: 500 evaluated per second."""
+        turn = agent.Turn(ttft_s=4.0, prompt_tokens=3_000, cached_tokens=1_000)
+        assert turn.read_tok_s() == 500.0

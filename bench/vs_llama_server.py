@@ -338,6 +338,7 @@ ROWS: tuple[Row, ...] = (
     Row("copy-heavy edit, tok/s", "copy_tok_s", "llama-server"),
     Row("agent: turn 1 prompt, tokens", "agent_turn1_prompt_tokens", "llama-server"),
     Row("agent: turn 1 TTFT, s", "agent_turn1_ttft_s", "llama-server"),
+    Row("agent: turn 1, prompt tok/s", "agent_turn1_prompt_tok_s", "llama-server"),
     Row("agent: turns 2-6 TTFT p50, s", "agent_later_ttft_s", "llama-server"),
     Row("agent: turns 2-6 TTFT max, s", "agent_later_max_ttft_s", "llama-server"),
     Row("agent: turns 2-6 / turn 1", "agent_later_over_turn1", "llama-server"),
@@ -359,6 +360,7 @@ ROWS: tuple[Row, ...] = (
     Row("restart: turn 2 (warm) TTFT, s", "restart_warm_ttft_s", "llama-server", server=RESTART),
     Row("restart: turn 3 after it, TTFT, s", "restart_ttft_s", "llama-server", server=RESTART),
     Row("restart: turn 3 read cold, TTFT, s", "restart_cold_ttft_s", "llama-server", server=RESTART),
+    Row("restart: cold read, prompt tok/s", "restart_cold_prompt_tok_s", "llama-server", server=RESTART),
     Row(
         "restart: turn 3 / cold read",
         "restart_over_cold",
