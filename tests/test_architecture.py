@@ -60,6 +60,7 @@ RESTRICTED = {
 # generation and its parts, slots, the fake engine) is written against engine/_protocols.py and is
 # tested without a model: at module level it reaches neither llama_cpp nor one of these.
 NATIVE_ENGINE = {
+    "_draft_model",
     "llama",
     "_context",
     "_kv",

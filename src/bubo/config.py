@@ -142,8 +142,14 @@ class ModelSettings:
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
     cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
-    draft_max: int = attrs.field(default=16, validator=_non_negative)  # prompt-lookup draft; 0: off
+    draft_max: int = attrs.field(default=16, validator=_non_negative)  # tokens drafted per step; 0: off
+    draft_min: int = attrs.field(default=0, validator=_non_negative)  # shorter drafts are not verified
+    draft_p_min: float = attrs.field(default=0.75, validator=_share)  # a draft model stops below this
     draft_ngram_min: int = attrs.field(default=2, validator=_positive)
+    draft_policy: str = "measured"  # measured: draft where it pays; always: as llama-server
+    model_draft: Path | None = None  # a draft model drafts instead of prompt lookup
+    ctx_size_draft: int = attrs.field(default=0, validator=_non_negative)  # 0: as --ctx-size
+    n_gpu_layers_draft: int = -1
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
     tool_call_parser: str = "auto"  # auto: chosen from the chat template
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
@@ -485,10 +491,26 @@ OPTIONS: tuple[Option, ...] = (
            "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (-1: auto, "
            "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
            "MIB"),
-    Option(("--draft-max",), ("model", "draft_max"), _int,
-           "prompt-lookup speculative decoding: most tokens drafted per step (16; 0: off)", "N"),
+    Option(("--draft-max", "--draft", "--draft-n"), ("model", "draft_max"), _int,
+           "speculative decoding: most tokens drafted per step, by the draft model (--model-draft) or "
+           "else by prompt lookup (16; 0: off); a request's speculative.n_max may ask for fewer", "N"),
+    Option(("--draft-min", "--draft-n-min"), ("model", "draft_min"), _int,
+           "speculative decoding: a shorter draft is not verified (0)", "N"),
+    Option(("--draft-p-min",), ("model", "draft_p_min"), _within(_float, 0, 1),
+           "draft model: drafting stops at the first token it gives less than this probability (0.75)", "P"),
     Option(("--draft-ngram-min",), ("model", "draft_ngram_min"), _int,
            "prompt-lookup: shortest repeated n-gram that proposes a draft (2)", "N"),
+    Option(("--draft-policy",), ("model", "draft_policy"), _choice("measured", "always"),
+           "when to draft: measured (only where the measured cost of drafting and verifying pays; see "
+           "docs/performance.md) or always (every step a generation is alone, as llama-server) (measured)",
+           "MODE"),
+    Option(("-md", "--model-draft"), ("model", "model_draft"), _gguf_file,
+           "a draft model for speculative decoding, with the model's vocabulary (default: none; prompt "
+           "lookup drafts)", "PATH"),
+    Option(("-cd", "--ctx-size-draft"), ("model", "ctx_size_draft"), _int,
+           "the draft model's context size (default 0: as --ctx-size)", "N"),
+    Option(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), ("model", "n_gpu_layers_draft"), _int,
+           "draft model layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
     Option(("--reasoning-preserve",), ("model", "reasoning_preserve"), _switch,
            "on: templates that can keep earlier turns' reasoning are asked to (stable prompt-cache prefix); "
            "off: the template's own default (on)", "on|off"),

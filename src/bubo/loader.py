@@ -15,6 +15,7 @@ import attrs
 
 from bubo.config import ModelSettings, Settings
 from bubo.domain.generation import GrammarSpec
+from bubo.domain.sampling import DraftLimits
 from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
@@ -81,7 +82,14 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         flash_attn=model.flash_attn,
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=snapshot_mib,
-        drafting=DraftOptions(draft_max=model.draft_max, ngram_min=model.draft_ngram_min),
+        drafting=DraftOptions(
+            draft_max=model.draft_max,
+            ngram_min=model.draft_ngram_min,
+            mode="always" if model.draft_policy == "always" else "measured",
+        ),
+        draft_model_path=model.model_draft,
+        n_ctx_draft=model.ctx_size_draft,
+        n_gpu_layers_draft=model.n_gpu_layers_draft,
         embeddings=model.embeddings,
         pooling=model.pooling,
         context_shift=model.context_shift,
@@ -128,7 +136,10 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         engine=engine,
         tokenizer=tokenizer,
         template=template,
-        defaults=settings.generation,
+        defaults=attrs.evolve(
+            settings.generation,
+            speculative=DraftLimits(n_max=model.draft_max, n_min=model.draft_min, p_min=model.draft_p_min),
+        ),
         tool_parser=tool_parser,
         default_grammar=default_grammar,
         memory_guard=memory_guard,

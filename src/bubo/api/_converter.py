@@ -18,7 +18,10 @@ machinery and overrides only what it cannot do:
   (numbers, arrays, objects), the one member that takes the value's JSON type,
   so no union depends on the order of its members;
 - unknown keys are ignored and logged at debug level, as real clients send
-  fields a server does not know.
+  fields a server does not know;
+- a field whose JSON key is not a Python name (llama-server's flat
+  ``"speculative.n_max"``) says so in its metadata (:data:`WIRE_NAME`); the
+  response converter (``_json.py``) writes it under the same key.
 
 Every failure becomes :class:`bubo.errors.InvalidRequest` with code
 ``parse_error`` and ``param`` set to the first bad field's path, e.g.
@@ -45,7 +48,7 @@ from cattrs.errors import (
     IterableValidationError,
     IterableValidationNote,
 )
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union, configure_union_passthrough
 from cattrs.v import format_exception
 
@@ -53,7 +56,15 @@ from bubo.errors import InvalidRequest
 
 from ._values import NonFiniteNumbers, check_values
 
-__all__ = ["UnexpectedValue", "WireValueError", "make_converter", "parse_json_object", "structure"]
+__all__ = [
+    "WIRE_NAME",
+    "UnexpectedValue",
+    "WireValueError",
+    "make_converter",
+    "parse_json_object",
+    "structure",
+    "wire_name",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +74,14 @@ _NONE = type(None)
 # every integer field ends in a C integer of at most 64 bits (most are narrower: see _numbers.py)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 TAG = "type"
+WIRE_NAME = "wire_name"
+"""The metadata key of an attrs field whose JSON key differs from its name."""
+
+
+def wire_name(key: str) -> dict[str, str]:
+    """The metadata of a field written as *key* in JSON (``attrs.field(metadata=wire_name(…))``)."""
+    return {WIRE_NAME: key}
+
 
 # the JSON kind of a parsed value, by its exact Python type (json.loads makes no subclasses)
 _KIND_OF_VALUE = {
@@ -253,8 +272,9 @@ def _json_type_checked(kind: str, factory: Callable[[Any, cattrs.Converter], Hoo
 
 
 def _attrs_hook(cls: Any, converter: cattrs.Converter) -> Hook:
-    inner = make_dict_structure_fn(cls, converter)
-    known = frozenset(a.name for a in attrs.fields(cls))
+    renamed = {a.name: a.metadata[WIRE_NAME] for a in attrs.fields(cls) if WIRE_NAME in a.metadata}
+    inner = make_dict_structure_fn(cls, converter, **{n: override(rename=k) for n, k in renamed.items()})  # type: ignore[arg-type] # cattrs types **kw loosely
+    known = frozenset(renamed.get(a.name, a.name) for a in attrs.fields(cls))
 
     def structure(value: Any, _: Any) -> Any:
         if not isinstance(value, dict):

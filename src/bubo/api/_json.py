@@ -2,7 +2,8 @@
 
 Response models are attrs classes; a field whose default is ``None`` is left
 out when it is ``None``; every other field is always written (so
-``"finish_reason": null`` and ``"object": "chat.completion"`` appear).
+``"finish_reason": null`` and ``"object": "chat.completion"`` appear).  A field
+with a :data:`~._converter.WIRE_NAME` is written under that key.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 from quart import Response
 
+from ._converter import WIRE_NAME
+
 __all__ = ["dumps", "json_response", "unstructure"]
 
 
@@ -22,10 +25,12 @@ def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter()
 
     def unstructure_fn(cls: type) -> Any:
-        omit_none = {
-            field.name: override(omit_if_default=True) for field in attrs.fields(cls) if field.default is None
+        overrides = {
+            field.name: override(omit_if_default=field.default is None, rename=field.metadata.get(WIRE_NAME))
+            for field in attrs.fields(cls)
+            if field.default is None or WIRE_NAME in field.metadata
         }
-        return make_dict_unstructure_fn(cls, converter, **omit_none)  # type: ignore[arg-type] # cattrs types **kw loosely
+        return make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type] # cattrs types **kw loosely
 
     converter.register_unstructure_hook_factory(attrs.has, unstructure_fn)
     return converter

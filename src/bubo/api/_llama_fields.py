@@ -1,6 +1,7 @@
 """The request fields llama-server takes on every generating route, declared once.
 
-llama-server accepts its sampler settings, constraints and ``ignore_eos`` on
+llama-server accepts its sampler settings, constraints, ``ignore_eos`` and the
+flat ``speculative.*`` keys (``api/_numbers.draft_overrides``) on
 ``/completion`` and on the OpenAI routes alike; each dialect's request class
 inherits them from :class:`LlamaServerFields` (``api/_numbers.sampling_overrides``
 is the one mapping from these names to the domain's).
@@ -12,12 +13,14 @@ from typing import Any
 
 import attrs
 
+from ._converter import wire_name
+
 __all__ = ["LlamaServerFields"]
 
 
 @attrs.frozen(kw_only=True)
 class LlamaServerFields:
-    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, and ``ignore_eos``."""
+    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, draft limits."""
 
     top_k: int | None = None
     min_p: float | None = None
@@ -41,3 +44,7 @@ class LlamaServerFields:
     grammar: str | None = None  # GBNF for the whole answer
     json_schema: dict[str, Any] | None = None  # a JSON schema for the whole answer
     ignore_eos: bool | None = None
+    # llama-server's flat keys "speculative.n_max", "speculative.n_min", "speculative.p_min"
+    speculative_n_max: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_max"))
+    speculative_n_min: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_min"))
+    speculative_p_min: float | None = attrs.field(default=None, metadata=wire_name("speculative.p_min"))

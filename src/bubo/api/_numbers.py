@@ -16,8 +16,17 @@ from collections.abc import Sequence
 
 import attrs
 
-from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, LogitBias, SamplingOverrides
+from bubo.domain.sampling import (
+    SAMPLER_ALIASES,
+    SAMPLER_LETTERS,
+    SAMPLER_NAMES,
+    DraftOverrides,
+    LogitBias,
+    SamplingOverrides,
+)
 from bubo.errors import InvalidRequest
+
+from ._llama_fields import LlamaServerFields
 
 __all__ = [
     "FLOAT32_MAX",
@@ -124,6 +133,24 @@ def sampling_overrides(body: object, logit_bias: LogitBias) -> SamplingOverrides
             dry_sequence_breakers=None if breakers is None else _breakers(breakers),
         )
     )
+
+
+def draft_overrides(body: LlamaServerFields) -> DraftOverrides:
+    """``speculative.n_max``, ``speculative.n_min`` and ``speculative.p_min`` as a request sets them.
+
+    The counts are clamped as llama-server clamps them (``DraftLimits.with_overrides``); a
+    probability must be one.
+
+    Raises:
+        InvalidRequest: ``speculative.p_min`` outside 0..1.
+
+    """
+    p_min = body.speculative_p_min
+    if p_min is not None and not 0.0 <= p_min <= 1.0:
+        raise InvalidRequest(
+            f"speculative.p_min must be between 0 and 1, got {p_min}", param="speculative.p_min"
+        )
+    return DraftOverrides(n_max=body.speculative_n_max, n_min=body.speculative_n_min, p_min=p_min)
 
 
 def sampler_order(samplers: Sequence[str] | str, param: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from .sampling import SamplingParams
+from .sampling import DraftLimits, SamplingParams
 
 __all__ = [
     "CacheReport",
@@ -108,6 +108,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     n_indent: int = 0
     post_sampling_probs: bool = False  # n_probs' probabilities after the sampler chain, not the raw softmax
+    speculative: DraftLimits = attrs.field(factory=DraftLimits)  # how it may draft, if the engine drafts
 
 
 @attrs.frozen(kw_only=True)

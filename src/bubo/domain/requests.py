@@ -8,7 +8,7 @@ from typing import Any, Literal
 import attrs
 
 from .messages import ChatPrompt
-from .sampling import SamplingOverrides
+from .sampling import DraftOverrides, SamplingOverrides
 
 __all__ = [
     "ChatRequest",
@@ -45,6 +45,7 @@ class GenerationOptions:
     cache_prompt: bool = True
     n_indent: int = 0
     post_sampling_probs: bool = False
+    speculative: DraftOverrides = attrs.field(factory=DraftOverrides)
 
 
 @attrs.frozen(kw_only=True)

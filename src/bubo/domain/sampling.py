@@ -17,6 +17,8 @@ __all__ = [
     "SAMPLER_ALIASES",
     "SAMPLER_LETTERS",
     "SAMPLER_NAMES",
+    "DraftLimits",
+    "DraftOverrides",
     "GenerationDefaults",
     "LogitBias",
     "SamplingOverrides",
@@ -148,11 +150,46 @@ class SamplingOverrides:
 
 
 @attrs.frozen(kw_only=True)
+class DraftOverrides:
+    """A request's ``speculative.n_max``, ``.n_min`` and ``.p_min``; None keeps the default."""
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DraftLimits:
+    """How a generation may draft (llama-server's ``speculative.*``).
+
+    ``n_max``: the most tokens verified in one step (0: no drafting); ``n_min``: a
+    shorter draft is not verified; ``p_min``: a draft model stops drafting at the
+    first token it gives less than this probability.
+    """
+
+    n_max: int = 16
+    n_min: int = 0
+    p_min: float = 0.75
+
+    def with_overrides(self, overrides: DraftOverrides) -> DraftLimits:
+        """These (the server's) limits with a request's *overrides*, clamped as llama-server clamps them.
+
+        ``n_max`` is at most the server's (``--draft-max`` sizes what a step may hold); ``n_min`` at
+        most ``n_max``; neither below 0.
+        """
+        n_max = max(0, min(self.n_max, self.n_max if overrides.n_max is None else overrides.n_max))
+        n_min = max(0, min(n_max, self.n_min if overrides.n_min is None else overrides.n_min))
+        p_min = self.p_min if overrides.p_min is None else overrides.p_min
+        return DraftLimits(n_max=n_max, n_min=n_min, p_min=p_min)
+
+
+@attrs.frozen(kw_only=True)
 class GenerationDefaults:
-    """What a request gets when it does not say: the server's ``-n`` and sampler flags."""
+    """What a request gets when it does not say: the server's ``-n``, sampler and draft flags."""
 
     n_predict: int = -1  # negative: until end of generation or of the context
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    speculative: DraftLimits = attrs.field(factory=DraftLimits)
 
 
 BANNED = -math.inf

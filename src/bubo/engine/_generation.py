@@ -12,8 +12,10 @@ parts':
 - :class:`EndPolicy`: when the generation ends and why, the text each token
   releases, and when the end of thinking is inserted;
 - :class:`ProbabilityRecorder`: each token's log-probabilities, if asked for;
-- :class:`DraftVerifier` and a :class:`DraftSource`: drafts to verify while the
-  generation is alone in the batch.
+- :class:`DraftVerifier` and a :class:`DraftSource` (a draft model's
+  :class:`ModelDrafts` when the engine has one, else prompt lookup's): drafts to
+  verify while the generation is alone in the batch, within the request's
+  ``speculative`` limits.
 
 Tokens to insert (the end of thinking) replace sampling while the grammar
 admits them; one it forbids gives the insertion up.  Written against the
@@ -41,6 +43,7 @@ from bubo.domain.generation import (
 from ._draft_policy import DraftPolicy
 from ._draft_verifier import DraftSource, DraftVerifier, LookupDrafts
 from ._end_policy import EndPolicy
+from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
 from ._protocols import BatchEntry, DecodeContext, KvSequence, SamplerFactory, TokenSampler
@@ -71,7 +74,8 @@ class EngineSetup:
     pieces: list[bytes]  # each token's bytes
     eog: frozenset[int]  # the end-of-generation tokens
     sampler: SamplerFactory
-    drafting: DraftPolicy | None = None  # prompt-lookup drafting, shared by the engine's generations
+    drafting: DraftPolicy | None = None  # drafting statistics, shared by the engine's generations
+    drafter: Drafter | None = None  # the draft model (its policy is ``drafting``); None: prompt lookup
     context_shift: bool = False  # go on past the end of the context (llama-server's --context-shift)
 
 
@@ -105,6 +109,7 @@ class Generation:
         )
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
         self._policy = setup.drafting
+        self._drafter = setup.drafter
         self._drafts: DraftSource | None = None
         self._verifier = DraftVerifier()
         self._insert: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
@@ -141,8 +146,7 @@ class Generation:
         self._started = time.perf_counter()
         self._sampler = self._make_sampler(request)
         self._sampler.remember(prompt)
-        if self._policy is not None:
-            self._drafts = LookupDrafts(prompt, self._policy)
+        self._drafts = self._draft_source()
         feeder = self._feeder
         self._cache_report = feeder.reuse()
         self.slot.reused(feeder.n_cached)
@@ -153,6 +157,17 @@ class Generation:
                 total=len(prompt), cached=feeder.n_cached, processed=0, elapsed_ms=0.0, slot_id=self.slot.id
             )
         )
+
+    def _draft_source(self) -> DraftSource | None:
+        """The draft model's drafts if the engine has one, else prompt lookup's (None: no drafting)."""
+        request = self.request
+        if request.speculative.n_max <= 0:
+            return None
+        if self._drafter is not None:
+            return self._drafter.drafts(self.slot.id, request.prompt_tokens, p_min=request.speculative.p_min)
+        if self._policy is not None:
+            return LookupDrafts(request.prompt_tokens, self._policy)
+        return None
 
     def prompt_entry(self, room: int) -> BatchEntry:
         """Up to *room* prompt tokens for the next batch (logits after the prompt's last)."""
@@ -296,13 +311,17 @@ class Generation:
         return self._probabilities.sample(sampler, index)
 
     def _next_draft(self) -> tuple[int, ...]:
-        """Tokens worth verifying after the current one, within the limit, the context and the batch."""
+        """Tokens worth verifying after the current one, within the limits, the context and the batch.
+
+        A draft shorter than the request's ``speculative.n_min`` is not verified.
+        """
         if self._drafts is None or self._insert:
             return ()
-        context = self._context
-        room = min(context.n_ctx_seq - len(self.cache.tokens) - 2, context.n_batch - 1)
+        context, limits = self._context, self.request.speculative
+        room = min(context.n_ctx_seq - len(self.cache.tokens) - 2, context.n_batch - 1, limits.n_max)
         left = self._ending.tokens_left
-        return self._drafts.propose(room if left is None else min(room, left))
+        draft = self._drafts.propose(room if left is None else min(room, left))
+        return draft if len(draft) >= limits.n_min else ()
 
     def _take(self, token: int, at: int) -> StopCause | None:
         """Account for one generated token, emit it, and say whether it ends the generation."""

@@ -146,6 +146,7 @@ class ModelInfo:
     repack: RepackDecision
     n_batch: int = 2048  # tokens one llama_decode takes (the context's --batch-size)
     fim: FimTokens | None = None  # None: the vocabulary has no fill-in-the-middle tokens
+    draft_model: str | None = None  # the draft model's path (--model-draft); None: none is loaded
 
 
 @attrs.frozen(kw_only=True)

@@ -37,11 +37,13 @@ from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop
+from ._draft_model import DraftModel
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
 from ._generation import EngineSetup, Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
+from ._model_drafts import Drafter
 from ._sampler import Sampler, dry_key
 from .base import (
     CacheContents,
@@ -92,6 +94,9 @@ class LlamaOptions:
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
     pooling: str | None = None  # the embeddings' pooling (none|mean|cls|last|rank); None: the model's
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
+    draft_model_path: Path | None = None  # a draft model drafts instead of prompt lookup (--model-draft)
+    n_ctx_draft: int = 0  # the draft context's tokens per slot; 0: as the main context's
+    n_gpu_layers_draft: int = -1
     # llama.cpp's CPU extra buffer types (AMX, CPU_REPACK); bubo.engine.probe decides
     repack: RepackDecision = attrs.field(
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
@@ -192,8 +197,20 @@ class LlamaEngine(SlotEngine):
         self._context = LlamaContext(model, context_params, totals=totals, snapshots=snapshots)
         self._model = model
         context = self._context
+        try:
+            self._draft = _load_draft(
+                model, context_params, options, per_slot=per_slot, n_parallel=n_parallel
+            )
+        except BaseException:
+            context.close()
+            raise
         # drafting statistics outlive a request: they describe the model, the machine and the workload
-        drafting = DraftPolicy(options.drafting) if options.drafting.draft_max > 0 else None
+        drafting, drafter = None, None
+        if options.drafting.draft_max > 0:
+            draft = self._draft
+            prior = 1.0 if draft is None else draft.size_bytes / max(1, llama_cpp.llama_model_size(model))
+            drafting = DraftPolicy(options.drafting, draft_cost_prior=prior)
+            drafter = None if draft is None else Drafter(draft.context, drafting)
         self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
         self._loop = DecodeLoop(
             context, prefill_chunk=options.prefill_chunk, drafting=drafting, on_lost=self._loop_lost
@@ -219,6 +236,7 @@ class LlamaEngine(SlotEngine):
                 repack=options.repack,
                 n_batch=context.n_batch,
                 fim=_fim_tokens(vocab),
+                draft_model=None if self._draft is None else str(self._draft.path),
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
@@ -230,6 +248,7 @@ class LlamaEngine(SlotEngine):
             eog=self._info.eog_token_ids,
             sampler=self._sampler_for,
             drafting=drafting,
+            drafter=drafter,
             context_shift=options.context_shift,
         )
         for slot, cache in zip(self.slots, context.caches, strict=True):
@@ -243,6 +262,7 @@ class LlamaEngine(SlotEngine):
                     pooling=options.pooling,
                 )
             except BaseException:
+                self._close_draft()
                 context.close()
                 raise
 
@@ -492,11 +512,47 @@ class LlamaEngine(SlotEngine):
             )
             return
         self._context.close()
+        self._close_draft()
         if isinstance(self.embedder, Embedder):
             self.embedder.close()
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+    def _close_draft(self) -> None:
+        if self._draft is not None:
+            self._draft.close()
+            self._draft = None
+
+
+def _load_draft(
+    model: object,
+    params: llama_cpp.llama_context_params,
+    options: LlamaOptions,
+    *,
+    per_slot: int,
+    n_parallel: int,
+) -> DraftModel | None:
+    """The draft model, its context shaped as the main one (one sequence per slot), or None.
+
+    Raises:
+        EngineFailure: it does not load, or its vocabulary is not the model's (``IncompatibleDraft``).
+
+    """
+    if options.draft_model_path is None:
+        return None
+    draft_params = llama_cpp.llama_context_params.from_buffer_copy(params)
+    n_ctx = options.n_ctx_draft or per_slot
+    draft_params.n_ctx = n_ctx if options.kv_unified else n_ctx * n_parallel
+    draft = DraftModel(
+        options.draft_model_path,
+        model,
+        draft_params,
+        n_gpu_layers=options.n_gpu_layers_draft,
+        repack=options.repack.enabled,
+    )
+    logger.info("draft model: %s (%d-token context)", options.draft_model_path, draft.context.n_ctx)
+    return draft
 
 
 def _post(trio_token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:

@@ -158,6 +158,7 @@ def generation_request(
         cache_prompt=options.cache_prompt,
         n_indent=options.n_indent,
         post_sampling_probs=options.post_sampling_probs,
+        speculative=runtime.defaults.speculative.with_overrides(options.speculative),
     )
 
 

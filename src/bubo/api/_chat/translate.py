@@ -11,7 +11,7 @@ import attrs
 
 from bubo.api._constraints import output_constraint
 from bubo.api._nesting import check_arguments_depth
-from bubo.api._numbers import check_bias, check_token_limit, sampling_overrides, token_id
+from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._omitted import Omissions
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
@@ -85,6 +85,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             stop=stop(body.stop),
             n_probs=n_probs,
             ignore_eos=bool(body.ignore_eos),
+            speculative=draft_overrides(body),
         ),
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,

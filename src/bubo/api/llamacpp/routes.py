@@ -472,7 +472,10 @@ async def slots() -> Response:
     if not api_context().slots:
         raise NotImplementedOnThisModel("this server does not serve /slots: it was started with --no-slots")
     runtime = require_runtime()
-    return json_response([unstructure(translate.slot(s)) for s in runtime.engine.statistics().slots])
+    speculative = runtime.engine.info.draft_model is not None
+    return json_response(
+        [unstructure(translate.slot(s, speculative=speculative)) for s in runtime.engine.statistics().slots]
+    )
 
 
 @blueprint.get("/metrics")

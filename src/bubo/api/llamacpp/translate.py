@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bubo.api._constraints import output_constraint
-from bubo.api._numbers import check_bias, check_token_limit, sampling_overrides, token_id
+from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.output import Done
@@ -137,6 +137,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
             cache_prompt=body.cache_prompt is not False,
             n_indent=body.n_indent or 0,
             post_sampling_probs=bool(body.post_sampling_probs),
+            speculative=draft_overrides(body),
         ),
         output_format=output_format,
         grammar=grammar,
@@ -291,6 +292,9 @@ def generation_settings(
         n_keep=request.n_keep,
         n_indent=request.n_indent,
         cache_prompt=request.cache_prompt,
+        speculative_n_max=request.speculative.n_max,
+        speculative_n_min=request.speculative.n_min,
+        speculative_p_min=request.speculative.p_min,
         logit_bias=[
             wire.LogitBiasEntry(token=token, bias=None if bias == BANNED else bias)
             for token, bias in request.sampling.logit_bias
@@ -357,13 +361,13 @@ IDLE_NEXT_TOKEN = wire.NextToken(has_next_token=False, n_decoded=0, n_remain=-1)
 """An idle slot's ``next_token``, as llama-server reports it."""
 
 
-def slot(stats: SlotStatistics) -> wire.Slot:
-    """One ``/slots`` entry."""
+def slot(stats: SlotStatistics, *, speculative: bool = False) -> wire.Slot:
+    """One ``/slots`` entry; *speculative*: a draft model drafts for it (llama-server's ``speculative``)."""
     return wire.Slot(
         id=stats.id,
         id_task=stats.id_task,
         n_ctx=stats.n_ctx,
-        speculative=False,
+        speculative=speculative,
         is_processing=stats.is_processing,
         state="processing" if stats.is_processing else "idle",
         n_prompt_tokens=stats.n_prompt_tokens,

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from bubo.api._converter import wire_name
 from bubo.api._llama_fields import LlamaServerFields
 from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
@@ -171,6 +172,10 @@ class GenerationSettings(SamplerSettings):
     n_keep: int = 0
     n_indent: int = 0
     cache_prompt: bool = True
+    # drafting's limits, under llama-server's flat keys ("speculative.n_max", …)
+    speculative_n_max: int = attrs.field(default=16, metadata=wire_name("speculative.n_max"))
+    speculative_n_min: int = attrs.field(default=0, metadata=wire_name("speculative.n_min"))
+    speculative_p_min: float = attrs.field(default=0.75, metadata=wire_name("speculative.p_min"))
     logit_bias: list[LogitBiasEntry] = attrs.field(factory=list)
 
 
