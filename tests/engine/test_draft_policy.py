@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubo.engine._draft_policy import DraftOptions, DraftPolicy, ProposalTracker
+from bubo.engine._draft_policy import MODEL_DRAFTS, DraftOptions, DraftPolicy, ProposalTracker
 
 
 def policy(draft_max: int = 16) -> DraftPolicy:
@@ -101,3 +101,48 @@ class TestProposalTracker:
         assert tracker.observe(5, p) is False
         assert tracker.observe(6, p) is True
         assert p.acceptance(2) == pytest.approx((2 + 1) / (2 + 2))
+
+
+class TestDraftModelLength:
+    """A draft model's drafts cost one of its decodes per token: they must pay for that too."""
+
+    @staticmethod
+    def accepted_always(p: DraftPolicy) -> None:
+        teach(p, MODEL_DRAFTS, accepted=8, rejected=False, times=30)
+
+    def test_a_draft_model_as_large_as_the_model_never_pays_on_a_cpu(self) -> None:
+        p = DraftPolicy(DraftOptions(draft_max=16), draft_cost_prior=1.0)
+        self.accepted_always(p)
+        assert p.model_draft_length(available=16) == 0
+
+    def test_a_small_draft_model_pays_where_batches_are_cheap(self) -> None:
+        p = DraftPolicy(DraftOptions(draft_max=16), draft_cost_prior=0.1)
+        self.accepted_always(p)
+        for _ in range(200):
+            p.observe_decode(1, 0.010)
+            p.observe_decode(9, 0.011)  # a GPU-like batch
+        assert p.model_draft_length(available=16) >= 8
+
+    def test_the_draft_cost_is_learnt_from_its_decodes(self) -> None:
+        p = DraftPolicy(DraftOptions(draft_max=16), draft_cost_prior=0.1)
+        p.observe_decode(1, 0.010)
+        for _ in range(100):
+            p.observe_draft_decode(0.010)  # it turns out as slow as the model
+        assert p.draft_cost == pytest.approx(1.0)
+        self.accepted_always(p)
+        assert p.model_draft_length(available=16) == 0
+
+    def test_a_policy_that_does_not_run_the_draft_model_tries_it_again(self) -> None:
+        """Its acceptance is learnt only from its drafts: after 64 plain steps one short draft is made."""
+        p = DraftPolicy(DraftOptions(draft_max=16), draft_cost_prior=1.0)
+        for _ in range(63):
+            p.observe_decode(1, 0.010)
+        assert p.model_draft_length(available=16) == 0
+        p.observe_decode(1, 0.010)
+        assert p.model_draft_length(available=16) == 4
+
+    def test_always_drafts_what_there_is_room_for(self) -> None:
+        p = DraftPolicy(DraftOptions(draft_max=16, mode="always"), draft_cost_prior=1.0)
+        assert p.model_draft_length(available=5) == 5
+        assert p.model_draft_length(available=40) == 16
+        assert p.draft_length(ngram=2, available=40) == 16

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import attrs
 import pytest
 
+from bubo.domain.sampling import DraftLimits
 from bubo.domain.generation import (
     EngineEvent,
     GenerationFinished,
@@ -27,8 +28,10 @@ from bubo.domain.generation import (
 from bubo.engine._draft_policy import DraftOptions, DraftPolicy
 from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
 from bubo.engine._generation import EngineSetup, Generation
+from bubo.engine._model_drafts import Drafter
+from bubo.engine._protocols import BatchEntry
 from bubo.engine.base import EngineFailure
-from bubo.engine.slots import Slot
+from bubo.engine.slots import Slot, common_prefix
 from bubo.engine.stats import EngineCounters
 
 from ._scripted import ScriptedContext, pieces, sampler_factory
@@ -79,6 +82,7 @@ def generate(
     context: ScriptedContext | None = None,
     *,
     drafting: DraftPolicy | None = None,
+    drafter: Drafter | None = None,
     chunk: int = 16,
     alone: bool = True,
     context_shift: bool = False,
@@ -92,7 +96,8 @@ def generate(
         pieces=pieces(),
         eog=frozenset({EOG}),
         sampler=sampler_factory(context, **sampler),
-        drafting=drafting,
+        drafting=drafter.policy if drafter is not None else drafting,
+        drafter=drafter,
         context_shift=context_shift,
     )
     generation = Generation(setup, slot, request, emit=events.append)
@@ -280,3 +285,76 @@ class TestTheContextsEnd:
         assert run.generation.outcome is not None
         assert run.generation.outcome.shifted
         assert max(context.held) <= 40
+
+
+class BrokenContext(ScriptedContext):
+    def decode_batch(self, entries: Sequence[BatchEntry]) -> list[int]:
+        raise EngineFailure("the draft context broke")
+
+
+class TestDraftModelDrafting:
+    """A draft model's drafts (``ModelDrafts``), verified as lookup drafts are: the output never changes."""
+
+    @staticmethod
+    def drafter(model=None, *, mode: str = "always", prior: float = 1.0) -> Drafter:
+        policy = DraftPolicy(DraftOptions(draft_max=8, mode=mode), draft_cost_prior=prior)  # type: ignore[arg-type]
+        return Drafter(ScriptedContext(model or repeating()), policy)
+
+    def test_a_draft_model_that_is_the_model_has_every_draft_accepted(self) -> None:
+        plain = generate(request(max_new_tokens=40))
+        drafted = generate(request(max_new_tokens=40), drafter=self.drafter())
+        assert drafted.tokens == plain.tokens
+        stats = drafted.finished.stats
+        assert stats.draft_tokens == stats.draft_accepted > 0
+        assert len(drafted.context.batches) < len(plain.context.batches)
+
+    def test_wrong_drafts_are_dropped_and_the_draft_sequence_follows_the_accepted_tokens(self) -> None:
+        drafter = self.drafter(repeating(deviate_every=7))
+        plain = generate(request(max_new_tokens=60))
+        drafted = generate(request(max_new_tokens=60), drafter=drafter)
+        assert drafted.tokens == plain.tokens
+        stats = drafted.finished.stats
+        assert stats.draft_tokens > stats.draft_accepted > 0
+        held = drafter.context.caches[0].tokens
+        everything = [*PATTERN * 6, *drafted.tokens]
+        assert common_prefix(held, everything) >= len(held) - 8  # past it, only the last draft's tail
+        # it read the prompt (and the first token) once: later it reads only what follows what it holds
+        read = [len(batch[0].tokens) for batch in drafter.context.batches]
+        assert read[0] == 30 + 1
+        assert max(read[1:]) <= 8
+
+    def test_a_draft_model_stops_at_a_token_it_is_unsure_of(self) -> None:
+        """The scripted model gives its token a probability of about 0.93."""
+        sure = generate(
+            request(max_new_tokens=20, speculative=DraftLimits(p_min=0.9)), drafter=self.drafter()
+        )
+        unsure = generate(
+            request(max_new_tokens=20, speculative=DraftLimits(p_min=0.99)), drafter=self.drafter()
+        )
+        assert sure.finished.stats.draft_tokens > 0
+        assert unsure.finished.stats.draft_tokens == 0
+
+    def test_the_request_limits_the_draft_length(self) -> None:
+        run = generate(
+            request(max_new_tokens=40, speculative=DraftLimits(n_max=3, n_min=3)), drafter=self.drafter()
+        )
+        totals = run.slot.totals
+        assert totals.draft_steps > 0
+        assert totals.draft_tokens == 3 * totals.draft_steps  # never more than n_max, never fewer than n_min
+        off = generate(request(max_new_tokens=40, speculative=DraftLimits(n_max=0)), drafter=self.drafter())
+        assert off.finished.stats.draft_tokens == 0
+        assert off.generation._drafts is None
+
+    def test_a_draft_model_as_costly_as_the_model_is_not_run_by_the_measured_policy(self) -> None:
+        drafter = self.drafter(mode="measured", prior=1.0)
+        run = generate(request(max_new_tokens=40), drafter=drafter)
+        assert run.finished.stats.draft_tokens == 0
+        assert drafter.context.batches == []  # not even run
+
+    def test_a_failing_draft_model_costs_only_the_drafts(self) -> None:
+        drafter = Drafter(BrokenContext(repeating()), DraftPolicy(DraftOptions(draft_max=8, mode="always")))
+        plain = generate(request(max_new_tokens=20))
+        run = generate(request(max_new_tokens=20), drafter=drafter)
+        assert run.tokens == plain.tokens
+        assert drafter.failed
+        assert run.finished.stats.draft_tokens == 0
