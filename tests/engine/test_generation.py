@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import attrs
 import pytest
 
-from bubo.domain.sampling import DraftLimits
 from bubo.domain.generation import (
     EngineEvent,
     GenerationFinished,
@@ -25,6 +24,7 @@ from bubo.domain.generation import (
     ThinkingBudget,
     TokenGenerated,
 )
+from bubo.domain.sampling import DraftLimits
 from bubo.engine._draft_policy import DraftOptions, DraftPolicy
 from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
 from bubo.engine._generation import EngineSetup, Generation
