@@ -40,7 +40,8 @@ class TestCompletion:
                 "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
                              "temperature"],
                 "stop": [], "n_probs": 0, "ignore_eos": False, "stream": False,
-                "n_keep": 0, "n_indent": 0, "cache_prompt": True, "logit_bias": [],
+                "n_keep": 0, "n_indent": 0, "cache_prompt": True,
+                "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75, "logit_bias": [],
             },
             "prompt": "Count:",
             "has_new_line": False,
@@ -90,6 +91,44 @@ class TestCompletion:
         assert bias[15] == -1.5
         assert bias[16] == BANNED
         assert all(bias[t] == 2 for t in tokenizer.encode("Hello"))
+
+    async def test_speculative_limits_are_taken_clamped_and_shown(self, app, fake_engine: FakeEngine) -> None:
+        """llama-server's flat ``speculative.*`` keys: n_max at most --draft-max, n_min at most n_max."""
+        fields = {"speculative.n_max": 40, "speculative.n_min": 50, "speculative.p_min": 0.5}
+        response = await app.test_client().post(
+            "/completion", json={"prompt": "Hi", "n_predict": 2, **fields}
+        )
+        assert response.status_code == 200
+        settings = (await response.get_json())["generation_settings"]
+        assert (
+            settings["speculative.n_max"],
+            settings["speculative.n_min"],
+            settings["speculative.p_min"],
+        ) == (
+            16,
+            16,
+            0.5,
+        )
+        limits = fake_engine.requests[-1].speculative
+        assert (limits.n_max, limits.n_min, limits.p_min) == (16, 16, 0.5)
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("speculative.p_min", 1.5), ("speculative.p_min", -0.1), ("speculative.n_max", "8")],
+    )
+    async def test_a_bad_speculative_limit_is_a_400_naming_it(self, app, field: str, value: object) -> None:
+        response = await app.test_client().post("/completion", json={"prompt": "Hi", field: value})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == field
+
+    async def test_the_chat_routes_take_the_speculative_limits_too(
+        self, app, fake_engine: FakeEngine
+    ) -> None:
+        body = {"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        body["speculative.n_max"] = 3
+        response = await app.test_client().post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        assert fake_engine.requests[-1].speculative.n_max == 3
 
     async def test_n_predict_zero_generates_nothing(self, app, script: FakeScript) -> None:
         """n_predict 0 evaluates the prompt and generates nothing."""

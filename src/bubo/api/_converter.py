@@ -281,9 +281,23 @@ def _attrs_hook(cls: Any, converter: cattrs.Converter) -> Hook:
             raise UnexpectedValue("an object", _kind(value))
         if logger.isEnabledFor(logging.DEBUG) and (extra := value.keys() - known):
             logger.debug("ignored unknown fields of %s: %s", cls.__name__, ", ".join(sorted(extra)))
-        return inner(value, cls)
+        try:
+            return inner(value, cls)
+        except ClassValidationError as error:
+            if renamed:
+                _name_by_wire(error, renamed)
+            raise
 
     return structure
+
+
+def _name_by_wire(error: ClassValidationError, renamed: Mapping[str, str]) -> None:
+    """Name a renamed field's failure by its JSON key, so the error's path is the one the client sent."""
+    for exc in error.exceptions:
+        notes = getattr(exc, "__notes__", [])
+        for i, note in enumerate(notes):
+            if isinstance(note, AttributeValidationNote) and note.name in renamed:
+                notes[i] = AttributeValidationNote(str(note), renamed[note.name], note.type)
 
 
 # ---- unions -------------------------------------------------------------------------------------
