@@ -33,7 +33,7 @@ def _drafting_server(tmp_path_factory: pytest.TempPathFactory, model_path: Path)
 
 @pytest.fixture(name="client")
 def _client(drafting_server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=drafting_server.base_url, timeout=120) as client:
+    with httpx.Client(base_url=drafting_server.base_url, timeout=600) as client:
         yield client
 
 
