@@ -24,6 +24,7 @@ import cattrs
 
 from bubo.domain.addresses import is_loopback
 from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
+from bubo.model import KV_CACHE_TYPES, is_quantized
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
@@ -139,6 +140,8 @@ class ModelSettings:
     kv_unified: bool = True  # the slots share --ctx-size; off: each slot has --ctx-size of its own
     slot_prompt_similarity: float = attrs.field(default=0.1, validator=_share)
     flash_attn: str = "auto"
+    cache_type_k: str = "f16"  # the KV cache's data types (llama-server's -ctk/-ctv)
+    cache_type_v: str = "f16"  # quantized: needs flash attention (refused with --flash-attn off)
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
     cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
@@ -162,6 +165,7 @@ class ModelSettings:
     pooling: str | None = None  # embeddings: none|mean|cls|last|rank; None: the model's own
     slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
+    cache_reuse: int = attrs.field(default=0, validator=_non_negative)  # shortest cached run moved; 0: off
     prefill_assistant: bool = True  # a final assistant message is continued
     reasoning: str = "auto"  # enable_thinking for templates that read it: on, off, auto (theirs)
     reasoning_format: str = "auto"  # auto (deepseek), deepseek, none, deepseek-legacy
@@ -483,6 +487,12 @@ OPTIONS: tuple[Option, ...] = (
            "else to the least recently used one (0.1; 0: always least recently used)", "SHARE"),
     Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice("auto", "on", "off"),
            "flash attention: auto, on or off (default auto)", "MODE"),
+    Option(("-ctk", "--cache-type-k"), ("model", "cache_type_k"), _choice(*KV_CACHE_TYPES),
+           "data type of the KV cache's keys: " + ", ".join(KV_CACHE_TYPES) + " (f16); the KV memory and "
+           "what it saves against f16 are in /props (kv_cache)", "TYPE"),
+    Option(("-ctv", "--cache-type-v"), ("model", "cache_type_v"), _choice(*KV_CACHE_TYPES),
+           "data type of the KV cache's values, the same types (f16); a quantized one needs flash "
+           "attention (-fa auto or on)", "TYPE"),
     Option(("-ngl", "--n-gpu-layers"), ("model", "n_gpu_layers"), _int,
            "layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
     Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
@@ -542,6 +552,10 @@ OPTIONS: tuple[Option, ...] = (
            "a generation that reaches the end of its context drops the oldest half of its tokens after "
            "the request's n_keep and goes on, reported as truncated (off: it stops there)", "on|off",
            off_flags=("--no-context-shift",)),
+    Option(("--cache-reuse",), ("model", "cache_reuse"), _int,
+           "after a prompt's changed middle, move each cached run of at least N tokens the prompt "
+           "repeats into place by KV shifting instead of evaluating it again (0: off; a moved run was "
+           "computed with the old middle in view, see docs/prompt-cache.md)", "N"),
     # chat rendering and reasoning (llama-server's)
     Option(("--prefill-assistant",), ("model", "prefill_assistant"), _switch,
            "a conversation ending with an assistant message continues that message (on); off: the message "
@@ -558,6 +572,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches, such as repack probe verdicts "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),
+    Option(("--keep",), ("generation", "n_keep"), _within(_int, -1, 2**31 - 1),
+           "prompt tokens a context shift keeps (after a BOS) when a request sets no n_keep (0; -1: the "
+           "whole prompt); see --context-shift", "N"),
     Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
            "default limit on generated tokens (default -1: until the model stops)", "N"),
     Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature (0.8)", "T"),
@@ -755,6 +772,7 @@ def load_settings(
             raise ConfigError(f"{source}: {error}") from None
         _assign(tree, option.dest, value)
     _check_one_constraint(tree.get("model", {}))
+    _check_flash_attention(tree.get("model", {}))
     try:
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
@@ -782,6 +800,16 @@ def _check_one_constraint(model: Mapping[str, Any]) -> None:
     given = [flag for name, flag in flags.items() if name in model]
     if len(given) > 1:
         raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
+
+
+def _check_flash_attention(model: Mapping[str, Any]) -> None:
+    """A quantized V cache needs flash attention (llama.cpp refuses the context without it)."""
+    type_v = model.get("cache_type_v", "f16")
+    if is_quantized(type_v) and model.get("flash_attn") == "off":
+        raise ConfigError(
+            f"--cache-type-v {type_v}: a quantized V cache needs flash attention; "
+            "use --flash-attn auto or on, or an unquantized V type (f16, bf16, f32)"
+        )
 
 
 def _long(option: Option) -> str:

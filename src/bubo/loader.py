@@ -20,7 +20,14 @@ from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.errors import InvalidRequest
-from bubo.model import GGUFMetadata, kv_bytes_per_token, model_id_from_path, read_metadata, read_model_card
+from bubo.model import (
+    GGUFMetadata,
+    KvCacheSize,
+    kv_bytes_per_token,
+    model_id_from_path,
+    read_metadata,
+    read_model_card,
+)
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
 from bubo.service.memory import MemoryGuard, SystemMemory
@@ -80,6 +87,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         kv_unified=model.kv_unified,
         slot_prompt_similarity=model.slot_prompt_similarity,
         flash_attn=model.flash_attn,
+        cache_type_k=model.cache_type_k,
+        cache_type_v=model.cache_type_v,
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=snapshot_mib,
         drafting=DraftOptions(
@@ -93,6 +102,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         embeddings=model.embeddings,
         pooling=model.pooling,
         context_shift=model.context_shift,
+        cache_reuse=model.cache_reuse,
     )
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -117,13 +127,22 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         raise
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
+    kv_cache = KvCacheSize.of(
+        metadata,
+        type_k=model.cache_type_k,
+        type_v=model.cache_type_v,
+        n_ctx=engine.statistics().kv_cache_capacity,
+    )
     logger.info(
-        "model ready in %.1f s: %s (%s, %d-token context, %s tokenizer, %s template, %s tool calls, "
-        "weight repacking %s: %s)",
+        "model ready in %.1f s: %s (%s, %d-token context, KV cache %s/%s %.1f MiB, %s tokenizer, "
+        "%s template, %s tool calls, weight repacking %s: %s)",
         time.perf_counter() - started,
         model_id,
         info.description,
         info.n_ctx,
+        kv_cache.type_k,
+        kv_cache.type_v,
+        kv_cache.bytes / 2**20,
         tokenizer.name,
         template.origin,
         tool_parser,
@@ -152,6 +171,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         any_model_name=model.model_names == "any",
         chat=_chat_defaults(model),
         card=read_model_card(path, metadata),
+        kv_cache=kv_cache,
     )
 
 
@@ -208,10 +228,11 @@ def _default_grammar(settings: Settings) -> GrammarSpec | None:
 def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> MemoryGuard | None:
     if not settings.server.memory_guard:
         return None
+    model = settings.model
     return MemoryGuard(
         probe=SystemMemory(),
-        kv_bytes_per_token=kv_bytes_per_token(metadata),
-        step_bytes=n_vocab * 4 * (1 + settings.model.draft_max),  # float logits per verified position
+        kv_bytes_per_token=kv_bytes_per_token(metadata, model.cache_type_k, model.cache_type_v),
+        step_bytes=n_vocab * 4 * (1 + model.draft_max),  # float logits per verified position
         low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
     )
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import pytest
 
+from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.server import create_app
+
+from ..conftest import wait_until_ready
 
 
 def events(data: bytes) -> list[dict]:
@@ -32,6 +37,19 @@ class TestContextFields:
         await app.test_client().post("/completion", json={"prompt": "x"})
         request = fake_engine.requests[-1]
         assert (request.n_keep, request.cache_prompt, request.n_indent) == (0, True, 0)
+
+    async def test_without_n_keep_the_servers_keep_applies(self, settings, make_runtime, fake_engine) -> None:
+        runtime = attrs.evolve(make_runtime(), defaults=GenerationDefaults(n_keep=6))
+        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            client = test_app.test_client()
+            await client.post("/completion", json={"prompt": "x"})
+            assert fake_engine.requests[-1].n_keep == 6
+            await client.post("/completion", json={"prompt": "x", "n_keep": 0})
+            assert fake_engine.requests[-1].n_keep == 0
+            props = await (await client.get("/props")).get_json()
+            assert props["default_generation_settings"]["params"]["n_keep"] == 6
 
     async def test_any_negative_n_keep_keeps_the_whole_prompt(self, app, fake_engine: FakeEngine) -> None:
         await app.test_client().post("/completion", json={"prompt": "x", "n_keep": -7})

@@ -112,3 +112,24 @@ class TestServerSwitches:
     def test_cors_localhost(self) -> None:
         """localhost is a value of its own: any page served from this machine."""
         assert parse("--cors-origins", "localhost").server.cors_origins == ("localhost",)
+
+
+class TestKvCacheTypes:
+    def test_f16_by_default_as_in_llama_server(self) -> None:
+        model = parse().model
+        assert (model.cache_type_k, model.cache_type_v) == ("f16", "f16")
+
+    def test_llama_server_spellings(self) -> None:
+        model = parse("-ctk", "q8_0", "--cache-type-v", "q4_0").model
+        assert (model.cache_type_k, model.cache_type_v) == ("q8_0", "q4_0")
+        assert parse(environ={"BUBO_CACHE_TYPE_K": "iq4_nl"}).model.cache_type_k == "iq4_nl"
+
+    def test_an_unknown_type_is_refused_with_the_types_there_are(self) -> None:
+        with pytest.raises(ConfigError, match=r"--cache-type-k: expected one of f32, f16, bf16, q8_0"):
+            parse("-ctk", "q6_k")
+
+    def test_a_quantized_v_without_flash_attention_is_refused_at_start(self) -> None:
+        with pytest.raises(ConfigError, match="quantized V cache needs flash attention"):
+            parse("-ctv", "q8_0", "-fa", "off")
+        assert parse("-ctk", "q8_0", "-fa", "off").model.cache_type_k == "q8_0"  # a quantized K does not
+        assert parse("-ctv", "q8_0").model.flash_attn == "auto"  # llama.cpp turns it on for the V cache

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from bubo.errors import InsufficientMemory, InsufficientMemoryPermanent, MemoryPressure
-from bubo.model import kv_bytes_per_token
+from bubo.model import KV_CACHE_TYPES, KvCacheSize, kv_bytes_per_token
 from bubo.service.memory import WORKING_MARGIN_BYTES, MemoryGuard, MemoryReading, SystemMemory
 
 MIB = 1024 * 1024
@@ -126,3 +126,32 @@ class TestKvBytesPerToken:
 
     def test_unknown_is_zero(self) -> None:
         assert kv_bytes_per_token({}) == 0
+
+    @pytest.mark.parametrize(
+        ("cache_type", "row_bytes"),
+        # one layer's K (or V) row of SmolLM2: 3 heads x 64 values, in ggml's blocks of 32
+        [("f32", 768), ("f16", 384), ("bf16", 384), ("q8_0", 204), ("q5_1", 144), ("q5_0", 132),
+         ("q4_1", 120), ("q4_0", 108), ("iq4_nl", 108)],
+    )  # fmt: skip
+    def test_quantized_types_count_their_blocks(self, cache_type: str, row_bytes: int) -> None:
+        metadata = {
+            "general.architecture": "llama",
+            "llama.block_count": 30,
+            "llama.embedding_length": 576,
+            "llama.attention.head_count": 9,
+            "llama.attention.head_count_kv": 3,
+        }
+        assert kv_bytes_per_token(metadata, cache_type, cache_type) == 30 * 2 * row_bytes
+        assert set(KV_CACHE_TYPES) == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
+
+    def test_a_cache_size_says_what_it_saves_against_f16(self) -> None:
+        metadata = {
+            "general.architecture": "llama",
+            "llama.block_count": 30,
+            "llama.embedding_length": 576,
+            "llama.attention.head_count": 9,
+            "llama.attention.head_count_kv": 3,
+        }
+        size = KvCacheSize.of(metadata, type_k="q8_0", type_v="f16", n_ctx=1024)
+        assert (size.bytes, size.f16_bytes) == (1024 * 30 * (204 + 384), 1024 * 30 * 768)
+        assert size.saved_bytes == 1024 * 30 * 180

@@ -41,7 +41,7 @@ class GenerationOptions:
     time_limit_ms: int = 0
     slot: int | None = None  # the session slot to run in (llama-server's id_slot); None: the engine picks
     # llama-server's n_keep, cache_prompt and n_indent (GenerationRequest says what they do)
-    n_keep: int = 0
+    n_keep: int | None = None  # None: the server's --keep
     cache_prompt: bool = True
     n_indent: int = 0
     post_sampling_probs: bool = False

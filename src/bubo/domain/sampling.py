@@ -188,6 +188,7 @@ class GenerationDefaults:
     """What a request gets when it does not say: the server's ``-n``, sampler and draft flags."""
 
     n_predict: int = -1  # negative: until end of generation or of the context
+    n_keep: int = 0  # prompt tokens a context shift keeps (--keep); -1: the whole prompt
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     speculative: DraftLimits = attrs.field(factory=DraftLimits)
 

@@ -40,7 +40,9 @@ class LlamaContext:
         *,
         totals: EngineCounters,
         snapshots: SnapshotStore | None,
+        reuse_chunk: int = 0,
     ) -> None:
+        """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off)."""
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise EngineFailure(f"llama.cpp could not create a context of {params.n_ctx} tokens")
@@ -57,7 +59,8 @@ class LlamaContext:
         self.dry = DryStages(self.vocab)
         memory = llama_cpp.llama_get_memory(ctx)
         self.caches = tuple(
-            SequenceCache(ctx, memory, snapshots, seq_id) for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
+            SequenceCache(ctx, memory, snapshots, seq_id, reuse_chunk=reuse_chunk)
+            for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
         )
         self._totals = totals
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)

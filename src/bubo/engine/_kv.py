@@ -15,6 +15,16 @@ the dropped tokens in view, so they are not what evaluating the remaining
 tokens afresh gives.  The cache therefore remembers how far its cells are
 exact and never reuses (nor snapshots) the rest.
 
+With ``--cache-reuse N`` (llama-server's, off by default) a prompt whose middle
+changed keeps more than its common prefix: after the prefix, each run of at
+least N cached tokens that the prompt repeats further on is moved to its new
+position (``llama_memory_seq_rm`` of the cells between, ``llama_memory_seq_add``
+of the run), and only the tokens between the runs are evaluated.  The moved
+cells were computed with the old middle in view; llama-server takes them as
+they are, and so does Bubo (they count as exact), which is the trade the flag
+asks for: greedy output may differ from a cold run's where the changed middle
+mattered to the later tokens.
+
 Only the engine thread that owns the context calls into this module; the
 snapshot store is shared by every slot's sequence.
 """
@@ -170,11 +180,21 @@ class SequenceCache:
     it (:class:`~.slots.TokenMirror`) from the trio thread.
     """
 
-    def __init__(self, ctx: object, memory: object, store: SnapshotStore | None, seq_id: int = 0) -> None:
+    def __init__(
+        self,
+        ctx: object,
+        memory: object,
+        store: SnapshotStore | None,
+        seq_id: int = 0,
+        *,
+        reuse_chunk: int = 0,
+    ) -> None:
+        """*reuse_chunk*: the shortest cached run moved to its place after a changed middle (0: none)."""
         self._ctx = ctx
         self._memory = memory
         self.seq_id = seq_id
         self.store = store
+        self.reuse_chunk = reuse_chunk
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
         self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
@@ -229,11 +249,50 @@ class SequenceCache:
             if len(self.tokens) - live >= MIN_SNAPSHOT_TOKENS:
                 self._save_live()
             keep = live
-        keep = self.truncate(keep)
+        keep = self._reuse_chunks(prompt, keep) if self.reuse_chunk > 0 else self.truncate(keep)
         report = self._report(prompt, tags, keep, partial, restored)
         self.tags = tags
         self._ever_used = True
         return keep, report
+
+    def _reuse_chunks(self, prompt: Sequence[int], keep: int) -> int:
+        """Move the cached runs the prompt repeats after its first *keep* tokens into place; the count held.
+
+        After the first *keep* tokens, each cached run of ``reuse_chunk`` or more tokens that the
+        prompt goes on with moves to its place in the prompt, and the rest is dropped.
+
+        At least the prompt's last token is left to evaluate (sampling needs its logits).  A memory
+        that cannot move cells (recurrent, sliding-window) keeps the prefix alone.
+        """
+        if not self.can_shift():
+            return self.truncate(keep)
+        cached, limit = self.tokens, len(prompt) - 1
+        at_cache = at_prompt = keep
+        while at_cache < len(cached) and at_prompt < limit:
+            run = 0
+            while (
+                at_cache + run < len(cached)
+                and at_prompt + run < limit
+                and cached[at_cache + run] == prompt[at_prompt + run]
+            ):
+                run += 1
+            if run < self.reuse_chunk:
+                at_cache += 1
+                continue
+            # the cells between the prompt's position and the run go; the run moves down to close the gap
+            llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, at_cache)
+            llama_cpp.llama_memory_seq_add(
+                self._memory, self.seq_id, at_cache, at_cache + run, at_prompt - at_cache
+            )
+            at_cache += run
+            at_prompt += run
+        if at_prompt == keep:
+            return self.truncate(keep)
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, -1)
+        logger.debug("cache reuse: %d tokens moved after a %d-token prefix", at_prompt - keep, keep)
+        self.tokens[:] = prompt[:at_prompt]
+        self.version += 1
+        return at_prompt
 
     def _report(
         self, prompt: Sequence[int], tags: CacheTags | None, keep: int, partial: int, restored: int

@@ -69,6 +69,18 @@ _FLASH_ATTN = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+_GGML_TYPE_BF16 = 30  # ggml.h's value; llama-cpp-python's binding names no constant for it
+_CACHE_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "bf16": _GGML_TYPE_BF16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
+    "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
+}
 # ggml log levels -> logging levels; llama.cpp's INFO chatter goes to DEBUG
 _LOG_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
@@ -88,6 +100,8 @@ class LlamaOptions:
     kv_unified: bool = True  # the slots share n_ctx; else each has n_ctx of its own
     slot_prompt_similarity: float = 0.1  # a cached prefix longer than this share of a prompt picks the slot
     flash_attn: str = "auto"  # auto | on | off
+    cache_type_k: str = "f16"  # the KV cache's data types (_CACHE_TYPES); a quantized V needs flash attention
+    cache_type_v: str = "f16"
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
@@ -102,6 +116,7 @@ class LlamaOptions:
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
     )
     context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
+    cache_reuse: int = 0  # after a changed middle, move cached runs of at least this many tokens (0: off)
 
 
 T = TypeVar("T")
@@ -188,13 +203,17 @@ class LlamaEngine(SlotEngine):
         context_params.n_threads = options.n_threads
         context_params.n_threads_batch = options.n_threads_batch or options.n_threads
         context_params.flash_attn_type = _FLASH_ATTN[options.flash_attn]
+        context_params.type_k = _CACHE_TYPES[options.cache_type_k]
+        context_params.type_v = _CACHE_TYPES[options.cache_type_v]
         context_params.no_perf = True
         # A sliding-window model keeps only its window of KV unless told to keep it all;
         # the prompt cache needs the whole sequence to trim it to a common prefix.
         context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
         snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
         totals = EngineCounters()
-        self._context = LlamaContext(model, context_params, totals=totals, snapshots=snapshots)
+        self._context = LlamaContext(
+            model, context_params, totals=totals, snapshots=snapshots, reuse_chunk=options.cache_reuse
+        )
         self._model = model
         context = self._context
         try:

@@ -92,6 +92,8 @@ def probe_payload(options: LlamaOptions, *, repack: bool) -> dict[str, Any]:
         "n_batch": options.n_batch,
         "n_ubatch": options.n_ubatch,
         "flash_attn": options.flash_attn,
+        "cache_type_k": options.cache_type_k,
+        "cache_type_v": options.cache_type_v,
         "n_gpu_layers": options.n_gpu_layers,
         "use_mmap": options.use_mmap,
         "repack": repack,

@@ -154,7 +154,7 @@ def generation_request(
         n_probs=options.n_probs,
         time_limit_ms=options.time_limit_ms,
         slot=options.slot,
-        n_keep=options.n_keep,
+        n_keep=runtime.defaults.n_keep if options.n_keep is None else options.n_keep,
         cache_prompt=options.cache_prompt,
         n_indent=options.n_indent,
         post_sampling_probs=options.post_sampling_probs,

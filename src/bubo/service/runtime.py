@@ -11,7 +11,7 @@ import trio
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
-from bubo.model import ALIAS, ModelCard
+from bubo.model import ALIAS, KvCacheSize, ModelCard
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
@@ -59,6 +59,7 @@ class Runtime:
     any_model_name: bool = False  # --model-names any: every name is this model
     chat: ChatDefaults = attrs.field(factory=ChatDefaults)
     card: ModelCard | None = None  # the model file's identity and metadata, read at load (None: no file)
+    kv_cache: KvCacheSize | None = None  # the KV cache's types and size (None: not known, the fake engine)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -442,6 +442,7 @@ async def props() -> Response:
                 params=wire.SamplingDefaults(
                     **translate.sampler_settings(runtime.defaults.sampling),
                     n_predict=runtime.defaults.n_predict,
+                    n_keep=runtime.defaults.n_keep,
                 ),
                 n_ctx=info.n_ctx,
             ),
@@ -461,6 +462,7 @@ async def props() -> Response:
             bos_token=runtime.tokenizer.bos_token,
             eos_token=runtime.tokenizer.eos_token,
             build_info=api_context().fingerprint,
+            kv_cache=translate.kv_cache(runtime.kv_cache),
         )
     )
 

@@ -15,6 +15,7 @@ from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPie
 from bubo.domain.sampling import BANNED, LogitBias, SamplingParams
 from bubo.engine import SlotStatistics
 from bubo.errors import InvalidRequest
+from bubo.model import KvCacheSize
 
 from . import wire
 
@@ -133,7 +134,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
             ignore_eos=bool(body.ignore_eos),
             time_limit_ms=body.t_max_predict_ms or 0,
             slot=None if body.id_slot in (None, -1) else body.id_slot,
-            n_keep=-1 if body.n_keep is not None and body.n_keep < 0 else body.n_keep or 0,
+            n_keep=None if body.n_keep is None else max(body.n_keep, -1),
             cache_prompt=body.cache_prompt is not False,
             n_indent=body.n_indent or 0,
             post_sampling_probs=bool(body.post_sampling_probs),
@@ -359,6 +360,22 @@ def project(result: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
 
 IDLE_NEXT_TOKEN = wire.NextToken(has_next_token=False, n_decoded=0, n_remain=-1)
 """An idle slot's ``next_token``, as llama-server reports it."""
+
+
+def kv_cache(size: KvCacheSize | None) -> wire.KvCache | None:
+    """``/props``' ``kv_cache``: the cache's types and memory, and what they save against f16."""
+    if size is None:
+        return None
+    return wire.KvCache(
+        type_k=size.type_k,
+        type_v=size.type_v,
+        n_ctx=size.n_ctx,
+        size_bytes=size.bytes,
+        size_mib=round(size.bytes / 2**20, 2),
+        f16_bytes=size.f16_bytes,
+        saved_bytes=size.saved_bytes,
+        saved_share=round(size.saved_bytes / size.f16_bytes, 4) if size.f16_bytes else 0.0,
+    )
 
 
 def slot(stats: SlotStatistics, *, speculative: bool = False) -> wire.Slot:

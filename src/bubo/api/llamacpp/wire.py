@@ -254,6 +254,7 @@ class SamplingDefaults(SamplerSettings):
     """``default_generation_settings.params`` of ``/props``."""
 
     n_predict: int
+    n_keep: int  # --keep
 
 
 @attrs.frozen(kw_only=True)
@@ -302,6 +303,20 @@ class ChatTemplateCaps:
 
 
 @attrs.frozen(kw_only=True)
+class KvCache:
+    """``kv_cache`` of ``/props``: the KV cache's data types and memory, against an f16 cache."""
+
+    type_k: str
+    type_v: str
+    n_ctx: int  # cells, every slot's together
+    size_bytes: int
+    size_mib: float
+    f16_bytes: int  # what the same cache takes in f16 (llama.cpp's default)
+    saved_bytes: int  # f16_bytes - size_bytes
+    saved_share: float  # saved_bytes / f16_bytes
+
+
+@attrs.frozen(kw_only=True)
 class Props:
     """``GET /props``: model names, template and defaults."""
 
@@ -319,6 +334,7 @@ class Props:
     bos_token: str
     eos_token: str
     build_info: str
+    kv_cache: KvCache | None = None  # None: the engine does not say (the fake engine)
 
 
 @attrs.frozen(kw_only=True)

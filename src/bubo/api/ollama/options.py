@@ -87,8 +87,8 @@ def generation_options(options: Mapping[str, Any] | None, *, n_probs: int | None
     sampling = _sampling(given)
     max_tokens = _num_predict(given.pop("num_predict", None))
     stop = tuple(_typed("stop", given.pop("stop"), list)) if "stop" in given else ()
-    n_keep = _typed("num_keep", given.pop("num_keep"), int) if "num_keep" in given else 0
-    if n_keep < -1:
+    n_keep = _typed("num_keep", given.pop("num_keep"), int) if "num_keep" in given else None
+    if n_keep is not None and n_keep < -1:
         raise InvalidRequest("option 'num_keep' must be -1 (all) or more", param="options.num_keep")
     for key, kind in _IGNORED.items():
         if key in given:
