@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"domain", "errors", "grammar"},
     "service": {"domain", "errors", "engine", "grammar", "model", "tokenizer", "templates", "parsers"},
     "api": {"domain", "errors", "engine", "model", "service"},
-    "config": {"domain", "errors", "parsers"},
+    "config": {"domain", "errors", "model", "parsers"},
     "loader": {
         "config",
         "domain",

@@ -115,6 +115,9 @@ class ServerSettings:
     webui: bool = True  # the chat page at / (bubo/api/webui.py)
     metrics: bool = True  # GET /metrics; off: 501, as llama-server without --metrics
     slots: bool = True  # GET /slots; off: 501, as llama-server with --no-slots
+    sleep_idle_seconds: float = (
+        -1.0
+    )  # free the model after this long idle; negative: never (llama-server's -1)
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -455,6 +458,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--slots",), ("server", "slots"), _switch,
            "serve the slots' state at /slots (on); off: /slots answers 501", "on|off",
            off_flags=("--no-slots",)),
+    Option(("--sleep-idle-seconds",), ("server", "sleep_idle_seconds"), _float,
+           "free the model (weights, context, KV cache) after this many seconds without a request and load "
+           "it again for the next one, which waits for it; /health, /props, /slots, /metrics and /api/ps "
+           "answer without waking it (-1: never)", "S"),
     Option(("--tags",), ("model", "tags"), _names,
            "tags for the model, separated by commas: informational, listed in /v1/models (and the "
            "router's /models), never used to route", "TAG[,TAG...]"),

@@ -30,6 +30,7 @@ from bubo.model import (
 )
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
+from bubo.service.idle import IdleSleeper
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import ChatDefaults, Runtime
 from bubo.service.work import Workers
@@ -172,6 +173,9 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         chat=_chat_defaults(model),
         card=read_model_card(path, metadata),
         kv_cache=kv_cache,
+        sleeper=IdleSleeper(
+            idle_s=settings.server.sleep_idle_seconds if settings.server.sleep_idle_seconds >= 0 else None
+        ),
     )
 
 

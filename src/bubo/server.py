@@ -342,7 +342,10 @@ async def _serve_model(
     while True:
         state.runtime = runtime
         state.settle(Status.READY)
-        await runtime.engine.wait_retired()  # closed (shutdown) or lost
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runtime.sleeper.run, runtime.engine)  # frees the model while idle
+            await runtime.engine.wait_retired()  # closed (shutdown) or lost
+            nursery.cancel_scope.cancel()
         if not runtime.engine.lost:
             return
         state.status = Status.DEVICE_LOST

@@ -29,9 +29,14 @@ NOT_IMPLEMENTED = (
 @blueprint.get("/v1/health")
 @blueprint.get("/healthz")
 async def health() -> Response:
-    """Liveness: 200 while the process can serve or load, 503 after the engine was lost."""
-    if api_context().state.lost:
+    """Liveness: 200 while the process can serve or load (its model asleep too), 503 once it is lost."""
+    state = api_context().state
+    if state.lost:
         return json_response({"status": "device_lost"}, status=503)
+    if state.runtime is not None and state.runtime.engine.sleeping:
+        return json_response(
+            {"status": "ok", "is_sleeping": True}
+        )  # llama-server's answer, and why it is idle
     return json_response({"status": "ok"})
 
 
@@ -48,7 +53,8 @@ async def ready() -> Response:
         if state.status is Status.LOADING:
             body["progress"] = round(state.load_progress, 3)
         return json_response(body, status=error.status, headers=dict(error.headers))
-    return json_response({"status": "ready", "model": runtime.model_id})
+    sleeping = {"is_sleeping": True} if runtime.engine.sleeping else {}  # ready: a request loads it again
+    return json_response({"status": "ready", "model": runtime.model_id, **sleeping})
 
 
 async def not_implemented(rest: str = "") -> Response:

@@ -38,6 +38,19 @@ class Embedder:
     """Token ids to embedding vectors with a context of its own (thread-safe, one input at a time)."""
 
     def __init__(self, model: object, *, n_tokens: int, n_threads: int, pooling: str | None) -> None:
+        self._lock = threading.Lock()
+        self._ctx: object | None = None
+        self._n_tokens, self._n_threads, self._pooling = n_tokens, n_threads, pooling
+        self.open(model)
+
+    def open(self, model: object) -> None:
+        """Create the context over *model* (again, after :meth:`close`: the model slept).
+
+        Raises:
+            EngineFailure: llama.cpp could not create it.
+
+        """
+        n_tokens, n_threads, pooling = self._n_tokens, self._n_threads, self._pooling
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.n_ctx = params.n_batch = params.n_ubatch = n_tokens
@@ -51,7 +64,6 @@ class Embedder:
             raise EngineFailure(f"llama.cpp could not create an embedding context of {n_tokens} tokens")
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)
-        self._lock = threading.Lock()
         self.n_tokens: int = llama_cpp.llama_n_ubatch(ctx)
         self.pooling: str = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
         self.n_embd: int = (

@@ -34,6 +34,7 @@ from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequ
 from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
+from ._sleep import Wakefulness
 from .slots import Slot, SlotPool
 from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
@@ -303,6 +304,43 @@ class Engine(Protocol):
         """What the prompt cache holds."""
         ...
 
+    @property
+    def can_sleep(self) -> bool:
+        """Whether the engine can free its model while idle and load it again (:meth:`sleep`)."""
+        ...
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the model is freed now (or being freed, or being loaded again)."""
+        ...
+
+    @property
+    def idle_since(self) -> float | None:
+        """The trio time nothing has held the engine since; None while held (or never since the start)."""
+        ...
+
+    @property
+    def in_use(self) -> bool:
+        """Whether something holds the engine awake now (:meth:`awake`)."""
+        ...
+
+    def awake(self) -> AbstractAsyncContextManager[None]:
+        """Hold the model loaded for a block that touches it, loading it again first if it sleeps.
+
+        Raises (on entry):
+            ServiceUnavailable: it is still loading after the wait's bound (``model_waking``).
+
+        """
+        ...
+
+    async def sleep(self) -> bool:
+        """Free the model if nothing holds it; whether it did."""
+        ...
+
+    async def wait_activity(self) -> None:
+        """Return when a hold of :meth:`awake` ends."""
+        ...
+
 
 class SlotEngine(abc.ABC):
     """Session slots behind a FIFO queue (:class:`SlotPool`); subclasses produce the events.
@@ -336,6 +374,9 @@ class SlotEngine(abc.ABC):
         self._retired = trio.Event()  # closed or lost
         self._interruption: BuboError | None = None  # set by interrupt(): every generation ends with it
         self._interruptible: set[trio.CancelScope] = set()  # slot waits and the running producers
+        self._wakefulness = Wakefulness(
+            fall_asleep=self._fall_asleep, wake_up=self._wake_up, on_failure=self._lose
+        )
 
     @property
     def info(self) -> ModelInfo:
@@ -387,6 +428,52 @@ class SlotEngine(abc.ABC):
         """
         await self._pool.wait_until(lambda: condition(self.statistics()))
 
+    # ---- sleeping while idle (engine/_sleep.py) -------------------------------------------------
+
+    can_sleep = False  # engines that can free their model and load it again say so
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the model is freed now (or being freed, or being loaded again)."""
+        return self._wakefulness.sleeping
+
+    @property
+    def idle_since(self) -> float | None:
+        """The trio time nothing has held the engine since; None while held (or never since the start)."""
+        return self._wakefulness.idle_since
+
+    @property
+    def in_use(self) -> bool:
+        """Whether something holds the engine awake now."""
+        return self._wakefulness.holds > 0
+
+    @property
+    def sleeps(self) -> int:
+        """How many times the model was freed."""
+        return self._wakefulness.sleeps
+
+    def awake(self) -> AbstractAsyncContextManager[None]:
+        """See :meth:`Engine.awake`."""
+        return self._wakefulness.held()
+
+    async def sleep(self) -> bool:
+        """Free the model if nothing holds it (and the engine can); whether it did."""
+        if not self.can_sleep or self._closed or self.lost:
+            return False
+        return await self._wakefulness.sleep()
+
+    async def wait_activity(self) -> None:
+        """See :meth:`Engine.wait_activity`."""
+        await self._wakefulness.wait_activity()
+
+    def _fall_asleep(self) -> None:
+        """Free the model (blocking, in a worker thread; nothing holds the engine)."""
+        raise NotImplementedError
+
+    def _wake_up(self) -> None:
+        """Load the model again (blocking, in a worker thread)."""
+        raise NotImplementedError
+
     def _check_usable(self) -> None:
         if self._lost.is_set():
             raise DeviceLost("the engine failed and cannot serve requests")
@@ -407,23 +494,24 @@ class SlotEngine(abc.ABC):
 
         """
         self._check_usable()
-        slot = await self._acquire_slot(request)
-        try:
-            self._check_usable()
-            task_id = self._next_task_id
-            self._next_task_id += 1
-            send, receive = trio.open_memory_channel[EngineEvent](self.channel_buffer)
-            with receive, _unwrap_single_error():
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._run_producer, slot, task_id, request, send)
-                    try:
-                        yield receive
-                    finally:
-                        # Whether the consumer read everything or left early, the
-                        # producer must stop now; a finished producer ignores this.
-                        nursery.cancel_scope.cancel()
-        finally:
-            self._pool.release(slot)
+        async with self.awake():
+            slot = await self._acquire_slot(request)
+            try:
+                self._check_usable()
+                task_id = self._next_task_id
+                self._next_task_id += 1
+                send, receive = trio.open_memory_channel[EngineEvent](self.channel_buffer)
+                with receive, _unwrap_single_error():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._run_producer, slot, task_id, request, send)
+                        try:
+                            yield receive
+                        finally:
+                            # Whether the consumer read everything or left early, the
+                            # producer must stop now; a finished producer ignores this.
+                            nursery.cancel_scope.cancel()
+            finally:
+                self._pool.release(slot)
 
     async def _acquire_slot(self, request: GenerationRequest) -> Slot:
         """Wait for a slot; an interruption meanwhile raises its error instead."""
@@ -489,18 +577,21 @@ class SlotEngine(abc.ABC):
 
     async def save_slot(self, slot_id: int, path: Path) -> SlotFile:
         """See :meth:`Engine.save_slot`."""
-        with self._holding(slot_id) as slot:
-            return await self._save_slot(slot, path)
+        async with self.awake():
+            with self._holding(slot_id) as slot:
+                return await self._save_slot(slot, path)
 
     async def restore_slot(self, slot_id: int, path: Path) -> SlotFile:
         """See :meth:`Engine.restore_slot`."""
-        with self._holding(slot_id) as slot:
-            return await self._restore_slot(slot, path)
+        async with self.awake():
+            with self._holding(slot_id) as slot:
+                return await self._restore_slot(slot, path)
 
     async def erase_slot(self, slot_id: int) -> int:
         """See :meth:`Engine.erase_slot`."""
-        with self._holding(slot_id) as slot:
-            return await self._erase_slot(slot)
+        async with self.awake():
+            with self._holding(slot_id) as slot:
+                return await self._erase_slot(slot)
 
     @contextlib.contextmanager
     def _holding(self, slot_id: int) -> Iterator[Slot]:
@@ -560,6 +651,7 @@ class SlotEngine(abc.ABC):
     async def aclose(self) -> None:
         """Wait until no request runs or waits, then close; later requests are refused."""
         await self._pool.wait_idle()
+        await self._wakefulness.settled()
         self._closed = True
         self._retired.set()
         await trio.to_thread.run_sync(self.close)

@@ -132,7 +132,9 @@ class _KvMirror:
 
 
 class FakeEngine(SlotEngine):
-    """Replays ``script.reply`` one word-ish piece at a time."""
+    """Replays ``script.reply`` one word-ish piece at a time; it sleeps by forgetting its slots' prompts."""
+
+    can_sleep = True
 
     def __init__(
         self,
@@ -152,8 +154,15 @@ class FakeEngine(SlotEngine):
         self.closed = False
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
+        self.loads = 1  # times the "model" was loaded (1 + wake-ups)
         for slot in self.slots:
             slot.mirror = _KvMirror(self._kv, slot.id)
+
+    def _fall_asleep(self) -> None:
+        self._kv.clear()
+
+    def _wake_up(self) -> None:
+        self.loads += 1
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """The converted text, as the real engine makes it (the fake samples no grammar); recorded."""

@@ -56,7 +56,7 @@ from .base import (
     SlotFile,
     SlotFileNoRoom,
 )
-from .slots import Slot
+from .slots import EMPTY_MIRROR, Slot
 from .stats import EngineCounters
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
@@ -146,6 +146,21 @@ def load_llama_engine(
         EngineFailure: llama.cpp could not load the model or create the context.
 
     """
+    model = _load_model(options, on_progress)
+    try:
+        return LlamaEngine(model, options)
+    except BaseException:
+        llama_cpp.llama_model_free(model)
+        raise
+
+
+def _load_model(options: LlamaOptions, on_progress: Callable[[float], None] | None) -> object:
+    """The model's weights, loaded as *options* say (blocking).
+
+    Raises:
+        EngineFailure: llama.cpp could not load the model.
+
+    """
     _route_llama_logs()
     llama_cpp.llama_backend_init()
     model_params = llama_cpp.llama_model_default_params()
@@ -163,11 +178,7 @@ def load_llama_engine(
     model = llama_cpp.llama_model_load_from_file(str(options.model_path).encode(), model_params)
     if not model:
         raise EngineFailure(f"llama.cpp could not load the model {options.model_path}")
-    try:
-        return LlamaEngine(model, options)
-    except BaseException:
-        llama_cpp.llama_model_free(model)
-        raise
+    return model
 
 
 def _llama_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
@@ -190,50 +201,18 @@ class LlamaEngine(SlotEngine):
     channel_buffer = math.inf  # events are bounded by the context; see the module's docstring
     release_wait_s = RELEASE_WAIT_S
 
+    can_sleep = True
+
     def __init__(self, model: object, options: LlamaOptions) -> None:
-        context_params = llama_cpp.llama_context_default_params()
-        # unified: the slots share the context; else each slot has a context of its own of n_ctx tokens
-        per_slot = options.n_ctx or llama_cpp.llama_model_n_ctx_train(model)
-        n_parallel = auto_parallel(per_slot) if options.n_parallel < 1 else options.n_parallel
-        context_params.n_ctx = per_slot if options.kv_unified else per_slot * n_parallel
-        context_params.n_batch = options.n_batch
-        context_params.n_ubatch = options.n_ubatch
-        context_params.n_seq_max = n_parallel
-        context_params.kv_unified = options.kv_unified
-        context_params.n_threads = options.n_threads
-        context_params.n_threads_batch = options.n_threads_batch or options.n_threads
-        context_params.flash_attn_type = _FLASH_ATTN[options.flash_attn]
-        context_params.type_k = _CACHE_TYPES[options.cache_type_k]
-        context_params.type_v = _CACHE_TYPES[options.cache_type_v]
-        context_params.no_perf = True
-        # A sliding-window model keeps only its window of KV unless told to keep it all;
-        # the prompt cache needs the whole sequence to trim it to a common prefix.
-        context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
-        snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
-        totals = EngineCounters()
-        self._context = LlamaContext(
-            model, context_params, totals=totals, snapshots=snapshots, reuse_chunk=options.cache_reuse
-        )
-        self._model = model
-        context = self._context
-        try:
-            self._draft = _load_draft(
-                model, context_params, options, per_slot=per_slot, n_parallel=n_parallel
-            )
-        except BaseException:
-            context.close()
-            raise
-        # drafting statistics outlive a request: they describe the model, the machine and the workload
-        drafting, drafter = None, None
-        if options.drafting.draft_max > 0:
-            draft = self._draft
-            prior = 1.0 if draft is None else draft.size_bytes / max(1, llama_cpp.llama_model_size(model))
-            drafting = DraftPolicy(options.drafting, draft_cost_prior=prior)
-            drafter = None if draft is None else Drafter(draft.context, drafting)
+        self._options = options
+        self._model: object | None = model
+        self._totals = EngineCounters()
+        self._draft: DraftModel | None = None
+        # drafting statistics outlive a request and a sleep: they describe the model, the machine, the work
+        self._drafting: DraftPolicy | None = None
+        self._drafter: Drafter | None = None
         self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
-        self._loop = DecodeLoop(
-            context, prefill_chunk=options.prefill_chunk, drafting=drafting, on_lost=self._loop_lost
-        )
+        context = self._create_context(model)
         vocab = context.vocab
         n_vocab = context.n_vocab
         self._pieces = [token_piece(vocab, token) for token in range(n_vocab)]
@@ -259,20 +238,74 @@ class LlamaEngine(SlotEngine):
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
-            totals=totals,
+            totals=self._totals,
         )
+        self._connect(model)
+
+    def _create_context(self, model: object) -> LlamaContext:
+        """The context over *model* and its decode loop (``_context``, ``_loop``)."""
+        options = self._options
+        context_params = llama_cpp.llama_context_default_params()
+        # unified: the slots share the context; else each slot has a context of its own of n_ctx tokens
+        per_slot = options.n_ctx or llama_cpp.llama_model_n_ctx_train(model)
+        n_parallel = auto_parallel(per_slot) if options.n_parallel < 1 else options.n_parallel
+        context_params.n_ctx = per_slot if options.kv_unified else per_slot * n_parallel
+        context_params.n_batch = options.n_batch
+        context_params.n_ubatch = options.n_ubatch
+        context_params.n_seq_max = n_parallel
+        context_params.kv_unified = options.kv_unified
+        context_params.n_threads = options.n_threads
+        context_params.n_threads_batch = options.n_threads_batch or options.n_threads
+        context_params.flash_attn_type = _FLASH_ATTN[options.flash_attn]
+        context_params.type_k = _CACHE_TYPES[options.cache_type_k]
+        context_params.type_v = _CACHE_TYPES[options.cache_type_v]
+        context_params.no_perf = True
+        # A sliding-window model keeps only its window of KV unless told to keep it all;
+        # the prompt cache needs the whole sequence to trim it to a common prefix.
+        context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
+        snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
+        context = self._context = LlamaContext(
+            model, context_params, totals=self._totals, snapshots=snapshots, reuse_chunk=options.cache_reuse
+        )
+        try:
+            draft = self._draft = _load_draft(
+                model, context_params, options, per_slot=per_slot, n_parallel=n_parallel
+            )
+        except BaseException:
+            context.close()
+            raise
+        if options.drafting.draft_max > 0 and self._drafting is None:
+            prior = 1.0 if draft is None else draft.size_bytes / max(1, llama_cpp.llama_model_size(model))
+            self._drafting = DraftPolicy(options.drafting, draft_cost_prior=prior)
+        drafter = None if draft is None or self._drafting is None else Drafter(draft.context, self._drafting)
+        self._drafter = drafter
+        self._loop = DecodeLoop(
+            context, prefill_chunk=options.prefill_chunk, drafting=self._drafting, on_lost=self._loop_lost
+        )
+        return context
+
+    def _connect(self, model: object) -> None:
+        """Give the slots and the generations the context just created; open the embedder beside it."""
+        options, context = self._options, self._context
         self._setup = EngineSetup(
             context=context,
             pieces=self._pieces,
             eog=self._info.eog_token_ids,
             sampler=self._sampler_for,
-            drafting=drafting,
-            drafter=drafter,
+            drafting=self._drafting,
+            drafter=self._drafter,
             context_shift=options.context_shift,
         )
         for slot, cache in zip(self.slots, context.caches, strict=True):
             slot.mirror = cache
-        if options.embeddings:
+        if isinstance(self.embedder, Embedder):
+            try:
+                self.embedder.open(model)
+            except BaseException:
+                self._close_draft()
+                context.close()
+                raise
+        elif options.embeddings:
             try:
                 self.embedder = Embedder(
                     model,
@@ -284,6 +317,49 @@ class LlamaEngine(SlotEngine):
                 self._close_draft()
                 context.close()
                 raise
+
+    # ---- sleeping while idle: the weights, the context and the embedder go; the slots' counters stay ----
+
+    def _fall_asleep(self) -> None:
+        """Stop the decode thread, then free the context, the embedder and the weights (nothing holds them).
+
+        Raises:
+            EngineFailure: the decode thread did not stop (stuck in llama.cpp: nothing is freed).
+
+        """
+        if not self._release():
+            raise EngineFailure(f"the decode thread did not stop within {self.release_wait_s:g} s")
+        for slot in self.slots:
+            slot.mirror = EMPTY_MIRROR
+
+    def _wake_up(self) -> None:
+        """Load the weights and create the context again, as at the start (the prompt cache starts empty).
+
+        Raises:
+            EngineFailure: llama.cpp could not load the model or create the context.
+
+        """
+        model = _load_model(self._options, None)
+        try:
+            self._create_context(model)
+            self._connect(model)
+        except BaseException:
+            llama_cpp.llama_model_free(model)
+            raise
+        self._model = model
+
+    def _release(self) -> bool:
+        """Stop the decode thread and free what the model holds; False (nothing freed) if it is stuck."""
+        if not self._loop.stop(self.release_wait_s):
+            return False
+        self._context.close()
+        self._close_draft()
+        if isinstance(self.embedder, Embedder):
+            self.embedder.close()  # kept: it opens again over the next model (embedder is None: not served)
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+        return True
 
     def compile_grammar(self, spec: GrammarSpec) -> str:
         """GBNF text for *spec*, checked by building (and freeing) a sampler with it.
@@ -301,13 +377,17 @@ class LlamaEngine(SlotEngine):
         return gbnf
 
     def prepare_sampling(self, sampling: SamplingParams) -> None:
-        """Build *sampling*'s DRY stage now if it has one (the decode thread then only clones it)."""
+        """Build *sampling*'s DRY stage now if it has one (the decode thread then only clones it).
+
+        Only a head start: a model that sleeps (its stages freed) leaves the building to the decode thread.
+        """
         if sampling.mirostat != 0 or "dry" not in sampling.samplers:
             return
         context = self._context
         key = dry_key(sampling, context.n_ctx_seq)
-        if key is not None:
-            context.dry.prepare(key)
+        if key is not None and not self.sleeping:
+            with contextlib.suppress(EngineFailure):  # freed meanwhile: the model fell asleep
+                context.dry.prepare(key)
 
     def check_decode(self, batch: int = 64) -> None:
         """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).
@@ -524,19 +604,11 @@ class LlamaEngine(SlotEngine):
         llama.cpp: the context and the model are then left allocated (freeing
         them under it would crash the process), for the process's exit to free.
         """
-        if not self._loop.stop(self.release_wait_s):
+        if self._model is not None and not self._release():
             logger.critical(
                 "the decode thread did not stop within %g s; the model stays in memory until exit",
                 self.release_wait_s,
             )
-            return
-        self._context.close()
-        self._close_draft()
-        if isinstance(self.embedder, Embedder):
-            self.embedder.close()
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
 
     def _close_draft(self) -> None:
         if self._draft is not None:

@@ -26,7 +26,7 @@ import trio
 
 from .stats import EngineCounters, SlotStatistics
 
-__all__ = ["Slot", "SlotPool", "TokenMirror", "common_prefix"]
+__all__ = ["EMPTY_MIRROR", "Slot", "SlotPool", "TokenMirror", "common_prefix"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
@@ -59,6 +59,10 @@ class _Empty:
         return ()
 
 
+EMPTY_MIRROR: TokenMirror = _Empty()
+"""A slot whose KV sequence holds nothing (no context yet, or the model sleeps)."""
+
+
 @attrs.define(eq=False)
 class Slot:
     """One session slot and the accounting of the task that holds (or last held) it."""
@@ -66,7 +70,7 @@ class Slot:
     id: int
     n_ctx: int
     totals: EngineCounters
-    mirror: TokenMirror = attrs.field(factory=_Empty)
+    mirror: TokenMirror = EMPTY_MIRROR
     """The tokens the slot's KV sequence holds (the engine sets it; read for slot choice and counts)."""
     is_processing: bool = False
     id_task: int = -1

@@ -98,9 +98,10 @@ async def embed(
             _check_floats(n_tokens * embedder.n_embd, counted, embedder.n_embd, param=param)
         token_lists.append(tokens)
     results = []
-    for tokens in token_lists:
-        vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
-        results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
+    async with runtime.engine.awake():  # the embedding context sleeps with the model
+        for tokens in token_lists:
+            vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
+            results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
     return results
 
 

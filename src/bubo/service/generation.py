@@ -114,7 +114,8 @@ async def compile_grammar(runtime: Runtime, spec: GrammarSpec, param: str) -> st
 
     """
     try:
-        return await runtime.workers.run(functools.partial(runtime.engine.compile_grammar, spec))
+        async with runtime.engine.awake():  # llama.cpp checks it with the model's vocabulary
+            return await runtime.workers.run(functools.partial(runtime.engine.compile_grammar, spec))
     except GrammarRejected as error:
         raise InvalidRequest(error.message, code=error.code, param=param) from None
 

@@ -15,6 +15,7 @@ from bubo.model import ALIAS, KvCacheSize, ModelCard
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
+from .idle import IdleSleeper
 from .memory import MemoryGuard
 from .work import Workers
 
@@ -60,6 +61,9 @@ class Runtime:
     chat: ChatDefaults = attrs.field(factory=ChatDefaults)
     card: ModelCard | None = None  # the model file's identity and metadata, read at load (None: no file)
     kv_cache: KvCacheSize | None = None  # the KV cache's types and size (None: not known, the fake engine)
+    sleeper: IdleSleeper = attrs.field(
+        factory=IdleSleeper
+    )  # when the idle model is freed (--sleep-idle-seconds)
 
     @property
     def model_names(self) -> tuple[str, ...]:

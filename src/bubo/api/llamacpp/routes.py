@@ -462,6 +462,7 @@ async def props() -> Response:
             bos_token=runtime.tokenizer.bos_token,
             eos_token=runtime.tokenizer.eos_token,
             build_info=api_context().fingerprint,
+            is_sleeping=runtime.engine.sleeping,
             kv_cache=translate.kv_cache(runtime.kv_cache),
         )
     )
@@ -474,9 +475,13 @@ async def slots() -> Response:
     if not api_context().slots:
         raise NotImplementedOnThisModel("this server does not serve /slots: it was started with --no-slots")
     runtime = require_runtime()
-    speculative = runtime.engine.info.draft_model is not None
+    engine = runtime.engine
+    speculative = engine.info.draft_model is not None
     return json_response(
-        [unstructure(translate.slot(s, speculative=speculative)) for s in runtime.engine.statistics().slots]
+        [
+            unstructure(translate.slot(s, speculative=speculative, sleeping=engine.sleeping))
+            for s in engine.statistics().slots
+        ]
     )
 
 

@@ -378,7 +378,7 @@ def kv_cache(size: KvCacheSize | None) -> wire.KvCache | None:
     )
 
 
-def slot(stats: SlotStatistics, *, speculative: bool = False) -> wire.Slot:
+def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = False) -> wire.Slot:
     """One ``/slots`` entry; *speculative*: a draft model drafts for it (llama-server's ``speculative``)."""
     return wire.Slot(
         id=stats.id,
@@ -386,6 +386,7 @@ def slot(stats: SlotStatistics, *, speculative: bool = False) -> wire.Slot:
         n_ctx=stats.n_ctx,
         speculative=speculative,
         is_processing=stats.is_processing,
+        is_sleeping=sleeping,
         state="processing" if stats.is_processing else "idle",
         n_prompt_tokens=stats.n_prompt_tokens,
         n_prompt_tokens_processed=stats.n_prompt_tokens_processed,

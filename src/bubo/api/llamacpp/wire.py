@@ -334,6 +334,7 @@ class Props:
     bos_token: str
     eos_token: str
     build_info: str
+    is_sleeping: bool  # the model is freed while idle (--sleep-idle-seconds); the next request loads it
     kv_cache: KvCache | None = None  # None: the engine does not say (the fake engine)
 
 
@@ -355,6 +356,7 @@ class Slot:
     n_ctx: int
     speculative: bool
     is_processing: bool
+    is_sleeping: bool  # the model is freed while idle: the slot holds nothing until the next request
     state: str
     n_prompt_tokens: int
     n_prompt_tokens_processed: int

@@ -3,9 +3,9 @@
 Shared by the single-model app and the router (``bubo.router``), which lists
 every model of its directory.  ``digest`` is the card's fingerprint of the file
 (``bubo.model.card``), computed once at start-up; ``size`` is the file's size.
-A model Bubo serves stays loaded until the server (or, in router mode, the
-model) is stopped, so ``expires_at`` is as far away as Ollama writes
-``keep_alive: -1`` (about 292 years).  Bubo does not measure GPU memory:
+``expires_at`` is when the idle model will be freed (``--sleep-idle-seconds``,
+or the last request's ``keep_alive``: ``bubo.service.idle``); a model kept for
+good is as far away as Ollama writes ``keep_alive: -1`` (about 292 years).  Bubo does not measure GPU memory:
 ``size_vram`` is 0.
 """
 
@@ -76,10 +76,16 @@ def listed(name: str, card: ModelCard, context_length: int | None) -> wire.Liste
     )
 
 
-def running(name: str, card: ModelCard, context_length: int) -> wire.RunningModel:
-    """*name*'s ``/api/ps`` entry: loaded for good."""
+def running(
+    name: str, card: ModelCard, context_length: int, expires_unix: float | None = None
+) -> wire.RunningModel:
+    """*name*'s ``/api/ps`` entry; *expires_unix*: when the idle model will be freed (None: never)."""
     shown = listed_name(name)
-    expires = dt.datetime.now(tz=dt.UTC) + FOREVER
+    expires = (
+        dt.datetime.now(tz=dt.UTC) + FOREVER
+        if expires_unix is None
+        else dt.datetime.fromtimestamp(expires_unix, tz=dt.UTC)
+    )
     return wire.RunningModel(
         name=shown,
         model=shown,

@@ -1,16 +1,18 @@
 """Ollama's routes under ``/api``: version, tags, ps, show, chat, generate, embed, pull; 501 for the rest.
 
-Model names resolve as :mod:`.names` says.  ``keep_alive`` is read (a bad one
-is a 400) but a single-model server never unloads its model: an empty request
-with ``keep_alive: 0`` answers ``done_reason: "unload"`` and the server goes on
-serving, as it does for every other value (router mode really unloads:
-``bubo.router``).
+Model names resolve as :mod:`.names` says.  ``keep_alive`` (a bad one is a
+400) sets how long the idle model stays loaded, as Ollama's does
+(``bubo.service.idle``): the model is freed that long after the last request
+and loaded again by the next; an empty request with ``keep_alive: 0`` frees it
+now (``done_reason: "unload"``), any other empty request loads it.  Router mode
+unloads the model's child instead (``bubo.router``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,14 +118,21 @@ def _check_thinking(runtime: Runtime, think: bool | str | None, model: str) -> N
         raise InvalidRequest(f'"{model}" does not support thinking', param="think")
 
 
-def _ignored(body: Any, keep_alive: float | None) -> None:
-    if keep_alive is not None:
-        logger.debug(
-            "keep_alive %s: the model stays loaded (a single-model server never unloads)", keep_alive
-        )
+def _keep_alive(runtime: Runtime, body: Any, keep_alive: float | None) -> None:
+    """The request's ``keep_alive`` sets how long the idle model stays loaded, as in Ollama."""
+    runtime.sleeper.keep_alive(keep_alive)
     for name in ("truncate", "shift"):
         if getattr(body, name, None) is not None:
             logger.debug("%s is ignored: a prompt that does not fit is a 400 (context_length_exceeded)", name)
+
+
+async def _load_or_unload(runtime: Runtime, keep_alive: float | None) -> str:
+    """An empty chat or generate request: ``keep_alive: 0`` frees the model, any other loads it (Ollama's)."""
+    if keep_alive == 0:
+        await runtime.engine.sleep()  # refused while other requests use it: then it sleeps once they end
+        return "unload"
+    async with runtime.engine.awake():
+        return "load"
 
 
 def unload_answer(kind: str, model: str, reason: str) -> Response:
@@ -170,12 +179,18 @@ async def tags() -> Response:
 
 @blueprint.get("/api/ps")
 async def ps() -> Response:
-    """The loaded model (the served one, always loaded) under each of its names."""
+    """The loaded model under each of its names, and when it will be freed; none while it sleeps."""
     runtime = require_runtime()
+    engine = runtime.engine
+    if engine.sleeping:
+        return json_response(wire.ProcessResponse(models=[]))
     card = _card(runtime)
-    n_ctx = runtime.engine.info.n_ctx
+    expires = runtime.sleeper.expires_at(engine)
+    expires_unix = None if expires is None else time.time() + (expires - trio.current_time())
     return json_response(
-        wire.ProcessResponse(models=[models.running(n, card, n_ctx) for n in runtime.model_names])
+        wire.ProcessResponse(
+            models=[models.running(n, card, engine.info.n_ctx, expires_unix) for n in runtime.model_names]
+        )
     )
 
 
@@ -217,11 +232,11 @@ async def chat() -> Response:
     body = await structured_body(runtime, wire.ChatRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
-    _ignored(body, keep_alive)
+    _keep_alive(runtime, body, keep_alive)
     model = body.model or name
     if not body.messages:
         generation_options(body.options)
-        return unload_answer("chat", model, "unload" if keep_alive == 0 else "load")
+        return unload_answer("chat", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
     prepared = await prepare_chat(runtime, translate.chat_request(body))
     chunks = ChatChunks(
@@ -237,7 +252,7 @@ async def generate() -> Response:
     body = await structured_body(runtime, wire.GenerateRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
-    _ignored(body, keep_alive)
+    _keep_alive(runtime, body, keep_alive)
     model = body.model or name
     if body.raw and (body.template or body.system or body.context):
         raise InvalidRequest("raw mode does not support template, system, or context", param="raw")
@@ -249,7 +264,7 @@ async def generate() -> Response:
         )
     if not body.prompt:
         generation_options(body.options)
-        return unload_answer("generate", model, "unload" if keep_alive == 0 else "load")
+        return unload_answer("generate", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
     context = translate.check_context(body.context or (), runtime.tokenizer.n_vocab)
     with_context = True
@@ -368,7 +383,7 @@ async def embed_route() -> Response:
     body = await structured_body(runtime, wire.EmbedRequest)
     name = require_name(body.model, runtime.model_names)
     keep_alive = keep_alive_seconds(body.keep_alive)
-    _ignored(None, keep_alive)
+    _keep_alive(runtime, None, keep_alive)
     generation_options(body.options)
     if body.dimensions is not None and body.dimensions < 0:
         raise InvalidRequest("dimensions must be a positive number", param="dimensions")
@@ -393,7 +408,7 @@ async def embeddings() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, wire.EmbeddingsRequest)
     require_name(body.model, runtime.model_names)
-    _ignored(None, keep_alive_seconds(body.keep_alive))
+    _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
     generation_options(body.options)
     if not body.prompt:
         require_embedder(runtime)
