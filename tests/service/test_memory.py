@@ -101,16 +101,18 @@ class TestSystemMemory:
         assert 0 < reading.available_bytes <= reading.limit_bytes
 
 
+SMOLLM2 = {  # SmolLM2-135M's attention shape
+    "general.architecture": "llama",
+    "llama.block_count": 30,
+    "llama.embedding_length": 576,
+    "llama.attention.head_count": 9,
+    "llama.attention.head_count_kv": 3,
+}
+
+
 class TestKvBytesPerToken:
     def test_grouped_query_attention(self) -> None:
-        metadata = {
-            "general.architecture": "llama",
-            "llama.block_count": 30,
-            "llama.embedding_length": 576,
-            "llama.attention.head_count": 9,
-            "llama.attention.head_count_kv": 3,
-        }
-        assert kv_bytes_per_token(metadata) == 30 * 3 * (64 + 64) * 2  # SmolLM2-135M: 23,040
+        assert kv_bytes_per_token(SMOLLM2) == 30 * 3 * (64 + 64) * 2  # SmolLM2-135M: 23,040
 
     def test_explicit_key_and_value_lengths(self) -> None:
         metadata = {
@@ -134,24 +136,10 @@ class TestKvBytesPerToken:
          ("q4_1", 120), ("q4_0", 108), ("iq4_nl", 108)],
     )  # fmt: skip
     def test_quantized_types_count_their_blocks(self, cache_type: str, row_bytes: int) -> None:
-        metadata = {
-            "general.architecture": "llama",
-            "llama.block_count": 30,
-            "llama.embedding_length": 576,
-            "llama.attention.head_count": 9,
-            "llama.attention.head_count_kv": 3,
-        }
-        assert kv_bytes_per_token(metadata, cache_type, cache_type) == 30 * 2 * row_bytes
+        assert kv_bytes_per_token(SMOLLM2, cache_type, cache_type) == 30 * 2 * row_bytes
         assert set(KV_CACHE_TYPES) == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
 
     def test_a_cache_size_says_what_it_saves_against_f16(self) -> None:
-        metadata = {
-            "general.architecture": "llama",
-            "llama.block_count": 30,
-            "llama.embedding_length": 576,
-            "llama.attention.head_count": 9,
-            "llama.attention.head_count_kv": 3,
-        }
-        size = KvCacheSize.of(metadata, type_k="q8_0", type_v="f16", n_ctx=1024)
+        size = KvCacheSize.of(SMOLLM2, type_k="q8_0", type_v="f16", n_ctx=1024)
         assert (size.bytes, size.f16_bytes) == (1024 * 30 * (204 + 384), 1024 * 30 * 768)
         assert size.saved_bytes == 1024 * 30 * 180

@@ -420,6 +420,8 @@ class LlamaEngine(SlotEngine):
 
     def cache_contents(self) -> CacheContents:
         """The live slots and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
+        if self.sleeping:  # freed with the model
+            return CacheContents(live_tokens=0, budget_bytes=self._options.cache_ram_mib * 1024 * 1024)
         caches = self._context.caches
         store = caches[0].store
         return CacheContents(
