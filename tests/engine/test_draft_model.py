@@ -119,6 +119,24 @@ async def test_two_slots_drafting_at_once_each_get_their_output_alone(plain, dra
     assert finished[0].stats.draft_tokens > 0
 
 
+async def test_the_draft_model_sleeps_and_wakes_with_the_model(plain, model_path, tokenizer) -> None:
+    """--sleep-idle-seconds frees the draft model too; after the reload it drafts again, every draft accepted."""
+    engine = load_llama_engine(
+        options(model_path, drafting=DraftOptions(draft_max=16, mode="always"), draft_model_path=model_path)
+    )
+    try:
+        prompt = question(tokenizer, "forests")
+        expected, _ = await run(plain, prompt)
+        assert await engine.sleep() is True
+        assert engine._draft is None  # freed with the weights and the context
+        tokens, finished = await run(engine, prompt)
+        assert tokens == expected
+        assert finished.stats.draft_tokens > 0
+        assert finished.stats.draft_accepted == finished.stats.draft_tokens
+    finally:
+        engine.close()
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused_at_start(model_path: Path) -> None:
     with pytest.raises(IncompatibleDraft, match="cannot draft for this model") as refused:
         load_llama_engine(
