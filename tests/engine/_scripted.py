@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
 from bubo.engine._protocols import BatchEntry
+from bubo.engine.lora import AdapterSet
 
 Model = Callable[[Sequence[int]], int]
 N_VOCAB = 64
@@ -29,10 +30,14 @@ class ScriptedKv:
     tokens: list[int] = attrs.field(factory=list)
     shiftable: bool = True
     shifted: list[tuple[int, int]] = attrs.field(factory=list)
+    adapters: AdapterSet = ()
 
     def prepare(
-        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True
+        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True, adapters: AdapterSet = ()
     ) -> tuple[int, CacheReport]:
+        if adapters != self.adapters:
+            self.tokens.clear()
+        self.adapters = adapters
         keep = 0
         while reuse and keep < min(len(self.tokens), len(prompt) - 1) and self.tokens[keep] == prompt[keep]:
             keep += 1
@@ -77,14 +82,20 @@ class ScriptedContext:
     ctx: object = None
     batches: list[list[BatchEntry]] = attrs.field(factory=list)
     held: list[int] = attrs.field(factory=list)  # tokens the first entry's sequence held after each decode
+    applied: AdapterSet = ()  # the LoRA adapter set in force
+    batch_adapters: list[AdapterSet] = attrs.field(factory=list)  # the set in force at each decode
     _seen: list[tuple[int, ...]] = attrs.field(factory=list)  # the sequence up to each batch index
 
     @property
     def n_ctx(self) -> int:
         return self.n_ctx_seq
 
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        self.applied = adapters
+
     def decode_batch(self, entries: Sequence[BatchEntry]) -> list[int]:
         self.batches.append(list(entries))
+        self.batch_adapters.append(self.applied)
         self._seen, starts = [], []
         for entry in entries:
             starts.append(len(self._seen))

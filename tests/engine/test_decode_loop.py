@@ -20,6 +20,7 @@ from bubo.domain.generation import StopCause
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._protocols import BatchEntry, ContextFull
 from bubo.engine.base import EngineFailure
+from bubo.engine.lora import AdapterSet
 from bubo.errors import ServiceUnavailable
 
 WAIT_S = 10
@@ -50,6 +51,11 @@ class ScriptedContext:
     fail_once: Callable[[list[BatchEntry]], Exception | None] | None = None  # a failure for some batch
     wedged: threading.Event | None = None  # decodes block until it is set (a device that hangs)
     stuck: threading.Event = attrs.field(factory=threading.Event)  # a decode is blocked on wedged
+    applied: AdapterSet = ()  # the LoRA adapter set in force
+    batch_adapters: list[AdapterSet] = attrs.field(factory=list)  # the set in force at each decode
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        self.applied = adapters
 
     def decode_batch(self, entries: list[BatchEntry]) -> list[int]:
         if self.wedged is not None:
@@ -62,6 +68,7 @@ class ScriptedContext:
             self.fail_once = None
             raise failure
         self.batches.append([(entry.cache.seq_id, len(entry.tokens)) for entry in entries])
+        self.batch_adapters.append(self.applied)
         starts, at = [], 0
         for entry in entries:
             starts.append(at)
@@ -85,6 +92,7 @@ class ScriptedSequence:
     generated: int = 0
     on_step: Callable[[], None] | None = None
     close_error: Exception | None = None
+    adapters: AdapterSet = ()
 
     @property
     def prefilling(self) -> bool:
@@ -129,8 +137,8 @@ class Run:
         self.ended: dict[int, BaseException | None] = {}
         self._done: dict[int, threading.Event] = {}
 
-    def sequence(self, slot: int, prompt: int, generate: int) -> ScriptedSequence:
-        return ScriptedSequence(self.context.caches[slot], prompt, generate)
+    def sequence(self, slot: int, prompt: int, generate: int, adapters: AdapterSet = ()) -> ScriptedSequence:
+        return ScriptedSequence(self.context.caches[slot], prompt, generate, adapters=adapters)
 
     def submit(self, *sequences: ScriptedSequence) -> None:
         """Submit *sequences* so that the loop takes them in the same step."""
@@ -256,6 +264,42 @@ def test_a_recoverable_failure_ends_only_the_batch_it_was_in() -> None:
         assert run.ended[1] is None
     finally:
         run.close()
+
+
+class TestLoraAdapterSets:
+    """Requests under different LoRA adapter sets never share a decode step, and the sets take turns."""
+
+    def test_each_step_holds_one_set_applied_before_it_is_decoded(self) -> None:
+        run = Run(chunk=8)
+        adapted = ((0, 1.0),)
+        sequences = (
+            run.sequence(0, prompt=4, generate=6),
+            run.sequence(1, prompt=4, generate=6, adapters=adapted),
+            run.sequence(2, prompt=4, generate=6),
+        )
+        try:
+            run.submit(*sequences)
+            run.wait()
+        finally:
+            run.close()
+        by_slot = {0: (), 1: adapted, 2: ()}
+        for batch, applied in zip(run.context.batches, run.context.batch_adapters, strict=True):
+            assert {by_slot[seq] for seq, _ in batch} == {applied}
+        assert all(error is None for error in run.ended.values())
+        assert [s.generated for s in sequences] == [6, 6, 6]
+
+    def test_the_sets_take_turns_step_by_step(self) -> None:
+        run = Run(chunk=8)
+        sequences = (
+            run.sequence(0, prompt=1, generate=5),
+            run.sequence(1, prompt=1, generate=5, adapters=((0, 0.5),)),
+        )
+        try:
+            run.submit(*sequences)
+            run.wait()
+        finally:
+            run.close()
+        assert run.context.batch_adapters == [(), ((0, 0.5),)] * 6  # the prompt, then five tokens each
 
 
 class TestAFullSharedContext:

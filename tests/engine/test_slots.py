@@ -7,6 +7,7 @@ import trio.testing
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.engine.lora import AdapterSet, LoraAdapter
 from bubo.engine.slots import Slot, SlotPool
 from bubo.engine.stats import EngineCounters
 
@@ -32,8 +33,9 @@ async def generate(engine: FakeEngine, req: GenerationRequest, log: list[str], n
 class Held:
     """A slot's KV mirror holding *tokens*; notes how many tokens each copy asked for."""
 
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: list[int], adapters: AdapterSet = ()) -> None:
         self.tokens = tokens
+        self.adapters = adapters  # the LoRA adapter set they were computed under
         self.asked: list[int] = []
 
     @property
@@ -128,6 +130,27 @@ class TestSlotChoice:
         assert (await slots.acquire((1, 2, 3, 4))).id == 1  # half the prompt: not more than 0.5
         slots.release(slots.slots[1])
         assert (await slots.acquire((1, 2, 9, 4))).id == 0  # three quarters
+
+    async def test_only_a_prefix_computed_under_the_request_adapters_draws_it(self) -> None:
+        slots = pool(2, similarity=0.1)
+        slots.slots[0].mirror = Held([1, 2, 3, 4], adapters=((0, 1.0),))
+        slots.slots[0].last_used = 5
+        slots.slots[1].last_used = 1
+        assert (await slots.acquire((1, 2, 3, 4, 5))).id == 1  # the base model's: not slot 0's prefix
+        slots.release(slots.slots[1])
+        assert (await slots.acquire((1, 2, 3, 4, 5), adapters=((0, 1.0),))).id == 0
+
+    async def test_a_conversation_under_other_adapters_reuses_nothing(self) -> None:
+        engine = FakeEngine(n_slots=1, lora=[LoraAdapter(id=0, path="a.gguf", scale=0.0)])
+        prompt = tuple(range(100, 140))
+        await generate(engine, request(*prompt), [], "A")
+        adapted = GenerationRequest(prompt_tokens=(*prompt, 1), max_new_tokens=None, lora=(1.0,))
+        await generate(engine, adapted, [], "A")
+        assert engine.slots[0].statistics().n_prompt_tokens_cache == 0
+        assert engine.slots[0].statistics().lora == (1.0,)
+        await generate(engine, request(*prompt, 1, 2), [], "A")  # the base model's prefix is gone too
+        assert engine.slots[0].statistics().n_prompt_tokens_cache == 0
+        assert engine.slots[0].statistics().lora == (0.0,)
 
     async def test_a_pinned_request_waits_for_its_slot_and_lets_others_pass(self, autojump_clock) -> None:
         engine = FakeEngine(script=FakeScript(reply="a b c", piece_delay=PIECE_S), n_slots=2)

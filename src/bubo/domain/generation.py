@@ -109,6 +109,8 @@ class GenerationRequest:
     n_indent: int = 0
     post_sampling_probs: bool = False  # n_probs' probabilities after the sampler chain, not the raw softmax
     speculative: DraftLimits = attrs.field(factory=DraftLimits)  # how it may draft, if the engine drafts
+    # each loaded LoRA adapter's scale, by id (0: not applied); None: the engine's scales when it starts
+    lora: tuple[float, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

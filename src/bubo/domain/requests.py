@@ -14,6 +14,7 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "GenerationOptions",
+    "LoraScale",
     "OutputFormat",
     "PromptPiece",
     "RawGrammar",
@@ -23,6 +24,14 @@ __all__ = [
 
 PromptPiece = int | str
 """A raw prompt is text, token ids, or a mix of both (llama-server's ``prompt``)."""
+
+
+@attrs.frozen
+class LoraScale:
+    """One LoRA adapter (by its id in the order loaded) and the scale a request applies it with."""
+
+    id: int
+    scale: float
 
 
 @attrs.frozen(kw_only=True)
@@ -46,6 +55,9 @@ class GenerationOptions:
     n_indent: int = 0
     post_sampling_probs: bool = False
     speculative: DraftOverrides = attrs.field(factory=DraftOverrides)
+    # llama-server's per-request ``lora``: these adapters at these scales, every other one at 0;
+    # None: the server's scales (``POST /lora-adapters``)
+    lora: tuple[LoraScale, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

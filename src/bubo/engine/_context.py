@@ -18,6 +18,7 @@ from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
 from .base import EngineFailure
+from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters
 
 __all__ = ["FATAL_DECODE_STATUS", "BatchEntry", "ContextFull", "LlamaContext"]
@@ -41,8 +42,12 @@ class LlamaContext:
         totals: EngineCounters,
         snapshots: SnapshotStore | None,
         reuse_chunk: int = 0,
+        adapters: Sequence[object] = (),
     ) -> None:
-        """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off)."""
+        """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
+
+        *adapters* are the loaded LoRA adapters (``llama_adapter_lora`` pointers), by id.
+        """
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise EngineFailure(f"llama.cpp could not create a context of {params.n_ctx} tokens")
@@ -64,9 +69,28 @@ class LlamaContext:
         )
         self._totals = totals
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._adapters = tuple(adapters)
+        self._applied: AdapterSet = NO_ADAPTERS
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        """Apply *adapters* to the decodes that follow (``llama_set_adapters_lora``; cheap when unchanged).
+
+        Raises:
+            EngineFailure: llama.cpp refused the set (fatal: the context's adapters are then unknown).
+
+        """
+        if adapters == self._applied:
+            return
+        n = len(adapters)
+        pointers = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self._adapters[i] for i, _ in adapters))
+        scales = (ctypes.c_float * n)(*(scale for _, scale in adapters))
+        if llama_cpp.llama_set_adapters_lora(self.ctx, pointers if n else None, n, scales if n else None) != 0:
+            raise EngineFailure("llama.cpp could not apply the LoRA adapters", fatal=True)
+        self._applied = adapters
 
     def decode(self, tokens: Sequence[int], seq_id: int = 0) -> None:
-        """Evaluate *tokens* after those cached in sequence *seq_id*; logits for the last one only."""
+        """Evaluate *tokens* after those cached in sequence *seq_id*, under its adapter set; last logits only."""
+        self.use_adapters(self.caches[seq_id].adapters)
         for start in range(0, len(tokens), self.n_batch):
             self.decode_batch([BatchEntry(self.caches[seq_id], tuple(tokens[start : start + self.n_batch]))])
 

@@ -4,7 +4,10 @@ Each step builds one batch: the next token of every generating request, then
 up to ``prefill_chunk`` prompt tokens of the requests still prefilling, oldest
 first.  A long new prompt therefore delays the running streams by at most one
 chunk a step, and a new request's prompt starts at the next step, whoever else
-is generating.  Generations join (:meth:`DecodeLoop.submit`) and are dropped
+is generating.  Only generations under one LoRA adapter set share a step (as
+llama-server batches only slots with the same adapters): each step serves the
+set of the generation that has waited longest for a step, so sets take turns.
+Generations join (:meth:`DecodeLoop.submit`) and are dropped
 (``cancelled``, then :meth:`DecodeLoop.wake`) from the trio thread at any time;
 the loop takes the changes at the start of each step, so a generation whose
 client left is let go within one step.  With nothing to decode the loop runs
@@ -44,6 +47,7 @@ from bubo.errors import ServiceUnavailable
 from ._draft_policy import DraftPolicy
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
 from .base import EngineFailure
+from .lora import AdapterSet
 
 __all__ = ["ActiveGeneration", "DecodeLoop", "IdleJob"]
 
@@ -68,6 +72,11 @@ class ActiveGeneration(Protocol):
     @property
     def done(self) -> bool:
         """Whether it ended."""
+        ...
+
+    @property
+    def adapters(self) -> AdapterSet:
+        """The LoRA adapter set it decodes under."""
         ...
 
     @property
@@ -126,6 +135,7 @@ class _Member:
     generation: ActiveGeneration
     ended: Ended
     over: bool = False  # its end was delivered (or is being delivered): never twice
+    served: int = -1  # the last step it was in (the adapter sets take turns by it)
 
 
 class DecodeLoop:
@@ -156,6 +166,7 @@ class DecodeLoop:
         self._taken_arrivals: list[_Member] = []  # the loop thread's own: taken from _arrivals this turn
         self._fatal: EngineFailure | None = None
         self._thread: threading.Thread | None = None
+        self._steps = 0  # the loop thread's own: steps decoded
 
     # ---- the trio side -----------------------------------------------------------------------
 
@@ -367,6 +378,7 @@ class DecodeLoop:
         timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].generation.prefilling
         started = time.perf_counter()
         try:
+            self._context.use_adapters(batch[0][0].generation.adapters)
             starts = self._context.decode_batch([entry for _, entry in batch])
         except ContextFull:
             self._make_room([member for member, _ in batch])
@@ -393,21 +405,29 @@ class DecodeLoop:
             self._end(member, None)
 
     def _next_batch(self) -> list[tuple[_Member, BatchEntry]]:
-        """Every generating request's token, then prompt chunks, oldest first, up to the chunk."""
+        """Every generating request's token, then prompt chunks, oldest first, up to the chunk.
+
+        Only the requests under one LoRA adapter set: that of the one served longest ago.
+        """
         alone = len(self._active) == 1
+        adapters = min(self._active, key=lambda member: member.served).generation.adapters
+        members = [member for member in self._active if member.generation.adapters == adapters]
         batch = [
             (member, member.generation.token_entry(alone=alone))
-            for member in self._active
+            for member in members
             if not member.generation.prefilling
         ]
         room = min(self._prefill_chunk, self._context.n_batch - sum(len(entry.tokens) for _, entry in batch))
-        for member in self._active:
+        for member in members:
             if room <= 0:
                 break
             if member.generation.prefilling:
                 entry = member.generation.prompt_entry(room)
                 batch.append((member, entry))
                 room -= len(entry.tokens)
+        self._steps += 1
+        for member, _ in batch:
+            member.served = self._steps
         return batch
 
     def _decode_failed(self, failure: EngineFailure, in_batch: list[_Member]) -> None:

@@ -48,6 +48,7 @@ from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
 from ._protocols import BatchEntry, DecodeContext, KvSequence, SamplerFactory, TokenSampler
 from .base import EngineFailure
+from .lora import AdapterSet, adapter_set
 from .slots import Slot
 
 __all__ = ["EngineSetup", "Generation", "Outcome"]
@@ -118,6 +119,7 @@ class Generation:
         self._walk_ended: StopCause | None = None  # what ended the generation during a draft's walk
         self._cache_report = CacheReport()
         self._started = self._prompt_done = 0.0
+        self._adapters = adapter_set(request.lora or ())
 
     # ---- what the loop asks ------------------------------------------------------------------
 
@@ -130,6 +132,11 @@ class Generation:
     def prefilling(self) -> bool:
         """Whether prompt tokens remain to evaluate."""
         return self._feeder.prefilling
+
+    @property
+    def adapters(self) -> AdapterSet:
+        """The LoRA adapter set the generation decodes under."""
+        return self._adapters
 
     def start(self) -> None:
         """Reuse the slot's cached prefix of the prompt (or a snapshot's) and build the sampler.

@@ -9,6 +9,10 @@ request restores the snapshot with the longest matching prefix
 interleaved agent conversations each keep their warm prefix.  Snapshots live
 under a byte budget, least recently used out first.
 
+Cells computed under one LoRA adapter set are not what another set computes:
+a sequence and each snapshot remember the set they were computed under, and
+a prompt reuses only a prefix computed under its own set.
+
 A context shift (:meth:`SequenceCache.shift`) drops tokens from the middle of
 the sequence and moves the later cells down; those cells were computed with
 the dropped tokens in view, so they are not what evaluating the remaining
@@ -45,6 +49,7 @@ import llama_cpp
 from bubo.domain.generation import CacheReport, CacheTags
 
 from .base import EngineFailure, SnapshotInfo
+from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
 
 __all__ = ["SequenceCache", "SnapshotStore", "saved_token_count"]
@@ -83,6 +88,7 @@ class _Snapshot:
     tokens: tuple[int, ...]
     data: ctypes.Array[ctypes.c_uint8]
     tags: CacheTags | None
+    adapters: AdapterSet = NO_ADAPTERS
 
     @property
     def size(self) -> int:
@@ -121,13 +127,15 @@ class SnapshotStore:
             for s in entries
         ]
 
-    def best(self, prompt: Sequence[int]) -> tuple[int | None, int, int]:
-        """``(id, match, partial)``: the snapshot sharing the longest prefix with *prompt*.
+    def best(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> tuple[int | None, int, int]:
+        """``(id, match, partial)``: the snapshot computed under *adapters* sharing the longest prefix.
 
         ``partial`` counts the other snapshots that shared some prefix (skipped).
         """
         best_id, best_len, partial = None, 0, 0
         for key, snapshot in self._entries.items():
+            if snapshot.adapters != adapters:
+                continue
             match = common_prefix(snapshot.tokens, prompt, len(prompt) - 1)
             if match > best_len:
                 partial += best_id is not None
@@ -143,7 +151,12 @@ class SnapshotStore:
 
     def add(self, snapshot: _Snapshot) -> None:
         """Keep *snapshot*, dropping those it supersedes and the least recently used over budget."""
-        for key in [k for k, s in self._entries.items() if snapshot.tokens[: len(s.tokens)] == s.tokens]:
+        superseded = [
+            key
+            for key, kept in self._entries.items()
+            if kept.adapters == snapshot.adapters and snapshot.tokens[: len(kept.tokens)] == kept.tokens
+        ]
+        for key in superseded:
             self._drop(key, evicted=False)
         if snapshot.size > self.budget_bytes:
             self._remember_evicted(snapshot.tokens)
@@ -197,6 +210,7 @@ class SequenceCache:
         self.reuse_chunk = reuse_chunk
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
+        self.adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
         self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
         self._exact: int | None = None  # after a shift: how many leading cells are exact (None: all)
@@ -221,24 +235,30 @@ class SequenceCache:
         return self._exact is not None
 
     def prepare(
-        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True
+        self,
+        prompt: Sequence[int],
+        tags: CacheTags | None,
+        *,
+        reuse: bool = True,
+        adapters: AdapterSet = NO_ADAPTERS,
     ) -> tuple[int, CacheReport]:
         """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
 
         At least the last prompt token is always left to evaluate: sampling needs its logits.
         Without *reuse* (llama-server's ``cache_prompt: false``) nothing cached is reused: the
         whole prompt is evaluated afresh (the live sequence is still kept as a snapshot if worth one).
+        Only a prefix computed under *adapters* (the request's LoRA adapter set) is reused.
         """
         self._drop_inexact()
         if not reuse:
             self._save_live()
             self.truncate(0)
-            self.tags = tags
+            self.tags, self.adapters = tags, adapters
             self._ever_used = True
             return 0, CacheReport(hit=False, miss_reason="disabled")
         limit = len(prompt) - 1
-        live = common_prefix(self.tokens, prompt, limit)
-        key, snapshot_match, partial = self.store.best(prompt) if self.store else (None, 0, 0)
+        live = common_prefix(self.tokens, prompt, limit) if self.adapters == adapters else 0
+        key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
         restored = 0
         if key is not None and snapshot_match >= live + MIN_RESTORE_GAIN:
             self._save_live()
@@ -251,7 +271,7 @@ class SequenceCache:
             keep = live
         keep = self._reuse_chunks(prompt, keep) if self.reuse_chunk > 0 else self.truncate(keep)
         report = self._report(prompt, tags, keep, partial, restored)
-        self.tags = tags
+        self.tags, self.adapters = tags, adapters
         self._ever_used = True
         return keep, report
 
@@ -330,7 +350,7 @@ class SequenceCache:
         if written != size:
             logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
             return
-        self.store.add(_Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags))
+        self.store.add(_Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags, adapters=self.adapters))
 
     def _restore(self, key: int) -> int:
         """Load a snapshot into the sequence; return its size (0 if llama.cpp refused it)."""
@@ -343,7 +363,7 @@ class SequenceCache:
             self.clear()
             return 0
         self.tokens = list(snapshot.tokens)
-        self.tags = snapshot.tags
+        self.tags, self.adapters = snapshot.tags, snapshot.adapters
         self._exact = None
         self.version += 1
         return snapshot.size

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
 
 from .base import EngineFailure
+from .lora import NO_ADAPTERS, AdapterSet
 
 __all__ = ["BatchEntry", "ContextFull", "DecodeContext", "KvSequence", "SamplerFactory", "TokenSampler"]
 
@@ -42,9 +43,14 @@ class KvSequence(Protocol):
         ...
 
     def prepare(
-        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True
+        self,
+        prompt: Sequence[int],
+        tags: CacheTags | None,
+        *,
+        reuse: bool = True,
+        adapters: AdapterSet = NO_ADAPTERS,
     ) -> tuple[int, CacheReport]:
-        """Keep the longest cached prefix of *prompt* (a snapshot's, if longer); its length and a report."""
+        """Keep the longest cached prefix of *prompt* computed under *adapters*; its length and a report."""
         ...
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -127,6 +133,10 @@ class DecodeContext(Protocol):
     @property
     def bos(self) -> int | None:
         """The BOS token the tokenizer adds, or None."""
+        ...
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        """Apply *adapters* (LoRA) to the decodes that follow (nothing to do when they are applied)."""
         ...
 
     def decode_batch(self, entries: Sequence[BatchEntry]) -> list[int]:

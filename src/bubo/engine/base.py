@@ -35,6 +35,7 @@ from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
 from ._sleep import Wakefulness
+from .lora import LoraAdapter, adapter_set
 from .slots import Slot, SlotPool
 from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
@@ -47,6 +48,7 @@ __all__ = [
     "EngineStatistics",
     "FimTokens",
     "GrammarRejected",
+    "LoraAdapter",
     "ModelInfo",
     "RepackDecision",
     "SlotBusy",
@@ -233,6 +235,15 @@ class Engine(Protocol):
         """A consistent-enough snapshot of counters and every slot's state (``/slots``, ``/metrics``)."""
         ...
 
+    @property
+    def lora_adapters(self) -> tuple[LoraAdapter, ...]:
+        """The loaded LoRA adapters, by id, with their global scales (``GET /lora-adapters``)."""
+        ...
+
+    def set_lora_scales(self, scales: Sequence[float]) -> None:
+        """Set every adapter's global scale (one per adapter, by id), for the requests that start later."""
+        ...
+
     async def wait_idle(self) -> None:
         """Return once no request runs or waits for a slot."""
         ...
@@ -362,8 +373,11 @@ class SlotEngine(abc.ABC):
         n_slots: int = 1,
         similarity: float = 0.1,
         totals: EngineCounters | None = None,
+        lora: Sequence[LoraAdapter] = (),
     ) -> None:
         self._info = info
+        self._lora_paths = tuple(adapter.path for adapter in lora)
+        self._lora_scales = tuple(adapter.scale for adapter in lora)
         self._totals = totals or EngineCounters()
         self._pool = SlotPool(
             [Slot(id=i, n_ctx=info.n_ctx, totals=self._totals) for i in range(n_slots)], similarity=similarity
@@ -407,6 +421,20 @@ class SlotEngine(abc.ABC):
     def lost(self) -> bool:
         """Whether a fatal failure left the engine unusable."""
         return self._lost.is_set()
+
+    @property
+    def lora_adapters(self) -> tuple[LoraAdapter, ...]:
+        """See :meth:`Engine.lora_adapters`."""
+        return tuple(
+            LoraAdapter(id=i, path=path, scale=scale)
+            for i, (path, scale) in enumerate(zip(self._lora_paths, self._lora_scales, strict=True))
+        )
+
+    def set_lora_scales(self, scales: Sequence[float]) -> None:
+        """See :meth:`Engine.set_lora_scales` (a running request keeps the scales it started with)."""
+        if len(scales) != len(self._lora_paths):
+            raise ValueError(f"{len(scales)} scales for {len(self._lora_paths)} adapters")
+        self._lora_scales = tuple(float(scale) for scale in scales)
 
     async def wait_lost(self) -> None:
         """Return once the engine is lost."""
@@ -494,6 +522,7 @@ class SlotEngine(abc.ABC):
 
         """
         self._check_usable()
+        request = self._with_scales(request)
         async with self.awake():
             slot = await self._acquire_slot(request)
             try:
@@ -513,6 +542,17 @@ class SlotEngine(abc.ABC):
             finally:
                 self._pool.release(slot)
 
+    def _with_scales(self, request: GenerationRequest) -> GenerationRequest:
+        """*request* with every adapter's scale settled: its own, or the global ones now (llama-server's)."""
+        if request.lora is None:
+            return attrs.evolve(request, lora=self._lora_scales)
+        if len(request.lora) != len(self._lora_paths):
+            raise InvalidRequest(
+                f"lora gives {len(request.lora)} scales; {len(self._lora_paths)} adapters are loaded",
+                param="lora",
+            )
+        return request
+
     async def _acquire_slot(self, request: GenerationRequest) -> Slot:
         """Wait for a slot; an interruption meanwhile raises its error instead."""
         slot = None
@@ -521,7 +561,9 @@ class SlotEngine(abc.ABC):
             if self._interruption is not None:
                 waiting.cancel()
             try:
-                slot = await self._pool.acquire(request.prompt_tokens, request.slot)
+                slot = await self._pool.acquire(
+                    request.prompt_tokens, request.slot, adapter_set(request.lora or ())
+                )
             finally:
                 self._interruptible.discard(waiting)
         if slot is None:  # only interrupt() cancels this scope
@@ -546,7 +588,7 @@ class SlotEngine(abc.ABC):
         request: GenerationRequest,
         send: trio.MemorySendChannel[EngineEvent],
     ) -> None:
-        slot.begin(task_id, request.max_new_tokens)
+        slot.begin(task_id, request.max_new_tokens, request.lora or ())
         try:
             async with send:
                 failure = None

@@ -39,6 +39,7 @@ from bubo.domain.generation import (
 
 from ._end_policy import EndPolicy
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
+from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
 from .slots import Slot, common_prefix
 
 __all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
@@ -122,10 +123,15 @@ class _KvMirror:
 
     kv: dict[int, tuple[int, ...]]
     slot_id: int
+    sets: dict[int, AdapterSet]  # the adapter set each slot's prompt ran under
 
     @property
     def n_tokens(self) -> int:
         return len(self.kv.get(self.slot_id, ()))
+
+    @property
+    def adapters(self) -> AdapterSet:
+        return self.sets.get(self.slot_id, NO_ADAPTERS)
 
     def head(self, n: int) -> tuple[int, ...]:
         return self.kv.get(self.slot_id, ())[:n]
@@ -144,8 +150,9 @@ class FakeEngine(SlotEngine):
         n_slots: int = 1,
         similarity: float = 0.1,
         embedder: FakeEmbedder | None = None,
+        lora: Sequence[LoraAdapter] = (),
     ) -> None:
-        super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity)
+        super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity, lora=lora)
         self.embedder = embedder
         self.script = script or FakeScript()
         self.requests: list[GenerationRequest] = []
@@ -155,8 +162,9 @@ class FakeEngine(SlotEngine):
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
         self.loads = 1  # times the "model" was loaded (1 + wake-ups)
+        self._kv_sets: dict[int, AdapterSet] = {}  # ... and the LoRA adapter set it ran under
         for slot in self.slots:
-            slot.mirror = _KvMirror(self._kv, slot.id)
+            slot.mirror = _KvMirror(self._kv, slot.id, self._kv_sets)
 
     def _fall_asleep(self) -> None:
         self._kv.clear()
@@ -188,7 +196,9 @@ class FakeEngine(SlotEngine):
     ) -> None:
         script = self.script
         prompt = request.prompt_tokens
-        cached = common_prefix(self._kv.get(slot.id, ()), prompt, len(prompt) - 1)
+        adapters = adapter_set(request.lora or ())
+        same_adapters = self._kv_sets.get(slot.id, NO_ADAPTERS) == adapters
+        cached = common_prefix(self._kv.get(slot.id, ()), prompt, len(prompt) - 1) if same_adapters else 0
         started = time.perf_counter()
         slot.reused(cached)
         await send.send(  # the first progress report, before the prompt is read (as the real engine's)
@@ -198,6 +208,7 @@ class FakeEngine(SlotEngine):
         slot.evaluated(len(prompt) - cached)
         slot.holds(len(prompt))
         self._kv[slot.id] = prompt
+        self._kv_sets[slot.id] = adapters
         await send.send(
             PromptProgress(
                 total=len(prompt),

@@ -23,7 +23,7 @@ import ctypes
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,6 +45,7 @@ from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
 from ._model_drafts import Drafter
 from ._sampler import Sampler, dry_key
+from .lora import LoraAdapter, LoraFile, adapter_set
 from .base import (
     CacheContents,
     EngineFailure,
@@ -59,7 +60,7 @@ from .base import (
 from .slots import EMPTY_MIRROR, Slot
 from .stats import EngineCounters
 
-__all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "load_llama_engine"]
+__all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "LoraFile", "load_llama_engine"]
 
 logger = logging.getLogger(__name__)
 llama_logger = logging.getLogger("bubo.llama_cpp")
@@ -117,6 +118,9 @@ class LlamaOptions:
     )
     context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
     cache_reuse: int = 0  # after a changed middle, move cached runs of at least this many tokens (0: off)
+    # LoRA adapters, by id, with their first global scales; each was checked against the model before
+    # (bubo.model.check_lora_adapter: llama.cpp must never see one that does not fit)
+    lora: tuple[LoraFile, ...] = ()
 
 
 T = TypeVar("T")
@@ -148,9 +152,10 @@ def load_llama_engine(
     """
     model = _load_model(options, on_progress)
     try:
-        return LlamaEngine(model, options)
+        adapters = [_load_adapter(model, lora.path) for lora in options.lora]
+        return LlamaEngine(model, options, adapters)
     except BaseException:
-        llama_cpp.llama_model_free(model)
+        llama_cpp.llama_model_free(model)  # frees the adapters loaded for it too
         raise
 
 
@@ -181,6 +186,19 @@ def _load_model(options: LlamaOptions, on_progress: Callable[[float], None] | No
     return model
 
 
+def _load_adapter(model: object, path: Path) -> object:
+    """A LoRA adapter for *model*; llama.cpp frees it with the model.
+
+    Raises:
+        EngineFailure: llama.cpp refused the file.
+
+    """
+    adapter = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+    if not adapter:
+        raise EngineFailure(f"llama.cpp could not load the LoRA adapter {path} (its log says why)")
+    return adapter
+
+
 def _llama_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
     if text:
         llama_logger.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", text.decode(errors="replace").rstrip())
@@ -203,9 +221,11 @@ class LlamaEngine(SlotEngine):
 
     can_sleep = True
 
-    def __init__(self, model: object, options: LlamaOptions) -> None:
+    def __init__(self, model: object, options: LlamaOptions, adapters: Sequence[object] = ()) -> None:
+        """*adapters*: the LoRA adapters loaded for *model*, one for each of ``options.lora``."""
         self._options = options
         self._model: object | None = model
+        self._adapters = tuple(adapters)  # freed by llama.cpp with the model, so loaded again with it
         self._totals = EngineCounters()
         self._draft: DraftModel | None = None
         # drafting statistics outlive a request and a sleep: they describe the model, the machine, the work
@@ -239,6 +259,9 @@ class LlamaEngine(SlotEngine):
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
             totals=self._totals,
+            lora=[
+                LoraAdapter(id=i, path=str(lora.path), scale=lora.scale) for i, lora in enumerate(options.lora)
+            ],
         )
         self._connect(model)
 
@@ -265,7 +288,12 @@ class LlamaEngine(SlotEngine):
         context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
         snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
         context = self._context = LlamaContext(
-            model, context_params, totals=self._totals, snapshots=snapshots, reuse_chunk=options.cache_reuse
+            model,
+            context_params,
+            totals=self._totals,
+            snapshots=snapshots,
+            reuse_chunk=options.cache_reuse,
+            adapters=self._adapters,
         )
         try:
             draft = self._draft = _load_draft(
@@ -341,6 +369,7 @@ class LlamaEngine(SlotEngine):
         """
         model = _load_model(self._options, None)
         try:
+            self._adapters = tuple(_load_adapter(model, lora.path) for lora in self._options.lora)
             self._create_context(model)
             self._connect(model)
         except BaseException:
@@ -548,6 +577,7 @@ class LlamaEngine(SlotEngine):
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         cache = self._context.caches[slot.id]
+        scales = self._lora_scales
 
         def restore() -> SlotFile:
             context = self._context
@@ -563,6 +593,7 @@ class LlamaEngine(SlotEngine):
                         f"{room} now: retry when other requests have finished"
                     ) from None
                 raise
+            cache.adapters = adapter_set(scales)  # taken as computed under the scales in force now
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
 

@@ -6,7 +6,9 @@ first waiting request it can serve (a request pinned to a busy slot with
 ``id_slot`` lets the ones behind it pass).  Which free slot a request gets
 follows llama-server: the one whose cached tokens share the longest prefix with
 the prompt, when that prefix is more than ``similarity`` of the prompt
-(``--slot-prompt-similarity``), else the least recently used one.
+(``--slot-prompt-similarity``), else the least recently used one.  Only a
+slot whose tokens were computed under the request's LoRA adapter set counts
+as sharing a prefix (a sequence computed under other adapters is not one).
 
 A :class:`Slot` owns its task's counters and adds to the engine's totals: an
 engine reports facts to it (a prompt chunk evaluated, a token generated) and
@@ -24,6 +26,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters, SlotStatistics
 
 __all__ = ["EMPTY_MIRROR", "Slot", "SlotPool", "TokenMirror", "common_prefix"]
@@ -50,10 +53,16 @@ class TokenMirror(Protocol):
         """A copy of its first *n* tokens (for matching a prompt's prefix)."""
         ...
 
+    @property
+    def adapters(self) -> AdapterSet:
+        """The LoRA adapter set its tokens were computed under."""
+        ...
+
 
 @attrs.frozen
 class _Empty:
     n_tokens: int = 0
+    adapters: AdapterSet = NO_ADAPTERS
 
     def head(self, _n: int) -> Sequence[int]:
         return ()
@@ -79,10 +88,12 @@ class Slot:
     decoded: int = 0
     limit: int = -1  # tokens the task may generate; -1: unlimited
     last_used: int = -1  # the task id that last held the slot (least recently used first)
+    lora: tuple[float, ...] = ()  # the task's scale of each LoRA adapter
 
-    def begin(self, task_id: int, max_new_tokens: int | None) -> None:
+    def begin(self, task_id: int, max_new_tokens: int | None, lora: tuple[float, ...] = ()) -> None:
         """A task takes the slot: its counters start from zero."""
         self.is_processing = True
+        self.lora = lora
         self.id_task = self.last_used = task_id
         self.prompt_processed = self.prompt_cached = self.decoded = 0
         self.limit = -1 if max_new_tokens is None else max_new_tokens
@@ -141,6 +152,7 @@ class Slot:
             n_prompt_tokens_cache=self.prompt_cached,
             n_decoded=self.decoded,
             n_remain=-1 if self.limit < 0 else max(0, self.limit - self.decoded),
+            lora=self.lora,
         )
 
 
@@ -148,6 +160,7 @@ class Slot:
 class _Waiter:
     prompt: Sequence[int]
     pinned: int | None
+    adapters: AdapterSet
     ready: trio.Event = attrs.field(factory=trio.Event)
     slot: Slot | None = None
 
@@ -174,9 +187,11 @@ class SlotPool:
         """Slots held by a request."""
         return len(self._held)
 
-    async def acquire(self, prompt: Sequence[int], pinned: int | None = None) -> Slot:
-        """Wait for a slot for a request with *prompt* (*pinned*: that slot only), in arrival order."""
-        waiter = _Waiter(prompt, pinned)
+    async def acquire(
+        self, prompt: Sequence[int], pinned: int | None = None, adapters: AdapterSet = NO_ADAPTERS
+    ) -> Slot:
+        """Wait for a slot for a request with *prompt* under *adapters* (*pinned*: that slot only), in order."""
+        waiter = _Waiter(prompt, pinned, adapters)
         self._waiters.append(waiter)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._dispatch()
@@ -242,7 +257,11 @@ class SlotPool:
             return None
         prompt = waiter.prompt
         if self._similarity > 0 and prompt and len(free) > 1:
-            matches = [(common_prefix(slot.mirror.head(len(prompt)), prompt), slot) for slot in free]
+            matches = [
+                (common_prefix(slot.mirror.head(len(prompt)), prompt), slot)
+                for slot in free
+                if slot.mirror.adapters == waiter.adapters
+            ] or [(0, free[0])]
             length, best = max(matches, key=lambda match: match[0])
             if length / len(prompt) > self._similarity:
                 return best

@@ -1,0 +1,76 @@
+"""LoRA adapters: the ones loaded, the scales in force, and the adapter set a request decodes with.
+
+Adapters are loaded once, at start (``--lora``, ``--lora-scaled``), and keep
+their ids (the order they were given in).  The engine holds each one's global
+scale (``POST /lora-adapters`` changes them); a request may bring scales of its
+own (llama-server's ``lora`` field: the adapters it names at their scales,
+every other one at 0).
+
+What a decode applies is an :data:`AdapterSet`: the adapters whose scale is
+not 0, with their scales (llama.cpp applies nothing for a scale of 0, so a set
+of zeros is the base model).  Two requests with different sets are never in
+one decode step, and a KV sequence computed under one set is never reused
+under another: the set is part of what a cached prefix is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from bubo.domain.requests import LoraScale
+from bubo.errors import InvalidRequest
+
+__all__ = ["NO_ADAPTERS", "AdapterSet", "LoraAdapter", "LoraFile", "adapter_set", "request_scales"]
+
+AdapterSet = tuple[tuple[int, float], ...]
+"""``(id, scale)`` of each adapter applied, in id order; empty: the base model."""
+
+NO_ADAPTERS: AdapterSet = ()
+
+
+@attrs.frozen
+class LoraFile:
+    """An adapter to load (``--lora FILE``, ``--lora-scaled FILE SCALE``) and its first global scale."""
+
+    path: Path
+    scale: float = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class LoraAdapter:
+    """A loaded adapter as ``GET /lora-adapters`` lists it."""
+
+    id: int
+    path: str
+    scale: float
+
+
+def adapter_set(scales: Sequence[float]) -> AdapterSet:
+    """The adapters *scales* (one per adapter, by id) applies: those whose scale is not 0."""
+    return tuple((i, float(scale)) for i, scale in enumerate(scales) if scale != 0)
+
+
+def request_scales(entries: Sequence[LoraScale], n_adapters: int, param: str) -> tuple[float, ...]:
+    """Every adapter's scale for *entries*: the ones named at their scale, the others at 0.
+
+    *param* is the JSON path of the list, for errors (``lora``, or ``""`` for a whole body).
+
+    Raises:
+        InvalidRequest: an id names no loaded adapter, or a scale is not finite.
+
+    """
+    scales = [0.0] * n_adapters
+    for index, entry in enumerate(entries):
+        where = f"{param}[{index}]"
+        if not 0 <= entry.id < n_adapters:
+            loaded = f"ids 0 to {n_adapters - 1}" if n_adapters else "none"
+            raise InvalidRequest(
+                f"invalid adapter id {entry.id}: the loaded LoRA adapters have {loaded}", param=f"{where}.id"
+            )
+        if entry.scale != entry.scale or abs(entry.scale) == float("inf"):
+            raise InvalidRequest("a LoRA scale must be a finite number", param=f"{where}.scale")
+        scales[entry.id] = float(entry.scale)
+    return tuple(scales)
