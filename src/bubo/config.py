@@ -148,6 +148,10 @@ class ModelSettings:
     n_gpu_layers: int = -1
     chat_template_file: Path | None = None
     cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
+    # LoRA adapters: --lora files (scale 1), then --lora-scaled ones; their ids follow this order
+    lora: tuple[Path, ...] = ()
+    lora_scaled: tuple[tuple[Path, float], ...] = ()
+    lora_init_without_apply: bool = False  # every adapter starts at scale 0 (POST /lora-adapters sets them)
     draft_max: int = attrs.field(default=16, validator=_non_negative)  # tokens drafted per step; 0: off
     draft_min: int = attrs.field(default=0, validator=_non_negative)  # shorter drafts are not verified
     draft_p_min: float = attrs.field(default=0.75, validator=_share)  # a draft model stops below this
@@ -344,6 +348,25 @@ def _sampler_letters(text: str) -> tuple[str, ...]:
     return tuple(SAMPLER_LETTERS[letter] for letter in text)
 
 
+def _lora_files(texts: Sequence[str]) -> tuple[Path, ...]:
+    """``--lora FILE``, once per adapter (its GGUF is checked against the model when it loads)."""
+    return tuple(_gguf_file(text) for text in texts)
+
+
+def _lora_scaled(values: Sequence[str | Sequence[str]]) -> tuple[tuple[Path, float], ...]:
+    """``--lora-scaled FILE SCALE``, once per adapter; ``BUBO_LORA_SCALED`` holds one as ``FILE:SCALE``."""
+    adapters = []
+    for value in values:
+        if isinstance(value, str):
+            path, separator, scale = value.rpartition(":")
+            if not separator:
+                raise ValueError(f"expected FILE:SCALE, got {value!r}")
+        else:
+            path, scale = value
+        adapters.append((_gguf_file(path), _float(scale)))
+    return tuple(adapters)
+
+
 def _breakers(texts: Sequence[str]) -> tuple[str, ...]:
     """``--dry-sequence-breaker``, once per breaker; ``none`` alone: no breakers."""
     if list(texts) == ["none"]:
@@ -387,6 +410,7 @@ class Option:
     metavar: str | None = None
     off_flags: tuple[str, ...] = ()
     repeatable: bool = False  # each use adds a value; parse takes them all (the variable holds one)
+    arity: int = 1  # words each use of the flag takes (--lora-scaled FILE SCALE: 2)
     variant: str = ""  # tells apart two options with one destination (--samplers and --sampler-seq)
 
     @property
@@ -508,6 +532,15 @@ OPTIONS: tuple[Option, ...] = (
            "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (-1: auto, "
            "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
            "MIB"),
+    Option(("--lora",), ("model", "lora"), _lora_files,
+           "a LoRA adapter GGUF for the model, applied at scale 1; repeat the flag for several (ids 0, 1, "
+           "... in order, --lora ones before --lora-scaled ones)", "FNAME", repeatable=True),
+    Option(("--lora-scaled",), ("model", "lora_scaled"), _lora_scaled,
+           "a LoRA adapter GGUF applied at SCALE; repeat the flag for several (the variable: FNAME:SCALE)",
+           "FNAME SCALE", repeatable=True, arity=2),
+    Option(("--lora-init-without-apply",), ("model", "lora_init_without_apply"), _switch,
+           "load the LoRA adapters at scale 0: none applies until POST /lora-adapters or a request's "
+           "lora sets a scale (off)", "on|off"),
     Option(("--draft-max", "--draft", "--draft-n"), ("model", "draft_max"), _int,
            "speculative decoding: most tokens drafted per step, by the draft model (--model-draft) or "
            "else by prompt lookup (16; 0: off); a request's speculative.n_max may ask for fewer", "N"),
@@ -670,9 +703,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             *option.flags,
             dest=option.key,
             default=argparse.SUPPRESS,
-            metavar=option.metavar,
+            **{"metavar": option.metavar, **_action(option)},
             help=f"{option.help} [{option.env}]",
-            **_action(option),
         )
         if option.off_flags:
             parser.add_argument(
@@ -689,6 +721,8 @@ def _action(option: Option) -> dict[str, Any]:
     """How argparse reads *option*: a bare switch means "on"; a repeatable one collects each value."""
     if option.is_switch:
         return {"nargs": "?", "const": "on"}
+    if option.repeatable and option.arity > 1:
+        return {"action": "append", "nargs": option.arity, "metavar": tuple((option.metavar or "").split())}
     if option.repeatable:
         return {"action": "append"}
     return {}

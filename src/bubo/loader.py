@@ -16,13 +16,15 @@ import attrs
 from bubo.config import ModelSettings, Settings
 from bubo.domain.generation import GrammarSpec
 from bubo.domain.sampling import DraftLimits
-from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
+from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
 from bubo.errors import InvalidRequest
 from bubo.model import (
+    GGUFError,
     GGUFMetadata,
     KvCacheSize,
+    check_lora_adapter,
     kv_bytes_per_token,
     model_id_from_path,
     read_metadata,
@@ -62,7 +64,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     """Load everything the model needs; blocking.
 
     Raises:
-        bubo.model.GGUFError: the file is not a readable GGUF.
+        bubo.model.GGUFError: the file is not a readable GGUF, or a LoRA adapter does not fit the model.
         bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
         bubo.errors.InvalidRequest: the default grammar or JSON schema cannot constrain answers (``param``
             names the flag).
@@ -76,6 +78,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     metadata = read_metadata(path)
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
+    lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
     options = LlamaOptions(
         model_path=path,
         n_ctx=model.ctx_size,
@@ -104,6 +107,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         pooling=model.pooling,
         context_shift=model.context_shift,
         cache_reuse=model.cache_reuse,
+        lora=lora,
     )
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -205,6 +209,25 @@ def _chat_defaults(model: ModelSettings) -> ChatDefaults:
         thinking=thinking,
         reasoning_format="deepseek" if model.reasoning_format == "auto" else model.reasoning_format,
     )
+
+
+def _lora_files(model: ModelSettings, metadata: GGUFMetadata) -> tuple[LoraFile, ...]:
+    """The adapters to load, by id (``--lora`` ones, then ``--lora-scaled`` ones), each checked to fit.
+
+    Raises:
+        bubo.model.GGUFError: an adapter is not a LoRA GGUF for this model.
+
+    """
+    given = [(path, 1.0) for path in model.lora] + list(model.lora_scaled)
+    files = []
+    for path, scale in given:
+        try:
+            info = check_lora_adapter(path, metadata)
+        except OSError as error:
+            raise GGUFError(f"cannot read the LoRA adapter {path}: {error.strerror}") from None
+        logger.info("LoRA adapter %d: %s (%d tensors adapted, alpha %g)", len(files), path, info.n_pairs, info.alpha)
+        files.append(LoraFile(path, 0.0 if model.lora_init_without_apply else scale))
+    return tuple(files)
 
 
 def _default_grammar(settings: Settings) -> GrammarSpec | None:

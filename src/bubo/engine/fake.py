@@ -161,13 +161,14 @@ class FakeEngine(SlotEngine):
         self.closed = False
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
         self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
-        self.loads = 1  # times the "model" was loaded (1 + wake-ups)
         self._kv_sets: dict[int, AdapterSet] = {}  # ... and the LoRA adapter set it ran under
+        self.loads = 1  # times the "model" was loaded (1 + wake-ups)
         for slot in self.slots:
             slot.mirror = _KvMirror(self._kv, slot.id, self._kv_sets)
 
     def _fall_asleep(self) -> None:
         self._kv.clear()
+        self._kv_sets.clear()
 
     def _wake_up(self) -> None:
         self.loads += 1

@@ -1,5 +1,7 @@
 """Facts about a GGUF file read without llama.cpp: metadata, the served model id, the file's card."""
 
+from .adapters import AdapterInfo as AdapterInfo
+from .adapters import check_lora_adapter as check_lora_adapter
 from .card import ModelCard as ModelCard
 from .card import read_model_card as read_model_card
 from .gguf import GGUFError as GGUFError

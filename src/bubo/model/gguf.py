@@ -10,13 +10,16 @@ Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["GGUFError", "GGUFMetadata", "read_metadata"]
+import attrs
+
+__all__ = ["GGUFError", "GGUFMetadata", "TensorInfo", "read_metadata"]
 
 _MAGIC: Final = b"GGUF"
 _HEADER_BYTES: Final = 24  # magic, version, tensor count, key/value count
@@ -37,10 +40,21 @@ _SCALARS: Final[dict[int, tuple[str, int]]] = {
 }
 _STRING: Final = 8
 _ARRAY: Final = 9
+_ALIGNMENT: Final = 32  # general.alignment's default
+_F32: Final = 6
 
 
 class GGUFError(ValueError):
     """The file is not a GGUF file Bubo can read."""
+
+
+@attrs.frozen
+class TensorInfo:
+    """One tensor's description: ``shape`` in ggml's order (``ne[0]`` first), its ggml type, its data's offset."""
+
+    shape: tuple[int, ...]
+    type: int
+    offset: int  # from the start of the data section
 
 
 class GGUFMetadata(Mapping[str, Any]):
@@ -48,14 +62,30 @@ class GGUFMetadata(Mapping[str, Any]):
 
     Arrays become tuples; strings are decoded as UTF-8 (invalid bytes replaced,
     as llama.cpp does when it prints them).  ``parameter_count`` is the number
-    of weights: the elements of every tensor the file describes.
+    of weights: the elements of every tensor the file describes; ``tensors``
+    describes each by name, ``data_offset`` is where their data begins and
+    ``file_size`` the file's length.
     """
 
-    def __init__(self, path: Path, version: int, values: dict[str, Any], parameter_count: int = 0) -> None:
+    def __init__(  # noqa: PLR0913, PLR0917 - the file's parts, as read
+        self,
+        path: Path,
+        version: int,
+        values: dict[str, Any],
+        parameter_count: int = 0,
+        tensors: Mapping[str, TensorInfo] | None = None,
+        data_offset: int = 0,
+        file_size: int = 0,
+        value_types: Mapping[str, int] | None = None,
+    ) -> None:
         self.path = path
         self.version = version
         self._values = values
         self.parameter_count = parameter_count
+        self.tensors: Mapping[str, TensorInfo] = tensors or {}
+        self.data_offset = data_offset
+        self.file_size = file_size
+        self._types: Mapping[str, int] = value_types or {}
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -68,6 +98,10 @@ class GGUFMetadata(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"GGUFMetadata({str(self.path)!r}, {len(self)} keys)"
+
+    def is_f32(self, key: str) -> bool:
+        """Whether the value at *key* is stored as a 32-bit float (what llama.cpp's f32 accessor requires)."""
+        return self._types.get(key) == _F32
 
     @property
     def architecture(self) -> str:
@@ -191,19 +225,24 @@ def read_metadata(path: str | Path) -> GGUFMetadata:
         tensor_count = cursor.u64()
         kv_count = cursor.u64()
         values: dict[str, Any] = {}
+        types: dict[str, int] = {}
         for _ in range(kv_count):
             key = cursor.string()
-            values[key] = cursor.value(cursor.u32())
-        parameters = sum(_tensor_elements(cursor) for _ in range(tensor_count))
-    return GGUFMetadata(path, version, values, parameters)
+            types[key] = cursor.u32()
+            values[key] = cursor.value(types[key])
+        tensors = dict(_tensor_info(cursor) for _ in range(tensor_count))
+        alignment = values.get("general.alignment", _ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0:
+            alignment = _ALIGNMENT
+        data_offset = -(-cursor.pos // alignment) * alignment
+        file_size = len(buf)
+    parameters = sum(math.prod(info.shape) for info in tensors.values())
+    return GGUFMetadata(path, version, values, parameters, tensors, data_offset, file_size, types)
 
 
-def _tensor_elements(cursor: _Cursor) -> int:
-    """Read one tensor's description (name, shape, type, offset); the number of elements it holds."""
-    size = cursor.u64()
-    cursor.take(size)  # the name
-    elements = 1
-    for _ in range(cursor.u32()):
-        elements *= cursor.u64()
-    cursor.take(4 + 8)  # its type and data offset
-    return elements
+def _tensor_info(cursor: _Cursor) -> tuple[str, TensorInfo]:
+    """Read one tensor's description: its name, shape, type and data offset."""
+    name = cursor.string()
+    shape = tuple(cursor.u64() for _ in range(cursor.u32()))
+    (type_id,) = struct.unpack(cursor.endian + "I", cursor.take(4))
+    return name, TensorInfo(shape=shape, type=type_id, offset=cursor.u64())
