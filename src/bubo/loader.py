@@ -219,13 +219,15 @@ def _lora_files(model: ModelSettings, metadata: GGUFMetadata) -> tuple[LoraFile,
 
     """
     given = [(path, 1.0) for path in model.lora] + list(model.lora_scaled)
-    files = []
+    files: list[LoraFile] = []
     for path, scale in given:
         try:
             info = check_lora_adapter(path, metadata)
         except OSError as error:
             raise GGUFError(f"cannot read the LoRA adapter {path}: {error.strerror}") from None
-        logger.info("LoRA adapter %d: %s (%d tensors adapted, alpha %g)", len(files), path, info.n_pairs, info.alpha)
+        logger.info(
+            "LoRA adapter %d: %s (%d tensors adapted, alpha %g)", len(files), path, info.n_pairs, info.alpha
+        )
         files.append(LoraFile(path, 0.0 if model.lora_init_without_apply else scale))
     return tuple(files)
 

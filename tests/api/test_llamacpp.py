@@ -267,7 +267,7 @@ class TestIntrospection:
             {
                 "id": 0, "id_task": -1, "n_ctx": 2048, "speculative": False, "is_processing": False,
                 "is_sleeping": False, "state": "idle", "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0,
-                "n_prompt_tokens_cache": 0,
+                "n_prompt_tokens_cache": 0, "params": {"lora": []},
                 "next_token": [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}],
             }
         ]  # fmt: skip

@@ -15,7 +15,7 @@ from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState
 from bubo.service.work import PARSE_BYTES_PER_BYTE
 
-from ._converter import make_converter, parse_json_object, structure
+from ._converter import make_converter, parse_json, parse_json_object, structure
 from ._latency import LatencyHistograms
 
 __all__ = [
@@ -98,6 +98,15 @@ async def structured_body(
     if len(raw) <= INLINE_BODY_BYTES:
         return parse()
     return await runtime.workers.run(parse, need_bytes=len(raw) * PARSE_BYTES_PER_BYTE)
+
+
+async def structured_array(item: type[T]) -> list[T]:
+    """The request body, a JSON array, structured as a list of *item* (400 naming the bad field otherwise).
+
+    For small bodies only (``POST /lora-adapters``): it is parsed on the event loop.
+    """
+    data = parse_json(await _raw_body(), list, "a JSON array")
+    return structure(api_context().converter, data, list[item])  # type: ignore[valid-type] # a runtime type
 
 
 async def _raw_body() -> bytes:

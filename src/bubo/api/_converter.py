@@ -541,14 +541,25 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
             holding a lone surrogate or a number too large to be finite (``1e309``).
 
     """
+    return parse_json(body, dict, "a JSON object")
+
+
+def parse_json(body: bytes, kind: type[T], described: str) -> T:
+    """The request body as JSON of *kind* (``dict``, ``list``), *described* in errors.
+
+    Raises:
+        InvalidRequest: empty, not UTF-8, not JSON (``NaN`` included), not *kind*, or
+            holding a lone surrogate or a number too large to be finite (``1e309``).
+
+    """
     if not body.strip():
-        raise InvalidRequest("the request body is empty; send a JSON object", code="parse_error")
+        raise InvalidRequest(f"the request body is empty; send {described}", code="parse_error")
     numbers = NonFiniteNumbers()
     try:
         data = json.loads(body, parse_constant=_reject_constant, parse_float=numbers)
     except (ValueError, RecursionError) as error:
         raise InvalidRequest(f"the request body is not valid JSON: {error}", code="parse_error") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest(f"the request body must be a JSON object, got {_kind(data)}", code="parse_error")
+    if not isinstance(data, kind):
+        raise InvalidRequest(f"the request body must be {described}, got {_kind(data)}", code="parse_error")
     check_values(data, body, numbers)
     return data

@@ -1,6 +1,6 @@
 """The request fields llama-server takes on every generating route, declared once.
 
-llama-server accepts its sampler settings, constraints, ``ignore_eos`` and the
+llama-server accepts its sampler settings, constraints, ``ignore_eos``, ``lora`` and the
 flat ``speculative.*`` keys (``api/_numbers.draft_overrides``) on
 ``/completion`` and on the OpenAI routes alike; each dialect's request class
 inherits them from :class:`LlamaServerFields` (``api/_numbers.sampling_overrides``
@@ -13,14 +13,29 @@ from typing import Any
 
 import attrs
 
+from bubo.domain.requests import LoraScale
+
 from ._converter import wire_name
 
-__all__ = ["LlamaServerFields"]
+__all__ = ["LlamaServerFields", "LoraEntry", "lora_scales"]
+
+
+@attrs.frozen(kw_only=True)
+class LoraEntry:
+    """One adapter of llama-server's ``lora`` list (and of ``POST /lora-adapters``' body)."""
+
+    id: int
+    scale: float = 0.0  # llama-server's default for an entry without one
+
+
+def lora_scales(entries: list[LoraEntry] | None) -> tuple[LoraScale, ...] | None:
+    """The domain's form of a ``lora`` list (its ids are checked against the loaded adapters later)."""
+    return None if entries is None else tuple(LoraScale(entry.id, entry.scale) for entry in entries)
 
 
 @attrs.frozen(kw_only=True)
 class LlamaServerFields:
-    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, draft limits."""
+    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, ``lora``."""
 
     top_k: int | None = None
     min_p: float | None = None
@@ -48,3 +63,4 @@ class LlamaServerFields:
     speculative_n_max: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_max"))
     speculative_n_min: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_min"))
     speculative_p_min: float | None = attrs.field(default=None, metadata=wire_name("speculative.p_min"))
+    lora: list[LoraEntry] | None = None  # these adapters at these scales, the others at 0 (this request only)

@@ -19,3 +19,5 @@ from .base import SlotFile as SlotFile
 from .base import SlotFileNoRoom as SlotFileNoRoom
 from .base import SlotStatistics as SlotStatistics
 from .base import SnapshotInfo as SnapshotInfo
+from .lora import LoraAdapter as LoraAdapter
+from .lora import request_scales as request_scales

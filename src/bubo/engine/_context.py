@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -42,7 +43,7 @@ class LlamaContext:
         totals: EngineCounters,
         snapshots: SnapshotStore | None,
         reuse_chunk: int = 0,
-        adapters: Sequence[object] = (),
+        adapters: Sequence[Any] = (),
     ) -> None:
         """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
 
@@ -84,12 +85,15 @@ class LlamaContext:
         n = len(adapters)
         pointers = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self._adapters[i] for i, _ in adapters))
         scales = (ctypes.c_float * n)(*(scale for _, scale in adapters))
-        if llama_cpp.llama_set_adapters_lora(self.ctx, pointers if n else None, n, scales if n else None) != 0:
+        if (
+            llama_cpp.llama_set_adapters_lora(self.ctx, pointers if n else None, n, scales if n else None)
+            != 0
+        ):
             raise EngineFailure("llama.cpp could not apply the LoRA adapters", fatal=True)
         self._applied = adapters
 
     def decode(self, tokens: Sequence[int], seq_id: int = 0) -> None:
-        """Evaluate *tokens* after those cached in sequence *seq_id*, under its adapter set; last logits only."""
+        """Evaluate *tokens* after those in sequence *seq_id*, under its adapter set; the last logits only."""
         self.use_adapters(self.caches[seq_id].adapters)
         for start in range(0, len(tokens), self.n_batch):
             self.decode_batch([BatchEntry(self.caches[seq_id], tuple(tokens[start : start + self.n_batch]))])

@@ -350,7 +350,9 @@ class SequenceCache:
         if written != size:
             logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
             return
-        self.store.add(_Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags, adapters=self.adapters))
+        self.store.add(
+            _Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags, adapters=self.adapters)
+        )
 
     def _restore(self, key: int) -> int:
         """Load a snapshot into the sequence; return its size (0 if llama.cpp refused it)."""

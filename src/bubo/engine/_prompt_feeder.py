@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from bubo.domain.generation import CacheReport, GenerationRequest
 
-from .lora import adapter_set
 from ._protocols import BatchEntry, KvSequence
+from .lora import adapter_set
 
 __all__ = ["PromptFeeder"]
 
@@ -41,7 +41,10 @@ class PromptFeeder:
         """Keep the longest cached prefix of the prompt; reading starts after it."""
         request = self._request
         self.n_cached, report = self._cache.prepare(
-            self._prompt, request.cache_tags, reuse=request.cache_prompt, adapters=adapter_set(request.lora or ())
+            self._prompt,
+            request.cache_tags,
+            reuse=request.cache_prompt,
+            adapters=adapter_set(request.lora or ()),
         )
         self.at = self.n_cached
         return report

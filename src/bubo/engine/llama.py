@@ -45,7 +45,6 @@ from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
 from ._model_drafts import Drafter
 from ._sampler import Sampler, dry_key
-from .lora import LoraAdapter, LoraFile, adapter_set
 from .base import (
     CacheContents,
     EngineFailure,
@@ -57,6 +56,7 @@ from .base import (
     SlotFile,
     SlotFileNoRoom,
 )
+from .lora import LoraAdapter, LoraFile, adapter_set
 from .slots import EMPTY_MIRROR, Slot
 from .stats import EngineCounters
 
@@ -260,7 +260,8 @@ class LlamaEngine(SlotEngine):
             similarity=options.slot_prompt_similarity,
             totals=self._totals,
             lora=[
-                LoraAdapter(id=i, path=str(lora.path), scale=lora.scale) for i, lora in enumerate(options.lora)
+                LoraAdapter(id=i, path=str(lora.path), scale=lora.scale)
+                for i, lora in enumerate(options.lora)
             ],
         )
         self._connect(model)

@@ -190,7 +190,7 @@ class SlotPool:
     async def acquire(
         self, prompt: Sequence[int], pinned: int | None = None, adapters: AdapterSet = NO_ADAPTERS
     ) -> Slot:
-        """Wait for a slot for a request with *prompt* under *adapters* (*pinned*: that slot only), in order."""
+        """Wait for a slot for *prompt* under *adapters* (*pinned*: that slot only), in arrival order."""
         waiter = _Waiter(prompt, pinned, adapters)
         self._waiters.append(waiter)
         self._idle = trio.Event() if self._idle.is_set() else self._idle

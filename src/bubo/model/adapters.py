@@ -31,7 +31,7 @@ from .gguf import GGUFError, GGUFMetadata, TensorInfo, read_metadata
 __all__ = ["AdapterInfo", "check_lora_adapter"]
 
 _SUFFIXES: Final = (".lora_a", ".lora_b")
-_TOKEN_EMBD: Final = "token_embd.weight"
+_TOKEN_EMBD: Final = "token_embd.weight"  # noqa: S105 - a tensor's name
 # ggml type id -> (block elements, block bytes) for the types an adapter may hold
 _TYPES: Final[dict[int, tuple[int, int]]] = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34)}
 _TYPE_NAMES: Final = "F32, F16, BF16 or Q8_0"
@@ -68,7 +68,9 @@ def check_lora_adapter(path: Path, base: GGUFMetadata) -> AdapterInfo:
             raise GGUFError(f"{path}: the LoRA pair for {target!r} lacks one of .lora_a and .lora_b")
         model_tensor = base.tensors.get(target)
         if model_tensor is None:
-            raise GGUFError(f"{path}: the base model has no tensor {target!r} (an adapter for another model?)")
+            raise GGUFError(
+                f"{path}: the base model has no tensor {target!r} (an adapter for another model?)"
+            )
         _check_shapes(path, target, model_tensor.shape, pair[".lora_a"].shape, pair[".lora_b"].shape)
     alpha = adapter.get("adapter.lora.alpha", 0.0)
     return AdapterInfo(alpha=float(alpha), n_pairs=len(pairs))
@@ -97,7 +99,9 @@ def _check_data(path: Path, adapter: GGUFMetadata, name: str, info: TensorInfo) 
         raise GGUFError(f"{path}: tensor {name!r} has ggml type {info.type}; a LoRA tensor is {_TYPE_NAMES}")
     block, block_bytes = layout
     if len(info.shape) != 2 or min(info.shape) < 1 or info.shape[0] % block:
-        raise GGUFError(f"{path}: tensor {name!r} has the shape {list(info.shape)}, not a matrix llama.cpp takes")
+        raise GGUFError(
+            f"{path}: tensor {name!r} has the shape {list(info.shape)}, not a matrix llama.cpp takes"
+        )
     size = info.shape[0] // block * block_bytes * info.shape[1]
     if adapter.data_offset + info.offset + size > adapter.file_size:
         raise GGUFError(f"{path}: the data of tensor {name!r} runs past the end of the file (truncated?)")

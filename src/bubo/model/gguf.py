@@ -50,7 +50,7 @@ class GGUFError(ValueError):
 
 @attrs.frozen
 class TensorInfo:
-    """One tensor's description: ``shape`` in ggml's order (``ne[0]`` first), its ggml type, its data's offset."""
+    """A tensor's description: ``shape`` in ggml's order (``ne[0]`` first), ggml type, data offset."""
 
     shape: tuple[int, ...]
     type: int
@@ -67,7 +67,7 @@ class GGUFMetadata(Mapping[str, Any]):
     ``file_size`` the file's length.
     """
 
-    def __init__(  # noqa: PLR0913, PLR0917 - the file's parts, as read
+    def __init__(
         self,
         path: Path,
         version: int,

@@ -37,7 +37,7 @@ from bubo.domain.output import (
 )
 from bubo.domain.requests import CompletionRequest, GenerationOptions, OutputFormat
 from bubo.domain.sampling import BANNED, SamplingParams
-from bubo.engine import EngineFailure, GrammarRejected
+from bubo.engine import EngineFailure, GrammarRejected, request_scales
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
@@ -160,7 +160,20 @@ def generation_request(
         n_indent=options.n_indent,
         post_sampling_probs=options.post_sampling_probs,
         speculative=runtime.defaults.speculative.with_overrides(options.speculative),
+        lora=_lora(runtime, options),
     )
+
+
+def _lora(runtime: Runtime, options: GenerationOptions) -> tuple[float, ...] | None:
+    """Every adapter's scale for the request's own ``lora`` (those it names, the others at 0); None: global.
+
+    Raises:
+        InvalidRequest: an id names no loaded adapter (``param``: ``lora[i].id``).
+
+    """
+    if options.lora is None:
+        return None
+    return request_scales(options.lora, len(runtime.engine.lora_adapters), "lora")
 
 
 def _sampling(runtime: Runtime, options: GenerationOptions) -> SamplingParams:

@@ -10,6 +10,7 @@ from typing import Protocol
 import attrs
 
 from bubo.api._constraints import output_constraint
+from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._omitted import Omissions
@@ -86,6 +87,7 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             n_probs=n_probs,
             ignore_eos=bool(body.ignore_eos),
             speculative=draft_overrides(body),
+            lora=lora_scales(body.lora),
         ),
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,

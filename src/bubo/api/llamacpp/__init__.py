@@ -1,6 +1,7 @@
-"""llama-server: /completion, /infill, /embedding, tokens, templates, /props, /slots, /metrics."""
+"""llama-server: /completion, /infill, /embedding, tokens, templates, /props, /slots, /metrics, LoRA."""
 
 from . import embedding as embedding
 from . import infill as infill
+from . import lora as lora
 from . import slots as slots
 from .routes import blueprint as blueprint

@@ -443,6 +443,7 @@ async def props() -> Response:
                     **translate.sampler_settings(runtime.defaults.sampling),
                     n_predict=runtime.defaults.n_predict,
                     n_keep=runtime.defaults.n_keep,
+                    lora=translate.lora_list([adapter.scale for adapter in runtime.engine.lora_adapters]),
                 ),
                 n_ctx=info.n_ctx,
             ),

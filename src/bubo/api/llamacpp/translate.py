@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bubo.api._constraints import output_constraint
+from bubo.api._llama_fields import lora_scales
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
@@ -132,6 +133,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
             stop=stop,
             n_probs=body.n_probs or None,
             ignore_eos=bool(body.ignore_eos),
+            lora=lora_scales(body.lora),
             time_limit_ms=body.t_max_predict_ms or 0,
             slot=None if body.id_slot in (None, -1) else body.id_slot,
             n_keep=None if body.n_keep is None else max(body.n_keep, -1),
@@ -378,6 +380,11 @@ def kv_cache(size: KvCacheSize | None) -> wire.KvCache | None:
     )
 
 
+def lora_list(scales: Sequence[float]) -> list[wire.LoraScaleEntry]:
+    """Every adapter's scale, as llama-server lists them (``[{"id": 0, "scale": 1.0}, ...]``)."""
+    return [wire.LoraScaleEntry(id=i, scale=scale) for i, scale in enumerate(scales)]
+
+
 def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = False) -> wire.Slot:
     """One ``/slots`` entry; *speculative*: a draft model drafts for it (llama-server's ``speculative``)."""
     return wire.Slot(
@@ -391,6 +398,7 @@ def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = F
         n_prompt_tokens=stats.n_prompt_tokens,
         n_prompt_tokens_processed=stats.n_prompt_tokens_processed,
         n_prompt_tokens_cache=stats.n_prompt_tokens_cache,
+        params=wire.SlotParams(lora=lora_list(stats.lora)),
         next_token=[
             wire.NextToken(has_next_token=True, n_decoded=stats.n_decoded, n_remain=stats.n_remain)
             if stats.is_processing

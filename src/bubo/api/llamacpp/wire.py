@@ -250,11 +250,27 @@ class Detokenized:
 
 
 @attrs.frozen(kw_only=True)
+class LoraScaleEntry:
+    """One adapter's scale, as llama-server lists a request's or the server's ``lora``."""
+
+    id: int
+    scale: float
+
+
+@attrs.frozen(kw_only=True)
 class SamplingDefaults(SamplerSettings):
     """``default_generation_settings.params`` of ``/props``."""
 
     n_predict: int
     n_keep: int  # --keep
+    lora: list[LoraScaleEntry]  # the global scales (POST /lora-adapters)
+
+
+@attrs.frozen(kw_only=True)
+class SlotParams:
+    """``params`` of a ``/slots`` entry: the current or last task's LoRA scales."""
+
+    lora: list[LoraScaleEntry]
 
 
 @attrs.frozen(kw_only=True)
@@ -361,4 +377,5 @@ class Slot:
     n_prompt_tokens: int
     n_prompt_tokens_processed: int
     n_prompt_tokens_cache: int
+    params: SlotParams
     next_token: list[NextToken]

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from bubo.api._chat.translate import check_n, max_tokens, sampling, stop, top_logprobs
 from bubo.api._chat.wire import FunctionCall
 from bubo.api._constraints import output_constraint
+from bubo.api._llama_fields import lora_scales
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import TokenLogprob
 from bubo.domain.output import Completion
@@ -51,6 +52,7 @@ def completion_request(body: wire.CompletionRequest) -> CompletionRequest:
             stop=stop(body.stop),
             n_probs=n_probs,
             ignore_eos=bool(body.ignore_eos),
+            lora=lora_scales(body.lora),
         ),
         output_format=output_format,
         grammar=grammar,
