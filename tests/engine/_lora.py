@@ -18,7 +18,7 @@ import numpy as np
 from bubo.model import read_metadata
 
 RANK = 8
-DEFAULT_TARGETS = ("attn_q", "attn_v", "ffn_down")
+DEFAULT_TARGETS = ("attn_q", "attn_v")
 
 
 def write_lora(
@@ -28,7 +28,7 @@ def write_lora(
     seed: int = 0,
     targets: Sequence[str] = DEFAULT_TARGETS,
     rank: int = RANK,
-    magnitude: float = 0.05,
+    magnitude: float = 0.1,
     edit: Callable[[str, np.ndarray], np.ndarray] | None = None,
     architecture: str | None = None,
 ) -> Path:
