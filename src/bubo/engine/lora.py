@@ -15,6 +15,7 @@ under another: the set is part of what a cached prefix is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def request_scales(entries: Sequence[LoraScale], n_adapters: int, param: str) ->
             raise InvalidRequest(
                 f"invalid adapter id {entry.id}: the loaded LoRA adapters have {loaded}", param=f"{where}.id"
             )
-        if entry.scale != entry.scale or abs(entry.scale) == float("inf"):
+        if not math.isfinite(entry.scale):
             raise InvalidRequest("a LoRA scale must be a finite number", param=f"{where}.scale")
         scales[entry.id] = float(entry.scale)
     return tuple(scales)

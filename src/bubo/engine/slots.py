@@ -256,12 +256,10 @@ class SlotPool:
         if not free:
             return None
         prompt = waiter.prompt
-        if self._similarity > 0 and prompt and len(free) > 1:
-            matches = [
-                (common_prefix(slot.mirror.head(len(prompt)), prompt), slot)
-                for slot in free
-                if slot.mirror.adapters == waiter.adapters
-            ] or [(0, free[0])]
+        # only a prefix computed under the request's adapter set is one it can reuse
+        same = [slot for slot in free if slot.mirror.adapters == waiter.adapters]
+        if self._similarity > 0 and prompt and len(free) > 1 and same:
+            matches = [(common_prefix(slot.mirror.head(len(prompt)), prompt), slot) for slot in same]
             length, best = max(matches, key=lambda match: match[0])
             if length / len(prompt) > self._similarity:
                 return best
