@@ -1,5 +1,8 @@
 """LoRA adapters over HTTP, as llama-server has them: /lora-adapters, a request's ``lora``, /props, /slots.
 
+A request's ``lora`` is taken on every generating route: llama-server's and OpenAI's, where llama-server
+takes it, and Anthropic's and the Responses API too (llama-server turns those into chat requests).
+
 The fake engine holds two adapters (it applies none; tests/engine/test_lora.py decodes with real ones):
 what is checked here is which scales each request reaches the engine with, and the errors.
 """
@@ -81,13 +84,16 @@ class TestARequestsOwnLora:
             ("/completion", {"prompt": "x"}),
             ("/v1/completions", {"model": MODEL, "prompt": "x"}),
             ("/v1/chat/completions", CHAT),
+            ("/v1/messages", CHAT),
+            ("/v1/responses", {"model": MODEL, "input": "hi"}),
         ],
     )
     async def test_names_its_adapters_and_leaves_the_others_at_zero(
         self, app, fake_engine, path, body
     ) -> None:
+        limit = {"max_output_tokens": 16} if path == "/v1/responses" else {"max_tokens": 1}
         response = await app.test_client().post(
-            path, json={**body, "max_tokens": 1, "lora": [{"id": 1, "scale": 0.75}]}
+            path, json={**body, **limit, "lora": [{"id": 1, "scale": 0.75}]}
         )
         assert response.status_code == 200
         assert fake_engine.requests[-1].lora == (0.0, 0.75)

@@ -35,7 +35,7 @@ def lora_scales(entries: list[LoraEntry] | None) -> tuple[LoraScale, ...] | None
 
 @attrs.frozen(kw_only=True)
 class LlamaServerFields:
-    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, ``lora``."""
+    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, LoRA."""
 
     top_k: int | None = None
     min_p: float | None = None

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_value_depth
 from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.api._omitted import Omissions
@@ -61,6 +62,7 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
                 SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
             ),
             stop=tuple(body.stop_sequences or ()),
+            lora=lora_scales(body.lora),
         ),
     )
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from bubo.api._llama_fields import LoraEntry
+
 # ---- requests ------------------------------------------------------------------------------
 
 
@@ -232,6 +234,7 @@ class MessagesRequest:
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
     context_management: ContextManagement | None = None
+    lora: list[LoraEntry] | None = None  # llama-server's: this request's LoRA adapter scales
 
 
 @attrs.frozen(kw_only=True)

@@ -10,6 +10,7 @@ import attrs
 import cattrs
 
 from bubo.api._json import dumps
+from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.api._omitted import Omissions
@@ -92,6 +93,7 @@ def responses_request(
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
             sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
+            lora=lora_scales(body.lora),
         ),
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,

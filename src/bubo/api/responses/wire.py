@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import attrs
 
+from bubo.api._llama_fields import LoraEntry
+
 # ---- requests ------------------------------------------------------------------------------
 
 
@@ -251,6 +253,7 @@ class ResponsesRequest:
     top_p: float | None = None
     truncation: str | None = None
     user: str | None = None
+    lora: list[LoraEntry] | None = None  # llama-server's: this request's LoRA adapter scales
 
 
 # ---- responses -----------------------------------------------------------------------------
