@@ -84,24 +84,24 @@ def test_the_idle_model_is_freed_and_the_next_request_loads_it(sleepy: Server) -
 
 
 def test_ollama_keep_alive_unloads_and_ps_says_so(sleepy: Server) -> None:
-    client = ollama.Client(host=sleepy.base_url, timeout=120)
-    loaded = client.generate(model=MODEL, prompt="Hi", options={"num_predict": 2}, keep_alive="10m")
-    assert loaded.done
-    running = client.ps().models
-    assert [m.model for m in running][:1] == [f"{MODEL}:latest"]
-    left = running[0].expires_at.timestamp() - time.time()
-    assert 500 < left <= 600  # keep_alive 10m overrides --sleep-idle-seconds 1
-    time.sleep(1.5)
-    assert client.ps().models, "kept loaded past the server's own timeout"
+    with ollama.Client(host=sleepy.base_url, timeout=120) as client:
+        loaded = client.generate(model=MODEL, prompt="Hi", options={"num_predict": 2}, keep_alive="10m")
+        assert loaded.done
+        running = client.ps().models
+        assert [m.model for m in running][:1] == [f"{MODEL}:latest"]
+        left = running[0].expires_at.timestamp() - time.time()
+        assert 500 < left <= 600  # keep_alive 10m overrides --sleep-idle-seconds 1
+        time.sleep(1.5)
+        assert client.ps().models, "kept loaded past the server's own timeout"
 
-    unloaded = client.generate(model=MODEL, prompt="", keep_alive=0)
-    assert unloaded.done_reason == "unload"
-    assert client.ps().models == []
-    with httpx.Client(base_url=sleepy.base_url, timeout=30) as http:
-        assert http.get("/props").json()["is_sleeping"] is True
+        unloaded = client.generate(model=MODEL, prompt="", keep_alive=0)
+        assert unloaded.done_reason == "unload"
+        assert client.ps().models == []
+        with httpx.Client(base_url=sleepy.base_url, timeout=30) as http:
+            assert http.get("/props").json()["is_sleeping"] is True
 
-    answer = client.chat(
-        model=MODEL, messages=[{"role": "user", "content": "Say hi"}], options={"num_predict": 3}
-    )
-    assert answer.message.content
-    assert client.ps().models  # loaded again, for the server's own timeout now (no keep_alive)
+        answer = client.chat(
+            model=MODEL, messages=[{"role": "user", "content": "Say hi"}], options={"num_predict": 3}
+        )
+        assert answer.message.content
+        assert client.ps().models  # loaded again, for the server's own timeout now (no keep_alive)
