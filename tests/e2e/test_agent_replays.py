@@ -193,6 +193,32 @@ class TestCodex:
         _, cached = responses_usage(reply)
         assert cached >= prompt - CACHE_SLACK
 
+    @pytest.mark.parametrize(
+        ("syntax", "definition", "allowed"),
+        [
+            ("lark", 'start: answer "."\nanswer: "yes" | "no"', {"yes.", "no."}),
+            ("regex", "^(owl|hawk)-[0-9]$", {f"{bird}-{n}" for bird in ("owl", "hawk") for n in range(10)}),
+        ],
+    )
+    def test_a_forced_custom_tool_call_follows_its_grammar(
+        self, server: Server, syntax: str, definition: str, allowed: set[str]
+    ) -> None:
+        """tool_choice naming a custom tool: the model's input is written in the tool's Lark or regex grammar."""
+        tool = {"type": "custom", "name": "answer", "description": "Give the answer.", "format": {"type": "grammar", "syntax": syntax, "definition": definition}}  # fmt: skip
+        body = {
+            "model": "bubo",
+            "input": "Is the sky blue? Answer with the tool.",
+            "tools": [tool],
+            "tool_choice": {"type": "custom", "name": "answer"},
+            "max_output_tokens": 64,
+            "temperature": 0,
+        }
+        response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        (call,) = response.json()["output"]
+        assert (call["type"], call["name"]) == ("custom_tool_call", "answer")
+        assert call["input"] in allowed
+
 
 # ---- opencode: /v1/chat/completions -----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bubo.domain.messages import ToolSpec
+from bubo.domain.messages import InputGrammar, ToolSpec
 from bubo.domain.output import (
     OutputEvent,
     ReasoningDelta,
@@ -329,3 +329,23 @@ def test_whole_equals_chunked(output: str, cuts: list[int], fmt: str) -> None:
     assert pipeline(list(output)) == whole
     text = "".join(e.text for e in whole if isinstance(e, TextDelta | ReasoningDelta))
     assert len(text) <= len(output)  # nothing invented; finish() released everything held
+
+
+class TestFreeformCallGrammars:
+    TOOL = ToolSpec(
+        name="note",
+        parameters={"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+        input_grammar=InputGrammar(
+            argument="input", syntax="lark", definition='start: "a" LF\n%import common.LF'
+        ),
+    )
+
+    @pytest.mark.parametrize(
+        ("name", "newline"),
+        [("hermes", '"\\x5Cn"'), ("json", '"\\x5Cn"'), ("qwen3_coder", '"\\x0A"')],
+    )
+    def test_a_forced_freeform_call_is_written_in_its_grammar(self, name: str, newline: str) -> None:
+        """Every format puts the input's grammar where the input goes: JSON-escaped in JSON calls, raw in XML."""
+        grammar = tool_format(name).grammar([self.TOOL], prefix="", max_calls=1)
+        assert grammar.schemas == ()
+        assert f"-1-lf ::= {newline}" in grammar.rules

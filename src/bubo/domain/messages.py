@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["ChatPrompt", "Message", "Role", "ToolCall", "ToolSpec"]
+__all__ = ["ChatPrompt", "InputGrammar", "Message", "Role", "ToolCall", "ToolSpec"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -38,13 +38,26 @@ class Message:
 
 
 @attrs.frozen(kw_only=True)
+class InputGrammar:
+    """The grammar a freeform tool's one string argument, ``argument``, follows (Responses custom tools)."""
+
+    argument: str
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+@attrs.frozen(kw_only=True)
 class ToolSpec:
-    """A function the model may call; ``parameters`` is its JSON schema, sent in the field ``param``."""
+    """A function the model may call; ``parameters`` is its JSON schema, sent in the field ``param``.
+
+    ``input_grammar``: the tool is freeform, its one string argument written in that grammar.
+    """
 
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] = attrs.field(factory=dict)
     strict: bool | None = None
+    input_grammar: InputGrammar | None = None
     param: str = attrs.field(default="tools", eq=False)  # e.g. "tools[2].function.parameters", for errors
 
 

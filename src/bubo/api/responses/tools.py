@@ -4,7 +4,8 @@ Function tools as they are; a ``namespace`` tool's function and custom tools
 under their own names (Codex's sub-agent tools), each described with the
 namespace's description too, their calls returned with the ``namespace``; a
 ``custom`` (freeform) tool as a function taking one string, ``input``, its
-calls returned as ``custom_tool_call`` items.  Tools come from ``tools`` and
+calls returned as ``custom_tool_call`` items; its Lark or regex grammar
+constrains a forced call's input (:mod:`bubo.grammar.freeform`).  Tools come from ``tools`` and
 from ``additional_tools`` input items (what Codex sends for the model families
 it knows).  Other types are skipped with a warning.
 """
@@ -20,7 +21,7 @@ import attrs
 import cattrs
 
 from bubo.api._converter import structure
-from bubo.domain.messages import ToolSpec
+from bubo.domain.messages import InputGrammar, ToolSpec
 
 from . import wire
 
@@ -119,7 +120,7 @@ def _function(tool: wire.FunctionTool, param: str, namespace: wire.NamespaceTool
 
 
 def _custom(tool: wire.CustomTool, param: str, namespace: wire.NamespaceTool | None) -> ToolSpec:
-    """A freeform tool as a function of one string (its grammar, if any, is not enforced)."""
+    """A freeform tool as a function of one string, its grammar (Lark or regex) kept for forced calls."""
     return ToolSpec(
         name=tool.name,
         description=_described(tool.description, namespace),
@@ -130,8 +131,20 @@ def _custom(tool: wire.CustomTool, param: str, namespace: wire.NamespaceTool | N
             },
             "required": [CUSTOM_INPUT],
         },
+        input_grammar=_input_grammar(tool.format, param),
         param=f"{param}.format",
     )
+
+
+def _input_grammar(format_: Mapping[str, Any] | None, param: str) -> InputGrammar | None:
+    """``{"type": "grammar", "syntax": "lark" | "regex", "definition"}``; else none (``text``, or unknown)."""
+    if format_ is None or format_.get("type") in (None, "text"):
+        return None
+    syntax, definition = format_.get("syntax"), format_.get("definition")
+    if format_.get("type") != "grammar" or syntax not in ("lark", "regex") or not isinstance(definition, str):
+        logger.debug("%s.format is not a lark or regex grammar; the input is not constrained", param)
+        return None
+    return InputGrammar(argument=CUSTOM_INPUT, syntax=syntax, definition=definition)
 
 
 def custom_input(arguments: str) -> str:

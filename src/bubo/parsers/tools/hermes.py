@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from bubo.domain.generation import GrammarSpec
 from bubo.domain.messages import ToolSpec
 from bubo.grammar import THINK_BODY, literal
+from bubo.grammar.freeform import json_arguments
 from bubo.parsers.base import ParserConfig
 
 from ._calls import ParsedCall, calls_from_json
@@ -47,9 +48,8 @@ def call_grammar(tools: Sequence[ToolSpec], *, prefix: str, max_calls: int | Non
     for index, tool in enumerate(tools):
         head = literal(f'{START}\n{{"name": {json.dumps(tool.name)}, "arguments": ')
         rules.append(f"call-{index} ::= {head} args-{index} {literal('}' + chr(10) + END)}")
+    freeform, schemas = json_arguments(tools)
     calls = " | ".join(f"call-{i}" for i in range(len(tools)))
     repeat = " ws" if max_calls == 1 else " ( ws call )* ws"
     root = f"root ::= {prefix}call{repeat}\ncall ::= {calls}\n" + "\n".join(rules) + "\n" + THINK_BODY
-    return GrammarSpec(
-        rules=root, schemas=tuple((f"args-{i}", dict(t.parameters)) for i, t in enumerate(tools))
-    )
+    return GrammarSpec(rules=root + freeform, schemas=schemas)

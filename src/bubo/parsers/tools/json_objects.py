@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from bubo.domain.generation import GrammarSpec
 from bubo.domain.messages import ToolSpec
 from bubo.grammar import THINK_BODY, literal
+from bubo.grammar.freeform import json_arguments
 from bubo.parsers.base import ParserConfig
 
 from ._stream import CallStreamParser
@@ -28,9 +29,8 @@ def call_grammar(tools: Sequence[ToolSpec], *, prefix: str, max_calls: int | Non
     for index, tool in enumerate(tools):
         head = literal('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
         rules.append(f"call-{index} ::= {head} args-{index} {literal('}')}")
+    freeform, schemas = json_arguments(tools)
     calls = " | ".join(f"call-{i}" for i in range(len(tools)))
     body = "call" if max_calls == 1 else 'call | "[" ws call ( "," ws call )* ws "]"'
     root = f"root ::= {prefix}( {body} )\ncall ::= {calls}\n" + "\n".join(rules) + "\n" + THINK_BODY
-    return GrammarSpec(
-        rules=root, schemas=tuple((f"args-{i}", dict(t.parameters)) for i, t in enumerate(tools))
-    )
+    return GrammarSpec(rules=root + freeform, schemas=schemas)

@@ -27,6 +27,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.domain.messages import ToolSpec
 from bubo.domain.output import OutputEvent
 from bubo.grammar import THINK_BODY, literal
+from bubo.grammar.freeform import input_rules
 from bubo.parsers.base import ParserConfig, hold_partial
 
 from ._calls import Emitter, ParsedCall, compact_json
@@ -217,8 +218,15 @@ def call_grammar(tools: Sequence[ToolSpec], *, prefix: str, max_calls: int | Non
         properties: Mapping[str, Any] = tool.parameters.get("properties") or {}
         required = set(tool.parameters.get("required") or ())
         parts = []
+        freeform = tool.input_grammar
         for number, (key, schema) in enumerate(properties.items()):
-            if isinstance(schema, Mapping) and schema.get("type") == "string":
+            written = None
+            if freeform is not None and key == freeform.argument:
+                written = input_rules(freeform, f"input-{index}", json_string=False)
+            if written is not None:
+                value = f"input-{index}"
+                rules.append(written.rstrip("\n"))
+            elif isinstance(schema, Mapping) and schema.get("type") == "string":
                 value = "text-value"
             else:
                 value = f"value-{index}-{number}"
