@@ -350,8 +350,10 @@ class _Reader:
             return chars([(ord(value), ord(high))])
         if not fold:
             return Text(value)
-        return Seq(tuple(either_case(chars([(ord(c), ord(c))])) if c.isascii() and c.isalpha() else Text(c)
-                         for c in value))  # fmt: skip
+        letters = {
+            c: either_case(chars([(ord(c), ord(c))])) for c in set(value) if c.isascii() and c.isalpha()
+        }
+        return Seq(tuple(letters.get(c) or Text(c) for c in value))
 
     def _token(self, expr: Expr) -> Expr:
         """A token of a rule, after any ignored text when the grammar has %ignore."""

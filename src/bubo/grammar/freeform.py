@@ -17,18 +17,33 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from bubo.domain.messages import InputGrammar, ToolSpec
 
 from ._language import Alt, Chars, Expr, Ref, Refused, Repeat, Seq, Text, chars, references, subtract
 from ._lark import IGNORED, START, parse_lark
 from ._regex import parse_regex
 
-__all__ = ["MAX_DEFINITION_CHARS", "MAX_RULES_CHARS", "input_rules", "json_arguments"]
+__all__ = [
+    "MAX_DEFINITIONS",
+    "MAX_DEFINITION_CHARS",
+    "MAX_REPEAT_WEIGHT",
+    "MAX_RULES_CHARS",
+    "input_rules",
+    "json_arguments",
+]
 
 logger = logging.getLogger(__name__)
 
-MAX_DEFINITION_CHARS = 64 * 1024
+MAX_DEFINITION_CHARS = 16 * 1024
 """The longest grammar read (Codex's are under 2,000 characters)."""
+MAX_DEFINITIONS = 1_000
+"""Rules and terminals, the imported ones included (as :data:`bubo.grammar.MAX_REQUEST_RULES`)."""
+MAX_REPEAT_WEIGHT = 100
+"""The largest product of nested bounds (``(a{1,10}){1,10}`` is 100), through rule references too:
+llama.cpp's sampler keeps a stack for each way to split the text (SmolLM2, 1 thread, 6 tokens:
+weight 100 took 0.37 s, 1,000 took 2.0 s, 10,000 took 8.0 s)."""
 MAX_RULES_CHARS = 256 * 1024
 """The most GBNF text one input's grammar may become."""
 
@@ -94,10 +109,19 @@ def _definitions(grammar: InputGrammar) -> Mapping[str, Expr]:
 
 
 def _check(definitions: Mapping[str, Expr]) -> None:
-    """Refuse left recursion (llama.cpp rejects it) and repeating what can be empty (it never ends)."""
-    empty = _nullable(definitions)
+    """Refuse what llama.cpp cannot follow, or follows too slowly.
+
+    Left recursion (llama.cpp's parser rejects it), repeating what can be empty
+    (the sampler never ends), too many definitions, and nested bounded
+    repetitions whose bounds multiply past :data:`MAX_REPEAT_WEIGHT` (the
+    sampler tracks each way to split the text).  Linear in the grammar's size.
+    """
+    if len(definitions) > MAX_DEFINITIONS:
+        raise Refused(f"has {len(definitions)} rules and terminals; at most {MAX_DEFINITIONS} are enforced")
+    empty = _matching_empty(definitions)
     for name, expr in definitions.items():
         _check_repeats(name, expr, empty)
+    _check_weights(definitions)
     leading = {name: set(_leading(expr, empty)) for name, expr in definitions.items()}
     state: dict[str, int] = {}  # 1: on the path, 2: done
     for root in definitions:
@@ -118,39 +142,85 @@ def _check(definitions: Mapping[str, Expr]) -> None:
                 stack.append((step, iter(sorted(leading[step]))))
 
 
-def _nullable(definitions: Mapping[str, Expr]) -> set[str]:
-    """The definitions that can match the empty string (a fixed point)."""
-    empty: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, expr in definitions.items():
-            if name not in empty and _can_be_empty(expr, empty):
-                empty.add(name)
-                changed = True
-    return empty
+def _matching_empty(definitions: Mapping[str, Expr]) -> frozenset[int]:
+    """The ids of the expressions (in *definitions*) that can match the empty string.
+
+    One pass over every expression, then a worklist: a choice (or a reference,
+    or a repetition) matches "" once one part does, a sequence once all do.
+    """
+    graph = _EmptyGraph()
+    for name, expr in definitions.items():
+        graph.roots.setdefault(id(expr), []).append(name)
+    seen: set[int] = set()
+    stack: list[Expr] = list(definitions.values())
+    while stack:
+        expr = stack.pop()
+        if id(expr) not in seen:
+            seen.add(id(expr))
+            stack.extend(graph.add(expr))
+    return graph.propagate()
 
 
-def _can_be_empty(expr: Expr, empty: set[str]) -> bool:
-    if isinstance(expr, Text):
-        return not expr.value
-    if isinstance(expr, Chars):
-        return False
-    if isinstance(expr, Ref):
-        return expr.name in empty
-    if isinstance(expr, Seq):
-        return all(_can_be_empty(item, empty) for item in expr.items)
-    if isinstance(expr, Alt):
-        return any(_can_be_empty(option, empty) for option in expr.options)
-    return expr.low == 0 or _can_be_empty(expr.item, empty)
+@attrs.define
+class _EmptyGraph:
+    """The expressions as a graph of what matches "" when its parts do."""
+
+    parents: dict[int, list[int]] = attrs.Factory(dict)  # id -> its parents' ids, once per occurrence
+    missing: dict[int, int] = attrs.Factory(dict)  # a sequence's id -> its items not known to match ""
+    refs: dict[str, list[int]] = attrs.Factory(dict)  # a definition's name -> the references to it
+    roots: dict[int, list[str]] = attrs.Factory(dict)  # a definition's expression's id -> its names
+    empty: set[int] = attrs.Factory(set)
+    queue: list[int] = attrs.Factory(list)
+
+    def found(self, node: int) -> None:
+        if node not in self.empty:
+            self.empty.add(node)
+            self.queue.append(node)
+
+    def add(self, expr: Expr) -> tuple[Expr, ...]:
+        """Enter *expr*; its parts, to enter next."""
+        parts: tuple[Expr, ...] = ()
+        if isinstance(expr, Text) and not expr.value:
+            self.found(id(expr))
+        elif isinstance(expr, Ref):
+            self.refs.setdefault(expr.name, []).append(id(expr))
+        elif isinstance(expr, Seq):
+            parts = expr.items
+            self.missing[id(expr)] = len(parts)
+            if not parts:
+                self.found(id(expr))
+        elif isinstance(expr, Alt):
+            parts = expr.options
+        elif isinstance(expr, Repeat):
+            parts = (expr.item,)
+            if expr.low == 0:
+                self.found(id(expr))
+        for part in parts:
+            self.parents.setdefault(id(part), []).append(id(expr))
+        return parts
+
+    def propagate(self) -> frozenset[int]:
+        while self.queue:
+            node = self.queue.pop()
+            for name in self.roots.get(node, ()):
+                for ref in self.refs.get(name, ()):
+                    self.found(ref)
+            for parent in self.parents.get(node, ()):
+                if parent in self.missing:
+                    self.missing[parent] -= 1
+                    if self.missing[parent] == 0:
+                        self.found(parent)
+                else:
+                    self.found(parent)
+        return frozenset(self.empty)
 
 
-def _check_repeats(name: str, expr: Expr, empty: set[str]) -> None:
+def _check_repeats(name: str, expr: Expr, empty: frozenset[int]) -> None:
     stack = [expr]
     while stack:
         item = stack.pop()
         if isinstance(item, Repeat):
-            if (item.high is None or item.high > 1) and _can_be_empty(item.item, empty):
+            if (item.high is None or item.high > 1) and id(item.item) in empty:
                 raise Refused(f"repeats what can be empty in {name}")
             if isinstance(item.item, Chars) and not item.item.ranges:
                 raise Refused(f"has a class that matches nothing in {name}")
@@ -161,7 +231,58 @@ def _check_repeats(name: str, expr: Expr, empty: set[str]) -> None:
             stack.extend(item.options)
 
 
-def _leading(expr: Expr, empty: set[str]) -> list[str]:
+def _check_weights(definitions: Mapping[str, Expr]) -> None:
+    """Refuse bounded repetitions inside each other (through references too) whose bounds multiply too far.
+
+    A definition's weight is the largest product of the bounds around any of its
+    parts, a reference counting the weight of what it names (a reference back
+    into a definition being weighed counts 1: recursion goes through text).
+    """
+    inside = {name: _weights_inside(name, expr) for name, expr in definitions.items()}
+    weights: dict[str, int] = {}
+    for root in definitions:
+        if root in weights:
+            continue
+        path = {root}
+        stack = [(root, iter(inside[root][1]))]
+        while stack:
+            name, following = stack[-1]
+            step = next(following, None)
+            if step is None:
+                stack.pop()
+                path.discard(name)
+                own, uses = inside[name]
+                weights[name] = max([own, *(weight * weights.get(used, 1) for weight, used in uses)])
+                if weights[name] > MAX_REPEAT_WEIGHT:
+                    raise Refused(f"repeats {weights[name]} times in {name}, counting the rules it uses")
+            elif step[1] not in path and step[1] not in weights:
+                path.add(step[1])
+                stack.append((step[1], iter(inside[step[1]][1])))
+
+
+def _weights_inside(name: str, expr: Expr) -> tuple[int, list[tuple[int, str]]]:
+    """The largest product of *expr*'s own nested bounds, and each reference with the product around it."""
+    own = 1
+    uses: list[tuple[int, str]] = []
+    stack: list[tuple[Expr, int]] = [(expr, 1)]
+    while stack:
+        item, weight = stack.pop()
+        if isinstance(item, Repeat):
+            weight *= item.high if item.high is not None and item.high > 1 else 1
+            if weight > MAX_REPEAT_WEIGHT:
+                raise Refused(f"repeats {weight} times in {name}, counting the repetitions around it")
+            own = max(own, weight)
+            stack.append((item.item, weight))
+        elif isinstance(item, Seq):
+            stack.extend((part, weight) for part in item.items)
+        elif isinstance(item, Alt):
+            stack.extend((part, weight) for part in item.options)
+        elif isinstance(item, Ref):
+            uses.append((weight, item.name))
+    return own, uses
+
+
+def _leading(expr: Expr, empty: frozenset[int]) -> list[str]:
     """The definitions *expr* can start with."""
     if isinstance(expr, Ref):
         return [expr.name]
@@ -169,7 +290,7 @@ def _leading(expr: Expr, empty: set[str]) -> list[str]:
         out: list[str] = []
         for item in expr.items:
             out.extend(_leading(item, empty))
-            if not _can_be_empty(item, empty):
+            if id(item) not in empty:
                 break
         return out
     if isinstance(expr, Alt):
@@ -193,7 +314,8 @@ class _Writer:
             name: f"{rule}-{index}-{_NAME_CHARS.sub('-', name.lower()).strip('-') or 'x'}"
             for index, name in enumerate(_reachable(definitions))
         }
-        self._classes: dict[Chars, str] = {}  # each distinct set of characters gets one rule
+        self._classes: dict[Chars, str] = {}  # each distinct set with JSON escapes gets one rule
+        self._written: dict[Chars, str] = {}  # each distinct set, as it is written
 
     def rules(self) -> str:
         end = f" {self._names[IGNORED]}*" if IGNORED in self._names else ""
@@ -216,14 +338,18 @@ class _Writer:
             return "( " + " ".join(self._expr(item) for item in expr.items) + " )" if expr.items else '""'
         if isinstance(expr, Alt):
             return "( " + " | ".join(self._expr(option) for option in expr.options) + " )"
-        return _repeated(self._expr(expr.item), expr.low, expr.high)
+        item = self._expr(expr.item)
+        return _repeated(f"( {item} )" if isinstance(expr.item, Repeat) else item, expr.low, expr.high)
 
     def _chars(self, characters: Chars) -> str:
-        if not self._json or subtract(characters, _JSON_SPECIAL) == characters:
-            return _class(characters)
-        if characters not in self._classes:
-            self._classes[characters] = f"{self._rule}-c{len(self._classes)}"
-        return self._classes[characters]
+        written = self._written.get(characters)
+        if written is None:
+            if not self._json or subtract(characters, _JSON_SPECIAL) == characters:
+                written = _class(characters)
+            else:
+                written = self._classes[characters] = f"{self._rule}-c{len(self._classes)}"
+            self._written[characters] = written
+        return written
 
     def _class_body(self, characters: Chars) -> str:
         """One character of *characters* as a JSON string writes it: plain, or as its escape."""

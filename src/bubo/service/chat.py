@@ -8,6 +8,7 @@ decides the reasoning parser and the grammars' thinking prefix.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import attrs
@@ -176,11 +177,20 @@ async def _compiled_grammar(
 ) -> str | None:
     """The request's grammar as GBNF, else the server's default grammar, else none.
 
-    Compiled here, off the event loop and before the request queues, so that a
+    Written and compiled here, off the event loop (a freeform tool's grammar is
+    translated in proportion to its size) and before the request queues, so that a
     schema llama.cpp cannot take is a 400 naming the field, not a failed generation.
     """
-    planned = _grammar(
-        runtime, request, checked, starts_inside=starts_inside, may_think=may_think, max_calls=max_calls
+    planned = await runtime.workers.run(
+        functools.partial(
+            _grammar,
+            runtime,
+            request,
+            checked,
+            starts_inside=starts_inside,
+            may_think=may_think,
+            max_calls=max_calls,
+        )
     )
     if planned is None:
         return runtime.default_grammar
