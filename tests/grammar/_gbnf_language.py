@@ -1,4 +1,4 @@
-"""GBNF rules as bubo.grammar.freeform writes them, read back as one Python regex (non-recursive rules)."""
+"""GBNF as Bubo writes it (freeform grammars, numeric ranges), read back as one Python regex, to compare languages."""
 
 from __future__ import annotations
 
@@ -46,3 +46,8 @@ def _regex(rules: dict[str, str], name: str, path: tuple[str, ...]) -> str:
         else:
             out.append("(?:" + _regex(rules, text, (*path, name)) + ")")
     return "".join(out)
+
+
+def as_regex(expression: str) -> re.Pattern[str]:
+    """The language of one GBNF *expression* (a rule's body, as the numeric range writers write it)."""
+    return language(f"expression ::= {' '.join(expression.split())}", "expression")

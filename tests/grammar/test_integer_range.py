@@ -10,7 +10,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.engine._grammar import to_gbnf
 from bubo.grammar._integer_range import OPEN_DIGITS, integer_bounds, integer_range
 
-from ._gbnf_regex import as_regex
+from ._gbnf_language import as_regex
 
 
 def window(low: int, high: int, margin: int = 120) -> set[int]:

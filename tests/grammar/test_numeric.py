@@ -14,7 +14,7 @@ from bubo.grammar._multiples import trie
 from bubo.grammar._number_range import FRACTION_DIGITS, number_bounds, number_range
 from bubo.grammar.numeric import NumericRefused, check_numeric, step
 
-from ._gbnf_regex import as_regex
+from ._gbnf_language import as_regex
 
 
 def spellings(units: int, digits: int) -> list[str]:

@@ -15,6 +15,7 @@ import attrs
 __all__ = [
     "ANY",
     "MAX_CODE_POINT",
+    "MAX_GROUP_DEPTH",
     "Alt",
     "Chars",
     "Expr",
@@ -32,13 +33,16 @@ __all__ = [
 ]
 
 MAX_CODE_POINT = 0x10FFFF
+MAX_GROUP_DEPTH = 32
+"""Groups inside groups in a regular expression (a schema ``pattern`` or a freeform tool's) or a Lark
+rule: each is one recursion in the reader (here, or llama-cpp-python's converter) and in llama.cpp's."""
 
 Ranges = tuple[tuple[int, int], ...]
 
 
 @attrs.frozen
 class Refused(ValueError):
-    """Why a grammar cannot be enforced; ``reason`` reads after "the grammar"."""
+    """Why a grammar or a pattern cannot be enforced; ``reason`` reads after "the grammar"/"the pattern"."""
 
     reason: str
 

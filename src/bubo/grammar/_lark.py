@@ -23,8 +23,20 @@ from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 
-from ._language import Alt, Expr, Ref, Refused, Repeat, Seq, Text, chars, either_case, references
-from ._regex import MAX_BOUND, MAX_DEPTH, parse_regex
+from ._language import (
+    MAX_GROUP_DEPTH,
+    Alt,
+    Expr,
+    Ref,
+    Refused,
+    Repeat,
+    Seq,
+    Text,
+    chars,
+    either_case,
+    references,
+)
+from ._regex import MAX_BOUND, parse_regex
 
 __all__ = ["START", "LarkGrammar", "parse_lark"]
 
@@ -317,8 +329,8 @@ class _Reader:
         self.pos += 1
         if token.text in ("(", "["):
             self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise self.refuse(f"groups nested more than {MAX_DEPTH} deep")
+            if self.depth > MAX_GROUP_DEPTH:
+                raise self.refuse(f"groups nested more than {MAX_GROUP_DEPTH} deep")
             inner = self.expansions()
             close = ")" if token.text == "(" else "]"
             if (end := self.peek()) is None or end.text != close:

@@ -10,7 +10,7 @@ anchors and ``\b``, look-arounds, back-references, inline flags, conditionals.
 digits and word characters plus every non-ASCII character, and ``\D``/``\W``
 everything but the ASCII ones, so a constraint never forbids what the
 expression allows (it may allow a little more).  One linear pass; groups nest
-at most :data:`MAX_DEPTH` deep, and a bound is at most :data:`MAX_BOUND`.
+at most :data:`MAX_GROUP_DEPTH` deep, and a bound is at most :data:`MAX_BOUND`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import attrs
 
 from ._language import (
     ANY,
+    MAX_GROUP_DEPTH,
     Alt,
     Chars,
     Expr,
@@ -32,10 +33,8 @@ from ._language import (
     union,
 )
 
-__all__ = ["MAX_BOUND", "MAX_DEPTH", "parse_regex"]
+__all__ = ["MAX_BOUND", "parse_regex"]
 
-MAX_DEPTH = 32
-"""Groups inside groups (each is one recursion here and in llama.cpp's grammar parser)."""
 MAX_BOUND = 100
 """The largest ``{m,n}`` bound: llama.cpp's grammar writes a repetition out as that many rules."""
 
@@ -164,8 +163,8 @@ def _group(reader: _Reader) -> Expr:
         elif kind != ":":
             raise reader.refuse(f"uses (?{kind}: look-arounds, flags and back-references are not grammar")
     reader.depth += 1
-    if reader.depth > MAX_DEPTH:
-        raise reader.refuse(f"nests groups more than {MAX_DEPTH} deep")
+    if reader.depth > MAX_GROUP_DEPTH:
+        raise reader.refuse(f"nests groups more than {MAX_GROUP_DEPTH} deep")
     expr = _alternatives(reader)
     reader.depth -= 1
     if reader.peek() != ")":

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import attrs
 
+from ._language import MAX_GROUP_DEPTH
+from ._language import Refused as PatternRefused
+
 __all__ = ["MAX_GROUP_DEPTH", "PatternRefused", "check_pattern"]
 
-MAX_GROUP_DEPTH = 32
-"""Groups inside groups (the converter reads each level with a Python recursion)."""
 LLAMA_GROUP_RULES = 2000
 """llama.cpp's ``MAX_REPETITION_THRESHOLD``: the rules a repeated group may hold (times its bound)."""
 
@@ -54,16 +55,6 @@ _HINTS = {
 }
 _QUANTIFIERS = frozenset("*+?{")
 _ENDS_A_RUN = frozenset("*+?{}()[]|")  # a literal character before one of these starts its own run
-
-
-@attrs.frozen
-class PatternRefused(ValueError):
-    """Why a pattern is refused; ``reason`` reads after "the pattern"."""
-
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 @attrs.define
