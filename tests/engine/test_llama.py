@@ -19,15 +19,19 @@ from bubo.domain.generation import (
     ThinkingBudget,
     TokenGenerated,
 )
+from bubo.domain.messages import InputGrammar, ToolSpec
 from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import GrammarRejected
 from bubo.engine._grammar import MAX_GBNF_NESTING
 from bubo.engine._sampler import Sampler
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.grammar import check_schema
+from bubo.grammar.freeform import input_rules
 from bubo.grammar.schema import LIMITS
+from bubo.parsers.registry import tool_format
 from bubo.tokenizer import HFTokenizer
 
+from ..grammar.test_freeform import APPLY_PATCH, codex_exec_grammar
 from ..grammar.test_pattern import SUPPORTED
 
 pytestmark = pytest.mark.llama
@@ -315,6 +319,46 @@ class TestCancellation:
                     pytest.fail("the queued request must not get the slot while the first runs")
             assert engine.statistics().requests_deferred == 0
         assert "Paris" in results[0]
+
+
+class TestFreeformGrammars:
+    @staticmethod
+    def codex_tools() -> list[ToolSpec]:
+        """Codex's exec (as Codex 0.169 sent it) and apply_patch freeform tools, as the Responses API offers them."""
+        string = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+        grammars = {"exec": codex_exec_grammar(), "apply_patch": APPLY_PATCH}
+        return [
+            ToolSpec(
+                name=name,
+                parameters=string,
+                input_grammar=InputGrammar(argument="input", syntax="lark", definition=definition),
+            )
+            for name, definition in grammars.items()
+        ]
+
+    @pytest.mark.parametrize("parser", ["hermes", "json", "qwen3_coder"])
+    def test_codex_grammars_compile_in_llama_cpp(self, engine: LlamaEngine, parser: str) -> None:
+        """Each forced call grammar with Codex's real tool grammars is enforced and parsed by llama.cpp."""
+        tools = self.codex_tools()
+        for tool in tools:
+            assert tool.input_grammar is not None
+            assert input_rules(tool.input_grammar, "in", json_string=parser != "qwen3_coder") is not None
+        spec = tool_format(parser).grammar(tools, prefix="", max_calls=1)
+        assert spec.schemas == ()  # both inputs are written by their grammars, not as plain strings
+        gbnf = engine.compile_grammar(spec)
+        assert '"*** Begin Patch"' in gbnf
+
+    async def test_a_forced_apply_patch_call_is_written_as_a_patch(self, engine, tokenizer) -> None:
+        """Sampling under the Hermes call grammar: the input opens a patch and names a hunk, whatever the model."""
+        apply_patch = self.codex_tools()[1]
+        gbnf = engine.compile_grammar(tool_format("hermes").grammar([apply_patch], prefix="", max_calls=1))
+        request = GenerationRequest(
+            prompt_tokens=prompt(tokenizer), max_new_tokens=64, grammar=gbnf
+        )  # the head is ~55
+        text, _, _ = await run(engine, request)
+        head = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch\\n*** '
+        assert text.startswith(head), text
+        assert text[len(head) :].startswith(("Add File: ", "Delete File: ", "Update File: ")), text
 
 
 class TestConstraints:

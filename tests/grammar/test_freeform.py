@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -175,6 +178,31 @@ class TestLark:
             )
             is None
         )
+
+    def test_no_import_reads_a_file(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """%import common is Lark's known terminals; any other import is refused; no file is ever opened."""
+        opened: list[object] = []
+
+        def no_file(path: object, *_args: object, **_kwargs: object) -> None:
+            opened.append(path)
+            raise AssertionError(f"a grammar opened {path!r}")
+
+        imports = [
+            "common.LF",
+            ".common.LF",
+            "other.LF",
+            "lark.common.LF",
+            "..etc.passwd.LF",
+            "/etc/passwd.LF",
+        ]
+        grammars = [InputGrammar(argument="input", syntax="lark", definition=f"start: LF\n%import {name}") for name in imports]  # fmt: skip
+        with monkeypatch.context() as patched:
+            for module in (builtins, io, os):
+                patched.setattr(module, "open", no_file)
+            rules = [input_rules(grammar, "in", json_string=True) for grammar in grammars]
+        assert opened == []
+        assert rules[0] is not None
+        assert rules[1:] == [None] * (len(imports) - 1)
 
     def test_a_grammar_too_long_is_not_read(self) -> None:
         """More than MAX_DEFINITION_CHARS characters is not read at all."""
