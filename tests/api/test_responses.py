@@ -570,9 +570,27 @@ class TestCodexTools:
         assert response.status_code == 200
         spec, _ = fake_engine.compiled[-1]
         assert "call ::= call-0\n" in spec.rules  # one call admitted:
-        assert '\\"apply_patch\\"' in spec.rules  # apply_patch's
+        assert '\\"apply_patch\\"' in spec.rules  # apply_patch's,
+        assert 'args-0 ::= "{\\x22input\\x22: \\x22" args-0-input "\\x22}"' in spec.rules  # its input
+        assert '"*** Begin Patch"' in spec.rules  # in its Lark grammar,
+        assert spec.schemas == ()  # not a plain string's schema
         (call,) = (await response.get_json())["output"]
         assert (call["type"], call["input"]) == ("custom_tool_call", self.PATCH)
+
+    async def test_a_grammar_that_cannot_be_enforced_leaves_a_forced_input_unconstrained(
+        self, app, script: FakeScript, fake_engine: FakeEngine
+    ) -> None:
+        """A left-recursive Lark grammar is no 400: the forced call's input is any string."""
+        script.reply = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "aa"}}\n</tool_call>'
+        tool = {**self.PATCH_TOOL, "format": {"type": "grammar", "syntax": "lark", "definition": 'start: start "a" | "a"'}}  # fmt: skip
+        body = {"model": "bubo", "input": "Fix it", "tools": [tool], "tool_choice": {"type": "custom", "name": "apply_patch"}}  # fmt: skip
+        response = await app.test_client().post(PATH, json=body)
+        assert response.status_code == 200
+        spec, _ = fake_engine.compiled[-1]
+        ((rule, schema),) = spec.schemas  # the input is a plain string, by its schema
+        assert (rule, schema["properties"]["input"]["type"]) == ("args-0", "string")
+        (call,) = (await response.get_json())["output"]
+        assert (call["type"], call["input"]) == ("custom_tool_call", "aa")
 
     async def test_a_custom_tool_call_streams_its_input(self, app, script: FakeScript) -> None:
         """The input arrives as response.custom_tool_call_input.delta events, decoded, then .done."""

@@ -5,9 +5,9 @@ under their own names (Codex's sub-agent tools), each described with the
 namespace's description too, their calls returned with the ``namespace``; a
 ``custom`` (freeform) tool as a function taking one string, ``input``, its
 calls returned as ``custom_tool_call`` items; its Lark or regex grammar
-constrains a forced call's input (:mod:`bubo.grammar.freeform`).  Tools come from ``tools`` and
-from ``additional_tools`` input items (what Codex sends for the model families
-it knows).  Other types are skipped with a warning.
+constrains a forced call's input (:mod:`bubo.grammar.freeform`).  Tools come
+from ``tools`` and from ``additional_tools`` input items (what Codex sends for
+the model families it knows).  Other types are skipped with a warning.
 """
 
 from __future__ import annotations
