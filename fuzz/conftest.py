@@ -9,7 +9,7 @@ harness until ``BUBO_FUZZ_SECONDS`` (300) have passed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 from bubo.api._context import EXTENSION_KEY
 from bubo.config import default_model_path, load_settings
 from bubo.engine.fake import FakeEngine, FakeScript
+from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.model import read_metadata
 from bubo.server import create_app
 from bubo.service.runtime import Runtime, Status
@@ -51,3 +52,12 @@ async def _app() -> AsyncIterator[QuartTrio]:
             while state.status is Status.LOADING:
                 await trio.sleep(0.01)
         yield test_app  # type: ignore[misc]
+
+
+@pytest.fixture(name="engine", scope="module")
+def _engine() -> Iterator[LlamaEngine]:
+    """The real engine on the default model, for harnesses that check what llama.cpp accepts."""
+    path: Path = default_model_path()
+    engine = load_llama_engine(LlamaOptions(model_path=path, n_ctx=256, n_threads=1))
+    yield engine
+    engine.close()

@@ -12,18 +12,15 @@ are read in one pass (the work counted, not timed).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bubo.config import default_model_path
 from bubo.domain.generation import GrammarSpec
 from bubo.domain.messages import InputGrammar
 from bubo.engine import GrammarRejected
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.grammar.freeform import (
     MAX_DEFINITION_CHARS,
     MAX_DEFINITIONS,
@@ -56,14 +53,6 @@ _items = st.deferred(
 well_formed = st.lists(_items, min_size=1, max_size=5).map(
     lambda items: "start: " + " ".join(items) + "\n%import common (LF, WS)\n"
 )
-
-
-@pytest.fixture(name="engine", scope="module")
-def _engine() -> Iterator[LlamaEngine]:
-    path: Path = default_model_path()
-    engine = load_llama_engine(LlamaOptions(model_path=path, n_ctx=256, n_threads=1))
-    yield engine
-    engine.close()
 
 
 @pytest.mark.llama

@@ -12,9 +12,7 @@ accepts.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from quart_trio import QuartTrio
 
-from bubo.config import default_model_path
 from bubo.domain.generation import GrammarSpec
 from bubo.engine import GrammarRejected
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.grammar.pattern import PatternRefused, check_pattern
 from bubo.grammar.schema import LIMITS
 
@@ -172,14 +169,6 @@ def _error_code(data: bytes) -> str | None:
 async def test_hostile_schemas_in_every_field(app: QuartTrio) -> None:
     """Each field, each hostile shape: a clean 4xx in the route's shape, or an answer."""
     await fuzz(app, st.tuples(st.sampled_from(FIELDS), hostile_schemas()), _case)
-
-
-@pytest.fixture(name="engine", scope="module")
-def _engine() -> Iterator[LlamaEngine]:
-    path: Path = default_model_path()
-    engine = load_llama_engine(LlamaOptions(model_path=path, n_ctx=256, n_threads=1))
-    yield engine
-    engine.close()
 
 
 @pytest.mark.llama
