@@ -352,9 +352,9 @@ class TestFreeformGrammars:
         """Sampling under the Hermes call grammar: the input opens a patch and names a hunk, whatever the model."""
         apply_patch = self.codex_tools()[1]
         gbnf = engine.compile_grammar(tool_format("hermes").grammar([apply_patch], prefix="", max_calls=1))
-        request = GenerationRequest(
-            prompt_tokens=prompt(tokenizer), max_new_tokens=64, grammar=gbnf
-        )  # the head is ~55
+        request = GenerationRequest(  # the text up to the hunk's name takes ~55 tokens
+            prompt_tokens=prompt(tokenizer), max_new_tokens=96, sampling=GREEDY, grammar=gbnf
+        )
         text, _, _ = await run(engine, request)
         head = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch\\n*** '
         assert text.startswith(head), text
