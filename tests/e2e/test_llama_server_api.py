@@ -139,7 +139,7 @@ class TestErrors:
 
 class TestDisconnect:
     def test_abandoned_stream_frees_the_slot(self, http: httpx.Client, server) -> None:
-        """A streaming client that leaves mid-way: the slot is idle within 2 s and the next request is served."""
+        """A streaming client that leaves mid-way: the slot is idle long before its 2,000 tokens, and the next is served."""
         body = {
             "model": "bubo",
             "messages": [{"role": "user", "content": "Write a very long story."}],
@@ -158,7 +158,7 @@ class TestDisconnect:
                 if received == 5:
                     break
             assert any(slot["is_processing"] for slot in http.get("/slots").json())
-        assert wait_idle(http, 2.0) < 2.0
+        assert wait_idle(http, 10.0) < 10.0  # a slot left generating would be busy for a minute or more
         answer = http.post(
             "/v1/chat/completions", json={"model": "bubo", "messages": USER, "max_tokens": 8}
         ).json()
