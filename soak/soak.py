@@ -179,7 +179,7 @@ def invalid_call(rng: random.Random) -> Call:
         ("/v1/chat/completions", {"model": "no-such-model", "messages": [HI]}),
         ("/v1/chat/completions", b"{not json"),
         ("/v1/completions", {"model": "bubo", "prompt": {"a": 1}}),
-        ("/v1/responses", {"model": "bubo", "input": [{"type": "mystery"}]}),
+        ("/v1/responses", {"model": "bubo", "input": [{"role": "user", "content": 7}]}),
         ("/v1/messages", {"model": "bubo", "messages": [HI]}),  # no max_tokens
         ("/v1/messages/count_tokens", {"model": "bubo", "messages": [{"role": "user", "content": 5}]}),
         ("/completion", {"prompt": "hi", "n_predict": "many"}),

@@ -261,8 +261,10 @@ class SequenceCache:
         key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
         restored = 0
         if key is not None and snapshot_match >= live + MIN_RESTORE_GAIN:
+            assert self.store is not None
+            snapshot = self.store.take(key)  # held first: saving the live sequence may evict it
             self._save_live()
-            restored = self._restore(key)
+            restored = self._restore(snapshot)
             keep = snapshot_match
         else:
             partial += key is not None
@@ -354,10 +356,8 @@ class SequenceCache:
             _Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags, adapters=self.adapters)
         )
 
-    def _restore(self, key: int) -> int:
-        """Load a snapshot into the sequence; return its size (0 if llama.cpp refused it)."""
-        assert self.store is not None
-        snapshot = self.store.take(key)
+    def _restore(self, snapshot: _Snapshot) -> int:
+        """Load *snapshot* into the sequence; return its size (0 if llama.cpp refused it)."""
         self.clear()
         read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, self.seq_id)
         if read != snapshot.size:
