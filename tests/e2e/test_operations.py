@@ -177,7 +177,9 @@ class TestDebugHooks:
         client.post("/v1/chat/completions", json=CHAT)
         body = client.get("/debug/cache").json()
         assert body["live_tokens"] > 0
-        assert 0 < body["budget_bytes"] <= 8192 * MIB  # --cache-ram auto: a quarter of free memory, at most 8 GiB
+        assert (
+            0 < body["budget_bytes"] <= 8192 * MIB
+        )  # --cache-ram auto: a quarter of free memory, at most 8 GiB
         assert isinstance(body["snapshots"], list)
 
     def test_settings_are_effective_and_redacted(self, client: httpx.Client) -> None:
