@@ -50,13 +50,13 @@ class TestCompletion:
             "stopping_word": "",
             "tokens_cached": IsInt,
             "timings": {
-                "cache_n": 0, "prompt_n": IsInt, "prompt_ms": IsNumber, "prompt_per_token_ms": IsNumber,
+                "cache_n": 0, "shared_tokens": 0, "prompt_n": IsInt, "prompt_ms": IsNumber, "prompt_per_token_ms": IsNumber,
                 "prompt_per_second": IsNumber, "predicted_n": 2, "predicted_ms": IsNumber,
                 "predicted_per_token_ms": IsNumber, "predicted_per_second": IsNumber,
             },
             "usage": {
                 "prompt_tokens": IsInt, "completion_tokens": 2, "total_tokens": IsInt,
-                "prompt_tokens_details": {"cached_tokens": 0},
+                "prompt_tokens_details": {"cached_tokens": 0, "shared_tokens": 0},
                 "completion_tokens_details": {
                     "reasoning_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0,
                 },
@@ -267,7 +267,7 @@ class TestIntrospection:
             {
                 "id": 0, "id_task": -1, "n_ctx": 2048, "speculative": False, "is_processing": False,
                 "is_sleeping": False, "state": "idle", "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0,
-                "n_prompt_tokens_cache": 0, "params": {"lora": []},
+                "n_prompt_tokens_cache": 0, "shared_tokens": 0, "params": {"lora": []},
                 "next_token": [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}],
             }
         ]  # fmt: skip

@@ -47,7 +47,7 @@ class TestNonStreaming:
                 "prompt_tokens": IsPositiveInt,
                 "completion_tokens": 2,
                 "total_tokens": IsPositiveInt,
-                "prompt_tokens_details": {"cached_tokens": IsInt},
+                "prompt_tokens_details": {"cached_tokens": IsInt, "shared_tokens": 0},
                 "completion_tokens_details": {
                     "reasoning_tokens": 0,
                     "accepted_prediction_tokens": 0,
@@ -67,6 +67,7 @@ class TestNonStreaming:
             },
             "timings": {
                 "cache_n": 0,
+                "shared_tokens": 0,
                 "prompt_n": IsPositiveInt,
                 "prompt_ms": IsNumber,
                 "prompt_per_token_ms": IsNumber,

@@ -84,7 +84,7 @@ class TestCreate:
             }
         ]  # fmt: skip
         assert body["usage"] == {
-            "input_tokens": IsInt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 2,
+            "input_tokens": IsInt, "input_tokens_details": {"cached_tokens": 0, "shared_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 2,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": IsInt,
         }  # fmt: skip
         assert body["max_output_tokens"] == 32

@@ -57,9 +57,14 @@ class ScriptedKv:
     def can_shift(self) -> bool:
         return self.shiftable
 
-    def shift(self, n_keep: int, n_discard: int) -> None:
+    def shift(self, n_keep: int, n_discard: int) -> int:
         self.shifted.append((n_keep, n_discard))
         del self.tokens[n_keep : n_keep + n_discard]
+        return n_discard
+
+    @property
+    def private_cells(self) -> int:
+        return len(self.tokens)
 
     def evict(self) -> None:
         self.tokens.clear()

@@ -31,6 +31,11 @@ class ScriptedCache:
     seq_id: int
     tokens: list[int] = attrs.field(factory=list)
     evicted: int = 0
+    shared: int = 0  # of its tokens, those another sequence holds the cells of too
+
+    @property
+    def private_cells(self) -> int:
+        return len(self.tokens) - self.shared
 
     def evict(self) -> None:
         self.evicted += 1
@@ -313,6 +318,21 @@ class TestAFullSharedContext:
         finally:
             run.close()
         assert run.context.caches[3].evicted == 1
+        assert run.ended == {0: None}
+
+    def test_an_idle_slot_whose_cells_are_all_shared_is_kept_while_another_frees_room(self) -> None:
+        """Evicting a sequence whose every cell another one holds frees nothing: the one with its own go."""
+        run = Run()
+        run.context.caches[2].tokens.extend(range(100))
+        run.context.caches[2].shared = 100  # its cells are another sequence's too
+        run.context.caches[3].tokens.extend(range(100))
+        run.context.fail_once = lambda _: ContextFull("no room")
+        try:
+            run.submit(run.sequence(0, prompt=4, generate=2))
+            run.wait()
+        finally:
+            run.close()
+        assert (run.context.caches[2].evicted, run.context.caches[3].evicted) == (0, 1)
         assert run.ended == {0: None}
 
     def test_then_the_newest_prompt_being_read_gets_a_503(self) -> None:

@@ -16,9 +16,10 @@ __all__ = ["CompletionTokensDetails", "Gufo", "PromptTokensDetails", "Timings", 
 
 @attrs.frozen(kw_only=True)
 class PromptTokensDetails:
-    """Prompt tokens reused from the cache."""
+    """Prompt tokens reused from the cache, and how many of them came from another slot's cells."""
 
     cached_tokens: int
+    shared_tokens: int
 
 
 @attrs.frozen(kw_only=True)
@@ -62,6 +63,7 @@ class Timings:
     """llama-server's ``timings``; ``draft_*`` only when drafting ran."""
 
     cache_n: int
+    shared_tokens: int  # of cache_n, the tokens taken from another slot's cells
     prompt_n: int
     prompt_ms: float
     prompt_per_token_ms: float
@@ -81,7 +83,9 @@ def usage(stats: GenerationStats, *, reasoning_tokens: int = 0) -> Usage:
         prompt_tokens=stats.prompt_tokens,
         completion_tokens=stats.completion_tokens,
         total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens),
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=stats.cached_tokens, shared_tokens=stats.cache.shared_tokens
+        ),
         completion_tokens_details=CompletionTokensDetails(
             reasoning_tokens=reasoning_tokens,
             accepted_prediction_tokens=stats.draft_accepted,
@@ -115,6 +119,7 @@ def timings(stats: GenerationStats) -> Timings:
     drafted = stats.draft_tokens > 0
     return Timings(
         cache_n=stats.cached_tokens,
+        shared_tokens=stats.cache.shared_tokens,
         prompt_n=prompt_n,
         prompt_ms=prompt_ms,
         prompt_per_token_ms=prompt_ms / prompt_n if prompt_n else 0.0,

@@ -160,6 +160,7 @@ class CacheReport:
     miss_reason: str | None = "cold"
     snapshots_skipped: int = 0
     restored_bytes: int = 0
+    shared_tokens: int = 0  # of the reused prefix, tokens whose cells another slot's sequence held
 
 
 @attrs.frozen(kw_only=True)

@@ -15,6 +15,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from ._cells import CellLedger
 from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
@@ -64,10 +65,14 @@ class LlamaContext:
         self.n_batch: int = llama_cpp.llama_n_batch(ctx)
         self.dry = DryStages(self.vocab)
         memory = llama_cpp.llama_get_memory(ctx)
+        self.ledger = CellLedger()
         self.caches = tuple(
-            SequenceCache(ctx, memory, snapshots, seq_id, reuse_chunk=reuse_chunk)
+            SequenceCache(ctx, memory, snapshots, seq_id, ledger=self.ledger, reuse_chunk=reuse_chunk)
             for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
         )
+        if params.kv_unified:  # one cell may then serve several sequences; separate streams cannot share
+            for cache in self.caches:
+                cache.peers = self.caches
         self._totals = totals
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._adapters = tuple(adapters)
@@ -91,6 +96,11 @@ class LlamaContext:
         ):
             raise EngineFailure("llama.cpp could not apply the LoRA adapters", fatal=True)
         self._applied = adapters
+
+    @property
+    def cells_used(self) -> int:
+        """Cells the sequences hold, a shared one counted once."""
+        return self.ledger.used()
 
     def decode(self, tokens: Sequence[int], seq_id: int = 0) -> None:
         """Evaluate *tokens* after those in sequence *seq_id*, under its adapter set; the last logits only."""

@@ -443,12 +443,15 @@ class DecodeLoop:
         """The shared context is full: free idle slots' sequences, else end one of the batch.
 
         Idle slots' tokens go first (to a host-RAM snapshot when they are worth
-        one).  Then the newest request still reading its prompt fails with a 503
-        (it has sent nothing yet; the client may retry); else the generation
-        holding the most tokens ends as if its context were full.
+        one): those holding cells of their own, or, when every idle slot's cells
+        are shared, all of them (cells another request uses stay theirs).  Then
+        the newest request still reading its prompt fails with a 503 (it has
+        sent nothing yet; the client may retry); else the generation holding
+        the most tokens ends as if its context were full.
         """
         active = {member.generation.cache.seq_id for member in self._active}
         idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
+        idle = [cache for cache in idle if cache.private_cells] or idle
         if idle:
             for cache in idle:
                 cache.evict()

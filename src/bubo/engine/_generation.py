@@ -156,7 +156,7 @@ class Generation:
         self._drafts = self._draft_source()
         feeder = self._feeder
         self._cache_report = feeder.reuse()
-        self.slot.reused(feeder.n_cached)
+        self.slot.reused(feeder.n_cached, shared=self._cache_report.shared_tokens)
         self.slot.holds(len(self.cache.tokens))
         # llama-server's first progress report, before any prompt token is decoded
         self._emit(

@@ -27,10 +27,23 @@ of the run), and only the tokens between the runs are evaluated.  The moved
 cells were computed with the old middle in view; llama-server takes them as
 they are, and so does Bubo (they count as exact), which is the trade the flag
 asks for: greedy output may differ from a cold run's where the changed middle
-mattered to the later tokens.
+mattered to the later tokens.  Moved cells are never shared with another
+sequence, though (below): they are not what evaluating the prompt gives.
+
+With the unified KV cache a sequence also takes its prefix from another
+slot's sequence when that one holds more of it, exactly and at the same
+positions: ``llama_memory_seq_cp`` adds the sequence to those cells (shared,
+not copied) and only the rest of the prompt is evaluated.  A :class:`CellLedger`
+keeps which cells each sequence holds, so that the cells in use count a shared
+one once.  Neither a context shift nor ``--cache-reuse`` moves a cell another
+sequence holds (a cell has one position for all its sequences): the shift drops
+those past ``n_keep`` instead, the reuse moves only runs after them.  Moved
+cells become the sequence's own in the ledger, and only the cells before the
+first moved one (``n_shareable``) are offered to other sequences; the prefix is
+shared only from a sequence under the request's LoRA adapter set.
 
 Only the engine thread that owns the context calls into this module; the
-snapshot store is shared by every slot's sequence.
+snapshot store and the ledger are shared by every slot's sequence.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ import llama_cpp
 
 from bubo.domain.generation import CacheReport, CacheTags
 
+from ._cells import CellLedger
 from .base import EngineFailure, SnapshotInfo
 from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
@@ -89,6 +103,7 @@ class _Snapshot:
     data: ctypes.Array[ctypes.c_uint8]
     tags: CacheTags | None
     adapters: AdapterSet = NO_ADAPTERS
+    moved: int | None = None  # the first cell --cache-reuse moved (None: every cell in place)
 
     @property
     def size(self) -> int:
@@ -200,20 +215,27 @@ class SequenceCache:
         store: SnapshotStore | None,
         seq_id: int = 0,
         *,
+        ledger: CellLedger | None = None,
         reuse_chunk: int = 0,
     ) -> None:
-        """*reuse_chunk*: the shortest cached run moved to its place after a changed middle (0: none)."""
+        """*ledger*: the cells of every sequence of the context (one of its own when not given).
+
+        *reuse_chunk*: the shortest cached run moved to its place after a changed middle (0: none).
+        """
         self._ctx = ctx
         self._memory = memory
         self.seq_id = seq_id
         self.store = store
         self.reuse_chunk = reuse_chunk
+        self.ledger = ledger if ledger is not None else CellLedger()
+        self.peers: Sequence[SequenceCache] = ()  # the sequences it may share cells with (a unified cache)
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
         self.adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
         self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
         self._exact: int | None = None  # after a shift: how many leading cells are exact (None: all)
+        self._moved: int | None = None  # the first cell --cache-reuse moved (None: every cell in place)
 
     @property
     def n_tokens(self) -> int:
@@ -227,7 +249,23 @@ class SequenceCache:
     def extend(self, tokens: Sequence[int]) -> None:
         """Record *tokens* as evaluated after the cached ones."""
         self.tokens.extend(tokens)
+        self.ledger.extend(self.seq_id, len(tokens))
         self.version += 1
+
+    @property
+    def private_cells(self) -> int:
+        """Cells no other sequence holds: what giving this one up frees."""
+        return self.ledger.private(self.seq_id)
+
+    @property
+    def n_exact(self) -> int:
+        """How many leading cells are exact (all, unless a context shift moved some)."""
+        return len(self.tokens) if self._exact is None else self._exact
+
+    @property
+    def n_shareable(self) -> int:
+        """How many leading cells another sequence may share: exact, and none moved by ``--cache-reuse``."""
+        return self.n_exact if self._moved is None else min(self.n_exact, self._moved)
 
     @property
     def shifted(self) -> bool:
@@ -258,9 +296,10 @@ class SequenceCache:
             return 0, CacheReport(hit=False, miss_reason="disabled")
         limit = len(prompt) - 1
         live = common_prefix(self.tokens, prompt, limit) if self.adapters == adapters else 0
+        peer, peer_match = self._best_peer(prompt, limit, adapters)
         key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
-        restored = 0
-        if key is not None and snapshot_match >= live + MIN_RESTORE_GAIN:
+        restored = shared = 0
+        if key is not None and snapshot_match >= max(live, peer_match) + MIN_RESTORE_GAIN:
             assert self.store is not None
             snapshot = self.store.take(key)  # held first: saving the live sequence may evict it
             self._save_live()
@@ -271,8 +310,15 @@ class SequenceCache:
             if len(self.tokens) - live >= MIN_SNAPSHOT_TOKENS:
                 self._save_live()
             keep = live
-        keep = self._reuse_chunks(prompt, keep) if self.reuse_chunk > 0 else self.truncate(keep)
-        report = self._report(prompt, tags, keep, partial, restored)
+        if peer is not None and peer_match > keep:
+            keep = self.truncate(keep)
+            shared = self._share(peer, keep, peer_match, prompt)
+            keep += shared
+        elif self.reuse_chunk > 0 and self.adapters == adapters:  # cells of another set are not reused
+            keep = self._reuse_chunks(prompt, keep)
+        else:
+            keep = self.truncate(keep)
+        report = self._report(prompt, tags, keep, partial, restored, shared)
         self.tags, self.adapters = tags, adapters
         self._ever_used = True
         return keep, report
@@ -284,12 +330,15 @@ class SequenceCache:
         prompt goes on with moves to its place in the prompt, and the rest is dropped.
 
         At least the prompt's last token is left to evaluate (sampling needs its logits).  A memory
-        that cannot move cells (recurrent, sliding-window) keeps the prefix alone.
+        that cannot move cells (recurrent, sliding-window) keeps the prefix alone.  A cell another
+        sequence holds never moves (its position is that sequence's too): runs are sought after the
+        last such cell.  The moved cells become the sequence's own and are never shared.
         """
         if not self.can_shift():
             return self.truncate(keep)
         cached, limit = self.tokens, len(prompt) - 1
-        at_cache = at_prompt = keep
+        at_cache = self.ledger.shared_end(self.seq_id, keep)
+        at_prompt = keep
         while at_cache < len(cached) and at_prompt < limit:
             run = 0
             while (
@@ -313,20 +362,55 @@ class SequenceCache:
         llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, -1)
         logger.debug("cache reuse: %d tokens moved after a %d-token prefix", at_prompt - keep, keep)
         self.tokens[:] = prompt[:at_prompt]
+        self.ledger.moved(self.seq_id, keep, at_prompt - keep)
+        self._moved = keep if self._moved is None else min(self._moved, keep)
         self.version += 1
         return at_prompt
 
+    def _best_peer(
+        self, prompt: Sequence[int], limit: int, adapters: AdapterSet
+    ) -> tuple[SequenceCache | None, int]:
+        """The other sequence under *adapters* with the longest shareable prefix of *prompt*, and its length.
+
+        Only cells computed under the request's adapter set, in place (``n_shareable``), are offered.
+        """
+        best, best_len = None, 0
+        for peer in self.peers:
+            if peer is self or peer.adapters != adapters:
+                continue
+            match = common_prefix(peer.tokens, prompt, min(limit, peer.n_shareable))
+            if match > best_len:
+                best, best_len = peer, match
+        return best, best_len
+
+    def _share(self, peer: SequenceCache, start: int, end: int, prompt: Sequence[int]) -> int:
+        """Take *peer*'s cells ``[start, end)`` (this sequence holds ``[0, start)``); how many it took.
+
+        The cells gain this sequence's id (``llama_memory_seq_cp`` on a unified cache), nothing is copied.
+        """
+        llama_cpp.llama_memory_seq_cp(self._memory, peer.seq_id, self.seq_id, start, end)
+        self.tokens.extend(prompt[start:end])
+        self.ledger.share(peer.seq_id, self.seq_id, start, end)
+        self.version += 1
+        return end - start
+
     def _report(
-        self, prompt: Sequence[int], tags: CacheTags | None, keep: int, partial: int, restored: int
+        self,
+        prompt: Sequence[int],
+        tags: CacheTags | None,
+        keep: int,
+        partial: int,
+        restored: int,
+        shared: int,
     ) -> CacheReport:
         """A hit reuses a real part of the prompt: 64 tokens, or half of a shorter prompt.
 
         Sharing only a chat template's first few tokens is still a miss, with its reason.
         """
+        facts = {"snapshots_skipped": partial, "restored_bytes": restored, "shared_tokens": shared}
         if keep and keep >= min(MIN_SNAPSHOT_TOKENS, len(prompt) // 2):
-            return CacheReport(hit=True, miss_reason=None, snapshots_skipped=partial, restored_bytes=restored)
-        reason = self._miss_reason(prompt, tags)
-        return CacheReport(hit=False, miss_reason=reason, snapshots_skipped=partial, restored_bytes=restored)
+            return CacheReport(hit=True, miss_reason=None, **facts)
+        return CacheReport(hit=False, miss_reason=self._miss_reason(prompt, tags), **facts)
 
     def _miss_reason(self, prompt: Sequence[int], tags: CacheTags | None) -> str:
         known = ([self.tags] if self.tags else []) + (self.store.conversations() if self.store else [])
@@ -353,7 +437,13 @@ class SequenceCache:
             logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
             return
         self.store.add(
-            _Snapshot(tokens=tuple(self.tokens), data=data, tags=self.tags, adapters=self.adapters)
+            _Snapshot(
+                tokens=tuple(self.tokens),
+                data=data,
+                tags=self.tags,
+                adapters=self.adapters,
+                moved=self._moved,
+            )
         )
 
     def _restore(self, snapshot: _Snapshot) -> int:
@@ -365,7 +455,9 @@ class SequenceCache:
             self.clear()
             return 0
         self.tokens = list(snapshot.tokens)
+        self.ledger.replace(self.seq_id, len(self.tokens))
         self.tags, self.adapters = snapshot.tags, snapshot.adapters
+        self._moved = snapshot.moved
         self._exact = None
         self.version += 1
         return snapshot.size
@@ -408,6 +500,7 @@ class SequenceCache:
             self.clear()
             raise EngineFailure(f"llama.cpp could not restore the slot from {path.name}")
         self.tokens = list(tokens[: count.value])
+        self.ledger.replace(self.seq_id, len(self.tokens))
         self.tags = None
         self.version += 1
         return int(read)
@@ -419,28 +512,37 @@ class SequenceCache:
             return 0
         if keep < len(self.tokens):
             del self.tokens[keep:]
+            self.ledger.truncate(self.seq_id, keep)
             self.version += 1
         if self._exact is not None and self._exact >= len(self.tokens):
             self._exact = None
+        if self._moved is not None and self._moved >= len(self.tokens):
+            self._moved = None
         return len(self.tokens)
 
     def can_shift(self) -> bool:
         """Whether this memory can move cells to other positions (not a recurrent or sliding-window one)."""
         return bool(llama_cpp.llama_memory_can_shift(self._memory))
 
-    def shift(self, n_keep: int, n_discard: int) -> None:
+    def shift(self, n_keep: int, n_discard: int) -> int:
         """Drop *n_discard* tokens after the first *n_keep*; move the later cells down to close the gap.
 
-        The first *n_keep* cells stay exact; the moved ones are not (see the module's docstring).
+        Return how many were dropped: more than asked when a cell to move is
+        shared with another sequence (a cell has one position for all its
+        sequences), then every cell up to the last shared one goes.  The first
+        *n_keep* cells stay exact; the moved ones are not (see the module's docstring).
         """
         n_past = len(self.tokens)
         if n_keep < 0 or not 0 < n_discard <= n_past - n_keep:
             raise ValueError(f"cannot discard {n_discard} of {n_past} tokens after the first {n_keep}")
+        n_discard = max(n_discard, self.ledger.shared_end(self.seq_id, n_keep + n_discard) - n_keep)
         llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, n_keep, n_keep + n_discard)
         llama_cpp.llama_memory_seq_add(self._memory, self.seq_id, n_keep + n_discard, n_past, -n_discard)
         del self.tokens[n_keep : n_keep + n_discard]
+        self.ledger.shift(self.seq_id, n_keep, n_discard)
         self._exact = n_keep if self._exact is None else min(self._exact, n_keep)
         self.version += 1
+        return n_discard
 
     def _drop_inexact(self) -> None:
         """Forget the cells a shift moved: they must not be reused as if evaluated in place."""
@@ -463,5 +565,7 @@ class SequenceCache:
         """Forget the whole sequence."""
         llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, -1, -1)
         self.tokens.clear()
+        self.ledger.truncate(self.seq_id, 0)
         self._exact = None
+        self._moved = None
         self.version += 1

@@ -84,7 +84,6 @@ class PromptFeeder:
         if self._bos is not None and prompt[0] == self._bos:
             n_keep += 1
         n_keep = min(self._n_ctx - 4, n_keep)
-        n_discard = (len(self._cache.tokens) - n_keep) // 2
-        self._cache.shift(n_keep, n_discard)
+        n_discard = self._cache.shift(n_keep, (len(self._cache.tokens) - n_keep) // 2)
         self.discarded += n_discard
         self.shifts += 1

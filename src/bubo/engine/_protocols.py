@@ -69,8 +69,16 @@ class KvSequence(Protocol):
         """Whether cells can move to other positions (a context shift)."""
         ...
 
-    def shift(self, n_keep: int, n_discard: int) -> None:
-        """Drop *n_discard* tokens after the first *n_keep* and move the later cells down."""
+    def shift(self, n_keep: int, n_discard: int) -> int:
+        """Drop *n_discard* tokens after the first *n_keep*, move the later cells down; how many went.
+
+        More than *n_discard* when a cell to move is shared with another sequence.
+        """
+        ...
+
+    @property
+    def private_cells(self) -> int:
+        """Cells no other sequence holds (what evicting this one frees)."""
         ...
 
     def evict(self) -> None:

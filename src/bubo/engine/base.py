@@ -676,7 +676,7 @@ class SlotEngine(abc.ABC):
             draft_steps_total=totals.draft_steps,
             requests_processing=self._pool.held,
             requests_deferred=self._pool.waiting,
-            kv_cache_tokens=sum(slot.n_prompt_tokens for slot in slots),
+            kv_cache_tokens=self._kv_used(),
             kv_cache_capacity=self._kv_capacity(),
             slots=slots,
         )
@@ -685,10 +685,13 @@ class SlotEngine(abc.ABC):
         """Tokens the KV cache holds, all slots together (a unified cache: one context's worth)."""
         return self._info.n_ctx
 
+    def _kv_used(self) -> int:
+        """Cells the slots' sequences hold (an engine whose slots share cells counts each once)."""
+        return sum(slot.n_cached for slot in self._pool.slots)
+
     def cache_contents(self) -> CacheContents:
         """What the prompt cache holds (engines with snapshots say more)."""
-        live = sum(slot.n_cached for slot in self._pool.slots)
-        return CacheContents(live_tokens=live, budget_bytes=0)
+        return CacheContents(live_tokens=self._kv_used(), budget_bytes=0)
 
     async def aclose(self) -> None:
         """Wait until no request runs or waits, then close; later requests are refused."""

@@ -444,6 +444,9 @@ class LlamaEngine(SlotEngine):
     def _kv_capacity(self) -> int:
         return self._context.n_ctx
 
+    def _kv_used(self) -> int:
+        return self._context.cells_used
+
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]
@@ -455,7 +458,7 @@ class LlamaEngine(SlotEngine):
         caches = self._context.caches
         store = caches[0].store
         return CacheContents(
-            live_tokens=sum(len(cache.tokens) for cache in caches),
+            live_tokens=self._context.cells_used,
             budget_bytes=store.budget_bytes if store is not None else 0,
             snapshots=tuple(store.snapshots()) if store is not None else (),
         )
@@ -586,7 +589,7 @@ class LlamaEngine(SlotEngine):
                 n_bytes = cache.load_file(path, context.n_ctx_seq)
             except EngineFailure:
                 needed = saved_token_count(path)
-                room = context.n_ctx - sum(len(other.tokens) for other in context.caches)
+                room = context.n_ctx - context.cells_used
                 shared = context.n_ctx_seq == context.n_ctx and len(context.caches) > 1
                 if shared and needed is not None and room < needed <= context.n_ctx_seq:
                     raise SlotFileNoRoom(

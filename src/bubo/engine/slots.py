@@ -85,6 +85,7 @@ class Slot:
     id_task: int = -1
     prompt_processed: int = 0
     prompt_cached: int = 0
+    prompt_shared: int = 0  # of prompt_cached, the tokens whose cells came from another slot's sequence
     decoded: int = 0
     limit: int = -1  # tokens the task may generate; -1: unlimited
     last_used: int = -1  # the task id that last held the slot (least recently used first)
@@ -95,16 +96,17 @@ class Slot:
         self.is_processing = True
         self.lora = lora
         self.id_task = self.last_used = task_id
-        self.prompt_processed = self.prompt_cached = self.decoded = 0
+        self.prompt_processed = self.prompt_cached = self.prompt_shared = self.decoded = 0
         self.limit = -1 if max_new_tokens is None else max_new_tokens
 
     def end(self) -> None:
         """The task left the slot; its counters stay for ``/slots`` until the next one."""
         self.is_processing = False
 
-    def reused(self, n_tokens: int) -> None:
-        """*n_tokens* of the prompt came from the cache."""
+    def reused(self, n_tokens: int, *, shared: int = 0) -> None:
+        """*n_tokens* of the prompt came from the cache, *shared* of them from another slot's cells."""
         self.prompt_cached = n_tokens
+        self.prompt_shared = shared
         self.totals.prompt_tokens_cached += n_tokens
 
     def evaluated(self, n_tokens: int) -> None:
@@ -150,6 +152,7 @@ class Slot:
             n_prompt_tokens=self.n_cached,
             n_prompt_tokens_processed=self.prompt_processed,
             n_prompt_tokens_cache=self.prompt_cached,
+            n_prompt_tokens_shared=self.prompt_shared,
             n_decoded=self.decoded,
             n_remain=-1 if self.limit < 0 else max(0, self.limit - self.decoded),
             lora=self.lora,

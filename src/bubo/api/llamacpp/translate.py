@@ -398,6 +398,7 @@ def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = F
         n_prompt_tokens=stats.n_prompt_tokens,
         n_prompt_tokens_processed=stats.n_prompt_tokens_processed,
         n_prompt_tokens_cache=stats.n_prompt_tokens_cache,
+        shared_tokens=stats.n_prompt_tokens_shared,
         params=wire.SlotParams(lora=lora_list(stats.lora)),
         next_token=[
             wire.NextToken(has_next_token=True, n_decoded=stats.n_decoded, n_remain=stats.n_remain)

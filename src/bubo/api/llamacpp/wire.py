@@ -377,5 +377,6 @@ class Slot:
     n_prompt_tokens: int
     n_prompt_tokens_processed: int
     n_prompt_tokens_cache: int
+    shared_tokens: int  # of n_prompt_tokens_cache, those taken from another slot's cells
     params: SlotParams
     next_token: list[NextToken]

@@ -323,7 +323,9 @@ def usage(done: Done) -> wire.Usage:
     stats = done.stats
     return wire.Usage(
         input_tokens=stats.prompt_tokens,
-        input_tokens_details=wire.InputTokensDetails(cached_tokens=stats.cached_tokens),
+        input_tokens_details=wire.InputTokensDetails(
+            cached_tokens=stats.cached_tokens, shared_tokens=stats.cache.shared_tokens
+        ),
         output_tokens=stats.completion_tokens,
         output_tokens_details=wire.OutputTokensDetails(reasoning_tokens=done.reasoning_tokens),
         total_tokens=stats.prompt_tokens + stats.completion_tokens,

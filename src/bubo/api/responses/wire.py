@@ -337,6 +337,7 @@ class InputTokensDetails:
     """
 
     cached_tokens: int
+    shared_tokens: int = 0  # of cached_tokens, those taken from another slot's cells
     cache_write_tokens: int = 0
 
 

@@ -1,0 +1,141 @@
+"""A prefix shared across slots on the real engine: cells taken from another slot's sequence, not read again.
+
+With the unified KV cache, a request whose prompt begins with what another
+slot's sequence holds gets those cells (``llama_memory_seq_cp``) and
+evaluates only the rest; its greedy output is a cold run's, the cells stay
+when the first holder lets them go, and the context counts them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bubo.domain.generation import GenerationFinished, GenerationRequest, GenerationStats, TokenGenerated
+from bubo.domain.sampling import SamplingParams
+from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.tokenizer import HFTokenizer
+
+pytestmark = pytest.mark.llama
+
+GREEDY = SamplingParams(temperature=0.0)
+N_NEW = 12
+
+
+def prompt(tokenizer: HFTokenizer, prefix: str, question: str) -> tuple[int, ...]:
+    text = f"<|im_start|>system\n{prefix}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return tuple(tokenizer.encode(text))
+
+
+def system_prompt(n_rules: int) -> str:
+    return "You are a careful assistant. " + " ".join(
+        f"Rule {i}: answer about topic {i} briefly." for i in range(n_rules)
+    )
+
+
+async def run(
+    engine: LlamaEngine, tokens: tuple[int, ...], slot: int, *, cache: bool = True
+) -> tuple[list[int], GenerationStats]:
+    request = GenerationRequest(
+        prompt_tokens=tokens, max_new_tokens=N_NEW, sampling=GREEDY, slot=slot, cache_prompt=cache
+    )
+    out: list[int] = []
+    stats = None
+    async with engine.open_generation(request) as events:
+        async for event in events:
+            if isinstance(event, TokenGenerated):
+                out.append(event.token_id)
+            elif isinstance(event, GenerationFinished):
+                stats = event.stats
+    assert stats is not None
+    return out, stats
+
+
+@pytest.fixture(name="engine")
+def _engine(model_path: Path) -> Iterator[LlamaEngine]:
+    engine = load_llama_engine(
+        LlamaOptions(model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=3, cache_ram_mib=0)
+    )
+    yield engine
+    engine.close()
+
+
+async def cold(engine: LlamaEngine, tokens: tuple[int, ...]) -> list[int]:
+    """The greedy answer with nothing reused, in the slot no test shares with."""
+    out, stats = await run(engine, tokens, slot=2, cache=False)
+    assert stats.cached_tokens == 0
+    await run(engine, tokens[-8:], slot=2, cache=False)  # and it holds nothing the others could share
+    return out
+
+
+class TestAPrefixAnotherSlotHolds:
+    async def test_is_taken_from_its_cells_and_only_the_suffix_is_read(self, engine, tokenizer) -> None:
+        prefix = system_prompt(16)
+        first = prompt(tokenizer, prefix, "What is topic 3?")
+        second = prompt(tokenizer, prefix, "Tell me about topic 17, please.")
+        shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+        assert shared > 150
+        expected = await cold(engine, second)
+        await run(engine, first, slot=0)
+
+        out, stats = await run(engine, second, slot=1)
+
+        assert stats.cached_tokens == shared
+        assert stats.cache.shared_tokens == shared
+        assert stats.evaluated_tokens == len(second) - shared  # the suffix only
+        slot = engine.statistics().slots[1]
+        assert (slot.n_prompt_tokens_processed, slot.n_prompt_tokens_shared) == (len(second) - shared, shared)
+        assert out == expected
+
+    async def test_the_cells_stay_when_the_first_holder_is_overwritten(self, engine, tokenizer) -> None:
+        prefix = system_prompt(16)
+        first = prompt(tokenizer, prefix, "What is topic 3?")
+        second = prompt(tokenizer, prefix, "Tell me about topic 17, please.")
+        third = prompt(tokenizer, prefix, "And topic 29?")
+        expected = await cold(engine, third)
+        await run(engine, first, slot=0)
+        await run(engine, second, slot=1)
+        await run(engine, prompt(tokenizer, "Be terse.", "Name a colour."), slot=0)  # slot 0 lets them go
+        assert engine.statistics().slots[0].n_prompt_tokens < 100
+
+        out, stats = await run(engine, third, slot=1)  # from its own (once shared) cells
+
+        assert stats.cache.shared_tokens == 0
+        assert stats.cached_tokens > 150
+        assert out == expected
+
+
+class TestTheSharedContext:
+    async def test_counts_a_shared_cell_once_and_admits_what_fits(self, model_path, tokenizer) -> None:
+        """Three slots in a 1,536-token context: the tokens they hold add up past it, their cells do not."""
+        engine = load_llama_engine(
+            LlamaOptions(model_path=model_path, n_ctx=1536, n_threads=2, n_parallel=3, cache_ram_mib=0)
+        )
+        try:
+            prefix = system_prompt(55)
+            first = prompt(tokenizer, prefix, "What is topic 3?")
+            second = prompt(tokenizer, prefix, "Tell me about topic 17, please.")
+            assert len(first) > 600
+            await run(engine, first, slot=0)
+            _, stats = await run(engine, second, slot=1)
+            assert stats.cache.shared_tokens > 600
+            holding = [slot.n_prompt_tokens for slot in engine.statistics().slots[:2]]
+            other = prompt(tokenizer, "You write poems. " * 60, "A poem about rain.")
+            assert sum(holding) + len(other) + N_NEW > 1536  # counted per slot, it would not fit
+
+            _, stats = await run(engine, other, slot=2)
+
+            assert stats.cached_tokens < 10  # the chat template's first tokens at most
+            statistics = engine.statistics()
+            assert [slot.n_prompt_tokens for slot in statistics.slots[:2]] == holding  # nobody was evicted
+            used = statistics.kv_cache_tokens
+            assert used == sum(slot.n_prompt_tokens for slot in statistics.slots) - stats_shared(statistics)
+            assert used <= 1536
+        finally:
+            engine.close()
+
+
+def stats_shared(statistics) -> int:
+    return sum(slot.n_prompt_tokens_shared for slot in statistics.slots)
