@@ -79,6 +79,11 @@ def _auto_or_non_negative(_instance: object, attribute: attrs.Attribute[int], va
         raise ConfigError(f"{attribute.name} must be -1 (auto) or at least 0, got {value}")
 
 
+def _positive_float(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be more than 0, got {value}")
+
+
 def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
@@ -138,7 +143,8 @@ class ModelSettings:
     threads_batch: int | None = None
     batch_size: int = attrs.field(default=2048, validator=_positive)
     ubatch_size: int = attrs.field(default=512, validator=_positive)
-    prefill_chunk: int = attrs.field(default=256, validator=_positive)
+    prefill_chunk: int = attrs.field(default=0, validator=_non_negative)  # 0: auto (sized by prefill_gap_ms)
+    prefill_gap_ms: float = attrs.field(default=500.0, validator=_positive_float)
     parallel: int = attrs.field(default=-1, validator=_auto_or_positive)  # session slots; -1: auto
     kv_unified: bool = True  # the slots share --ctx-size; off: each slot has --ctx-size of its own
     slot_prompt_similarity: float = attrs.field(default=0.1, validator=_share)
@@ -222,6 +228,11 @@ def _int(text: str) -> int:
         return int(text, 10)
     except ValueError:
         raise ValueError(f"expected an integer, got {text!r}") from None
+
+
+def _auto_int(text: str) -> int:
+    """``auto`` (0) or a whole number."""
+    return 0 if text.strip().lower() == "auto" else _int(text)
 
 
 def _float(text: str) -> float:
@@ -504,8 +515,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default 2048)", "N"),
     Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int,
            "physical batch size (default 512)", "N"),
-    Option(("--prefill-chunk",), ("model", "prefill_chunk"), _int,
-           "prompt tokens evaluated per decode step, beside the running streams' tokens (default 256)", "N"),
+    Option(("--prefill-chunk",), ("model", "prefill_chunk"), _auto_int,
+           "prompt tokens evaluated per decode step beside the running streams' tokens (default auto: "
+           "the whole batch when no stream decodes, else what keeps the streams' gap under "
+           "--prefill-gap-ms)", "auto|N"),
+    Option(("--prefill-gap-ms",), ("model", "prefill_gap_ms"), _float,
+           "with --prefill-chunk auto: the inter-token gap a prompt read beside decoding streams may "
+           "give them (default 500)", "MS"),
     Option(("-np", "--parallel"), ("model", "parallel"), _int,
            "session slots: conversations generated at once, batched in one decode step "
            "(default -1: 4, fewer when the context is under 1024 tokens)", "N"),

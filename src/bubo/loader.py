@@ -87,6 +87,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         n_batch=model.batch_size,
         n_ubatch=model.ubatch_size,
         prefill_chunk=model.prefill_chunk,
+        prefill_gap_ms=model.prefill_gap_ms,
         n_parallel=model.parallel,
         kv_unified=model.kv_unified,
         slot_prompt_similarity=model.slot_prompt_similarity,

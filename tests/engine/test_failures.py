@@ -10,6 +10,7 @@ import pytest
 from bubo.domain.generation import GenerationFailed, GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure
 from bubo.engine._decode_loop import DecodeLoop
+from bubo.engine._prefill_budget import PrefillBudget
 from bubo.engine.fake import FakeEngine
 from bubo.errors import DeviceLost, InternalError
 
@@ -68,7 +69,9 @@ def test_idle_work_failures(fatal: bool) -> None:
     """A failed warm-up leaves the next turn cold; a fatal one loses the engine and refuses later sequences."""
     lost: list[EngineFailure] = []
     context = SimpleNamespace(n_batch=8, caches=())
-    loop = DecodeLoop(context, prefill_chunk=8, drafting=None, on_lost=lost.append)  # type: ignore[arg-type]
+    loop = DecodeLoop(
+        context, prefill=PrefillBudget(fixed=8, n_batch=context.n_batch), drafting=None, on_lost=lost.append
+    )  # type: ignore[arg-type]
     failure = EngineFailure("warm-up decode failed", fatal=fatal)
     ran_after = threading.Event()
 

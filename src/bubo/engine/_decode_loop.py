@@ -1,18 +1,21 @@
 """The decode thread: one ``llama_decode`` a step for every active generation (continuous batching).
 
 Each step builds one batch: the next token of every generating request, then
-up to ``prefill_chunk`` prompt tokens of the requests still prefilling, oldest
-first.  A long new prompt therefore delays the running streams by at most one
-chunk a step, and a new request's prompt starts at the next step, whoever else
-is generating.  Only generations under one LoRA adapter set share a step (as
-llama-server batches only slots with the same adapters): each step serves the
-set of the generation that has waited longest for a step, so sets take turns.
-Generations join (:meth:`DecodeLoop.submit`) and are dropped
-(``cancelled``, then :meth:`DecodeLoop.wake`) from the trio thread at any time;
-the loop takes the changes at the start of each step, so a generation whose
-client left is let go within one step.  With nothing to decode the loop runs
-idle jobs (warming a slot for its conversation's next turn), then sleeps until
-woken.
+prompt tokens of the requests still prefilling, as many as the
+:class:`~._prefill_budget.PrefillBudget` gives the step (the whole batch when
+no stream decodes; beside streams, what keeps the step under the target gap),
+shared among the prompts oldest first with a floor for each.  A long new
+prompt therefore delays the running streams by at most one chunk a step, and a
+new request's prompt starts at the next step, whoever else is generating.
+Only generations under one LoRA adapter set share a step (as llama-server
+batches only slots with the same adapters): each step serves the set of the
+generation that has waited longest for a step, so sets take turns, and the
+budget applies within the step to that set's prompts alone.
+Generations join (:meth:`DecodeLoop.submit`) and are dropped (``cancelled``,
+then :meth:`DecodeLoop.wake`) from the trio thread at any time; the loop
+takes the changes at the start of each step, so a generation whose client left
+is let go within one step.  With nothing to decode the loop runs idle jobs
+(warming a slot for its conversation's next turn), then sleeps until woken.
 
 The thread is the only one that touches the context once it runs; it is
 started with the first generation and stopped by :meth:`DecodeLoop.stop`.
@@ -45,6 +48,7 @@ from bubo.domain.generation import StopCause
 from bubo.errors import ServiceUnavailable
 
 from ._draft_policy import DraftPolicy
+from ._prefill_budget import PrefillBudget, share_room
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
 from .base import EngineFailure
 from .lora import AdapterSet
@@ -82,6 +86,11 @@ class ActiveGeneration(Protocol):
     @property
     def prefilling(self) -> bool:
         """Whether prompt tokens remain to evaluate."""
+        ...
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to evaluate."""
         ...
 
     def start(self) -> None:
@@ -145,13 +154,13 @@ class DecodeLoop:
         self,
         context: DecodeContext,
         *,
-        prefill_chunk: int,
+        prefill: PrefillBudget,
         drafting: DraftPolicy | None,
         on_lost: Callable[[EngineFailure], None] = _ignore_loss,
     ) -> None:
         """*on_lost* is called once, on the decode thread, when the loop can serve nothing more."""
         self._context = context
-        self._prefill_chunk = max(1, min(prefill_chunk, context.n_batch))
+        self._prefill = prefill
         self._drafting = drafting
         self._on_lost = on_lost
         self._wakeup = threading.Condition()
@@ -386,8 +395,10 @@ class DecodeLoop:
         except EngineFailure as failure:
             self._decode_failed(failure, [member for member, _ in batch])
             return
+        took = time.perf_counter() - started
+        self._prefill.observe(sum(len(entry.tokens) for _, entry in batch), took)
         if timed and self._drafting is not None:  # the drafting policy models one generation's steps
-            self._drafting.observe_decode(len(batch[0][1].tokens), time.perf_counter() - started)
+            self._drafting.observe_decode(len(batch[0][1].tokens), took)
         for (member, entry), start in zip(batch, starts, strict=True):
             try:
                 member.generation.evaluated(entry, start)
@@ -405,7 +416,7 @@ class DecodeLoop:
             self._end(member, None)
 
     def _next_batch(self) -> list[tuple[_Member, BatchEntry]]:
-        """Every generating request's token, then prompt chunks, oldest first, up to the chunk.
+        """Every generating request's token, then the prompts' shares of the step's room, oldest first.
 
         Only the requests under one LoRA adapter set: that of the one served longest ago.
         """
@@ -417,14 +428,13 @@ class DecodeLoop:
             for member in members
             if not member.generation.prefilling
         ]
-        room = min(self._prefill_chunk, self._context.n_batch - sum(len(entry.tokens) for _, entry in batch))
-        for member in members:
-            if room <= 0:
-                break
-            if member.generation.prefilling:
-                entry = member.generation.prompt_entry(room)
-                batch.append((member, entry))
-                room -= len(entry.tokens)
+        n_decoding = sum(len(entry.tokens) for _, entry in batch)
+        room = min(self._prefill.room(len(batch)), self._context.n_batch - n_decoding)
+        reading = [member for member in members if member.generation.prefilling]
+        shares = share_room([member.generation.prompt_left for member in reading], room)
+        for member, share in zip(reading, shares, strict=True):
+            if share > 0:
+                batch.append((member, member.generation.prompt_entry(share)))
         self._steps += 1
         for member, _ in batch:
             member.served = self._steps

@@ -138,6 +138,11 @@ class Generation:
         """The LoRA adapter set the generation decodes under."""
         return self._adapters
 
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to evaluate."""
+        return self._feeder.left
+
     def start(self) -> None:
         """Reuse the slot's cached prefix of the prompt (or a snapshot's) and build the sampler.
 

@@ -55,6 +55,11 @@ class PromptFeeder:
         return self.at < len(self._prompt)
 
     @property
+    def left(self) -> int:
+        """Prompt tokens still to evaluate."""
+        return len(self._prompt) - self.at
+
+    @property
     def processed(self) -> int:
         """Prompt tokens evaluated so far (not counting the cached ones)."""
         return self.at - self.n_cached

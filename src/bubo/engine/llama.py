@@ -44,6 +44,7 @@ from ._generation import EngineSetup, Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
 from ._model_drafts import Drafter
+from ._prefill_budget import DEFAULT_GAP_S, PrefillBudget
 from ._sampler import Sampler, dry_key
 from .base import (
     CacheContents,
@@ -96,7 +97,8 @@ class LlamaOptions:
     n_threads_batch: int | None = None  # None: same as n_threads
     n_batch: int = 2048
     n_ubatch: int = 512
-    prefill_chunk: int = 256  # prompt tokens per decode step (what a new prompt may delay other streams by)
+    prefill_chunk: int = 0  # prompt tokens per decode step; 0: sized to keep streams under prefill_gap_ms
+    prefill_gap_ms: float = DEFAULT_GAP_S * 1000.0  # the streams' gap a prompt read beside them may take
     n_parallel: int = 1  # session slots, one KV sequence each; -1: auto (auto_parallel)
     kv_unified: bool = True  # the slots share n_ctx; else each has n_ctx of its own
     slot_prompt_similarity: float = 0.1  # a cached prefix longer than this share of a prompt picks the slot
@@ -309,7 +311,14 @@ class LlamaEngine(SlotEngine):
         drafter = None if draft is None or self._drafting is None else Drafter(draft.context, self._drafting)
         self._drafter = drafter
         self._loop = DecodeLoop(
-            context, prefill_chunk=options.prefill_chunk, drafting=self._drafting, on_lost=self._loop_lost
+            context,
+            prefill=PrefillBudget(
+                fixed=options.prefill_chunk or None,
+                n_batch=context.n_batch,
+                target_gap_s=options.prefill_gap_ms / 1000.0,
+            ),
+            drafting=self._drafting,
+            on_lost=self._loop_lost,
         )
         return context
 
