@@ -103,6 +103,10 @@ async def main() -> None:
                 prompt = tokens_of(engine, args.prompt, round_)
                 lone[chunk].append(await first_token(engine, prompt))
                 side[chunk].append(await beside(engine, tokens_of(engine, args.prompt, 50 + round_)))
+                print(
+                    f"round {round_} chunk {chunk}: lone {lone[chunk][-1]:.2f} s, beside {side[chunk][-1]}",
+                    flush=True,
+                )
     finally:
         for engine in engines.values():
             engine.close()

@@ -12,13 +12,16 @@ A sequence writes new cells under an origin of its own, taken afresh whenever
 it dropped cells (a truncation, a shift, a clear), so an origin never names two
 different cells at one position.  Sharing hands the giver's runs to the taker.
 
-Pure bookkeeping (the decode thread's, like the caches it serves): no native
-calls, tested alone.
+Pure bookkeeping, no native calls, tested alone.  The decode thread writes
+it; the counts may be read from another thread (``/metrics``): they copy what
+they walk in one C call each, and every sequence is known from the start, so
+the map they walk never grows under them.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import attrs
 
@@ -41,8 +44,9 @@ class _Held:
 class CellLedger:
     """The cells of every sequence of one context, as runs of ``(origin, position)``."""
 
-    def __init__(self) -> None:
-        self._held: dict[int, _Held] = {}
+    def __init__(self, seq_ids: Iterable[int] = ()) -> None:
+        """*seq_ids*: the context's sequences (others are added when first written)."""
+        self._held: dict[int, _Held] = {seq_id: _Held() for seq_id in seq_ids}
         self._origins = itertools.count()
 
     def _of(self, seq_id: int) -> _Held:
@@ -131,10 +135,10 @@ class CellLedger:
 
     def _distinct(self, without: int | None = None) -> int:
         spans: dict[int, list[tuple[int, int]]] = {}
-        for seq_id, held in self._held.items():
+        for seq_id, held in list(self._held.items()):
             if seq_id == without:
                 continue
-            for run in held.runs:
+            for run in list(held.runs):
                 spans.setdefault(run.origin, []).append((run.start, run.end))
         total = 0
         for intervals in spans.values():

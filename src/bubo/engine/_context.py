@@ -65,10 +65,11 @@ class LlamaContext:
         self.n_batch: int = llama_cpp.llama_n_batch(ctx)
         self.dry = DryStages(self.vocab)
         memory = llama_cpp.llama_get_memory(ctx)
-        self.ledger = CellLedger()
+        seq_ids = range(llama_cpp.llama_n_seq_max(ctx))
+        self.ledger = CellLedger(seq_ids)
         self.caches = tuple(
             SequenceCache(ctx, memory, snapshots, seq_id, ledger=self.ledger, reuse_chunk=reuse_chunk)
-            for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
+            for seq_id in seq_ids
         )
         if params.kv_unified:  # one cell may then serve several sequences; separate streams cannot share
             for cache in self.caches:
