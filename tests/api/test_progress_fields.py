@@ -11,6 +11,7 @@ from bubo.engine.fake import FakeScript
 USER = [{"role": "user", "content": "hi"}]
 TIMINGS = {
     "cache_n": IsInt,
+    "shared_tokens": IsInt,
     "prompt_n": IsInt,
     "prompt_ms": IsNumber,
     "prompt_per_token_ms": IsNumber,
