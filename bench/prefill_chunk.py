@@ -45,7 +45,7 @@ async def first_token(engine: LlamaEngine, prompt: tuple[int, ...]) -> float:
 
 async def stream(engine: LlamaEngine, prompt: tuple[int, ...], stamps: list[float], stop: trio.Event) -> None:
     request = GenerationRequest(
-        prompt_tokens=prompt, max_new_tokens=4000, sampling=GREEDY, cache_prompt=False
+        prompt_tokens=prompt, max_new_tokens=4000, sampling=GREEDY, cache_prompt=False, ignore_eos=True
     )
     async with engine.open_generation(request) as events:
         async for event in events:
