@@ -65,3 +65,14 @@ class TestShifting:
         assert ledger.length(0) == 70
         assert ledger.used() == 70
         assert ledger.private(0) == 70
+
+
+class TestMovedCells:
+    def test_are_the_sequences_own_and_match_no_other(self) -> None:
+        ledger = ledger_with(100)
+        ledger.share(0, 1, 0, 100)
+        ledger.moved(1, 40, 30)  # --cache-reuse moved a run of 30 cells down to position 40
+        assert ledger.length(1) == 70
+        assert ledger.used() == 130  # the 30 moved cells are 1's own now
+        assert ledger.shared_end(1, 40) == 40  # none of them is 0's cell
+        assert ledger.private(1) == 30

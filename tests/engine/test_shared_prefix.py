@@ -146,3 +146,27 @@ class TestTheSharedContext:
 
 def stats_shared(statistics) -> int:
     return sum(slot.n_prompt_tokens_shared for slot in statistics.slots)
+
+
+class TestCellsMovedByCacheReuse:
+    @pytest.fixture(name="reusing")
+    def _reusing(self, model_path: Path) -> Iterator[LlamaEngine]:
+        engine = load_llama_engine(
+            LlamaOptions(
+                model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=2, cache_ram_mib=0, cache_reuse=16
+            )
+        )
+        yield engine
+        engine.close()
+
+    async def test_are_never_shared_as_an_exact_prefix(
+        self, reusing: LlamaEngine, tokenizer: HFTokenizer
+    ) -> None:
+        head = tuple(tokenizer.encode("You are a careful assistant. " * 4))
+        tail = tuple(tokenizer.encode(system_prompt(8)))
+        await run(reusing, head + tuple(tokenizer.encode(" An old turn, about apples.")) + tail, slot=0)
+        changed = head + tail  # the old turn dropped from the middle, as agents trim their history
+        _, moved = await run(reusing, changed, slot=0)
+        assert moved.cached_tokens > len(head) + 16  # the tail's cells were moved into place, not read
+        _, taken = await run(reusing, changed, slot=1)
+        assert 0 < taken.cache.shared_tokens <= len(head)  # only the cells evaluated where they lie

@@ -101,7 +101,7 @@ class CellLedger:
         self.moved(seq_id, n_keep, self.length(seq_id) - n_keep - n_discard)
 
     def moved(self, seq_id: int, start: int, n_tokens: int) -> None:
-        """The sequence now holds *n_tokens* cells from *start* that were moved there (a shift, a cache reuse).
+        """The sequence now holds *n_tokens* cells from *start* that were moved there (shift, cache reuse).
 
         They are its own under a fresh origin: a moved cell is not what any sequence evaluated at
         its new position, so it never matches another's.
