@@ -95,6 +95,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         cache_type_v=model.cache_type_v,
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=snapshot_mib,
+        cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
+        cache_disk_mib=model.cache_disk_mib,
         drafting=DraftOptions(
             draft_max=model.draft_max,
             ngram_min=model.draft_ngram_min,

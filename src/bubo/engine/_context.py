@@ -15,6 +15,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from ._disk_cache import DiskTier
 from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
@@ -44,6 +45,7 @@ class LlamaContext:
         snapshots: SnapshotStore | None,
         reuse_chunk: int = 0,
         adapters: Sequence[Any] = (),
+        disk: DiskTier | None = None,
     ) -> None:
         """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
 
@@ -65,7 +67,7 @@ class LlamaContext:
         self.dry = DryStages(self.vocab)
         memory = llama_cpp.llama_get_memory(ctx)
         self.caches = tuple(
-            SequenceCache(ctx, memory, snapshots, seq_id, reuse_chunk=reuse_chunk)
+            SequenceCache(ctx, memory, snapshots, seq_id, reuse_chunk=reuse_chunk, disk=disk)
             for seq_id in range(llama_cpp.llama_n_seq_max(ctx))
         )
         self._totals = totals
