@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 from bubo.domain.generation import CacheTags, GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
+from bubo.engine._disk_cache import WRITER_THREAD_NAME, DiskTier
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.model import read_metadata
 from bubo.tokenizer import build_hf_tokenizer
@@ -125,6 +128,128 @@ class TestSnapshots:
         restored, finished = await run(engine, a, max_new=24)
         assert finished.stats.cache.restored_bytes > 0
         assert restored == fresh
+
+
+class TestDiskTier:
+    """Snapshots in files: a restarted engine restores a conversation's prefix instead of reading it."""
+
+    @staticmethod
+    def load(model_path: Path, directory: Path, mib: int = 64, **options: object) -> LlamaEngine:
+        options = {"n_ctx": 1024, "cache_disk_dir": directory, "cache_disk_mib": mib, **options}
+        return load_llama_engine(LlamaOptions(model_path=model_path, n_threads=2, **options))  # type: ignore[arg-type]
+
+    @staticmethod
+    async def cold(model_path: Path, prompt: tuple[int, ...]) -> list[int]:
+        engine = load_llama_engine(LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, cache_ram_mib=0))
+        try:
+            tokens, finished = await run(engine, prompt, max_new=16)
+        finally:
+            engine.close()
+        assert finished.stats.cached_tokens == 0
+        return tokens
+
+    @staticmethod
+    def files(directory: Path) -> list[Path]:
+        return sorted(directory.rglob("*.kvc"))
+
+    async def first_day(self, model_path: Path, directory: Path, prompt: tuple[int, ...]) -> None:
+        engine = self.load(model_path, directory)
+        try:
+            await run(engine, prompt)
+        finally:
+            engine.close()  # the live sequence is written as the engine closes
+        assert len(self.files(directory)) == 1
+
+    async def test_a_restart_restores_the_prefix_from_disk(self, model_path: Path, tokenizer, tmp_path) -> None:
+        """After a restart the next turn evaluates only its new tokens, and answers as a cold run does."""
+        turn1, turn2 = conversation(tokenizer, "whales"), conversation(tokenizer, "whales", 2)
+        await self.first_day(model_path, tmp_path, turn1)
+        engine = self.load(model_path, tmp_path)
+        try:
+            (entry,) = engine.cache_contents().disk_snapshots
+            assert entry.tier == "disk"
+            assert entry.n_tokens >= len(turn1)
+            tokens, finished = await run(engine, turn2, max_new=16)
+        finally:
+            engine.close()
+        stats = finished.stats
+        assert stats.cache.hit
+        assert stats.cache.restored_bytes > 0
+        assert stats.cached_tokens >= len(turn1) - 1
+        assert stats.evaluated_tokens == len(turn2) - stats.cached_tokens  # only the suffix was read
+        assert stats.evaluated_tokens <= len(turn2) - len(turn1) + 1
+        assert tokens == await self.cold(model_path, turn2)
+
+    @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+    async def test_a_damaged_file_is_skipped(
+        self, model_path: Path, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+    ) -> None:
+        """A flipped byte, a file cut short or another model's file: a warning, no restore, a correct answer."""
+        turn1, turn2 = conversation(tokenizer, "volcanoes"), conversation(tokenizer, "volcanoes", 2)
+        await self.first_day(model_path, tmp_path, turn1)
+        (path,) = self.files(tmp_path)
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(data)
+        elif damage == "truncate":
+            path.write_bytes(data[: len(data) - 1000])
+        else:  # the same tokens' state, written for another model identity, put in this model's directory
+            foreign = DiskTier(tmp_path / "elsewhere", identity="f" * 64, budget_bytes=len(data) * 2)
+            foreign.put(list(range(len(turn1))), memoryview(bytes(data)))
+            foreign.close()
+            (source,) = self.files(tmp_path / "elsewhere")
+            path.write_bytes(source.read_bytes())
+        caplog.set_level(logging.WARNING, logger="bubo.engine._disk_cache")
+        engine = self.load(model_path, tmp_path)
+        try:
+            tokens, finished = await run(engine, turn2, max_new=16)
+        finally:
+            engine.close()
+        assert "prompt-cache file" in caplog.text
+        assert "skipped" in caplog.text
+        assert finished.stats.cache.restored_bytes == 0
+        assert finished.stats.cached_tokens == 0
+        assert tokens == await self.cold(model_path, turn2)
+
+    async def test_the_budget_is_held(self, model_path: Path, tokenizer, tmp_path: Path) -> None:
+        """With room for one snapshot file, each conversation that leaves replaces the oldest file."""
+        engine = self.load(model_path, tmp_path, mib=3)  # one ~100-token snapshot of this model is ~2.3 MB
+        try:
+            for topic in ("whales", "volcanoes", "glaciers", "deserts"):
+                await run(engine, conversation(tokenizer, topic))
+            disk = engine._disk
+            assert disk is not None
+            assert disk.flush(30)
+            assert disk.total_bytes <= disk.budget_bytes
+            assert len(self.files(tmp_path)) == len(disk.entries()) == 1
+            assert sum(p.stat().st_size for p in self.files(tmp_path)) <= 3 << 20
+        finally:
+            engine.close()
+
+    async def test_files_are_written_off_the_decode_thread(
+        self, model_path: Path, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The decode thread only queues a snapshot: the file is written by the tier's writer thread."""
+        writers: list[str] = []
+        write = DiskTier._write
+
+        def recording_write(self: DiskTier, job: object) -> None:
+            writers.append(threading.current_thread().name)
+            write(self, job)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(DiskTier, "_write", recording_write)
+        engine = self.load(model_path, tmp_path)
+        try:
+            await run(engine, conversation(tokenizer, "whales"))
+            await run(engine, conversation(tokenizer, "volcanoes"))  # whales leaves the slot: snapshot queued
+            await engine.settle()  # and volcanoes is persisted while idle
+            assert engine._disk is not None
+            assert engine._disk.flush(30)
+        finally:
+            engine.close()
+        assert len(writers) >= 2
+        assert set(writers) == {WRITER_THREAD_NAME}
 
 
 class TestSlidingWindow:
