@@ -211,3 +211,16 @@ def test_the_identity_follows_the_model_file_and_the_settings(tmp_path: Path) ->
     data[100] ^= 1
     model.write_bytes(data)
     assert kv_identity(model, {"type_k": 1}) != first
+
+
+def test_a_file_gone_since_it_was_chosen_is_a_quiet_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Evicted between best() and read() (another request's write): no warning, just no payload."""
+    disk = tier(tmp_path)
+    put(disk, [1, 2, 3], b"x")
+    (entry,) = disk.entries()
+    only_file(disk).unlink()
+    assert disk.read(entry) is None
+    assert disk.entries() == []
+    assert "skipped" not in caplog.text

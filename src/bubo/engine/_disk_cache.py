@@ -166,9 +166,9 @@ class DiskTier:
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether a file of exactly *tokens* is held or queued."""
-        name = self._name(_pack(tokens))
+        name, exact = self._name(_pack(tokens)), tuple(tokens)
         with self._lock:
-            return name in self._entries or any(job.tokens == tuple(tokens) for job in self._jobs)
+            return name in self._entries or any(job.tokens == exact for job in self._jobs)
 
     def best(self, prompt: Sequence[int], *, max_tokens: int) -> tuple[DiskEntry | None, int]:
         """The file sharing the longest prefix with *prompt* (at most ``len(prompt) - 1``) and that length.
@@ -192,6 +192,9 @@ class DiskTier:
         path = self._path(entry.name)
         try:
             payload = self._read_payload(path, entry)
+        except FileNotFoundError:  # evicted or superseded since it was chosen
+            self._delete(entry.name, path)
+            return None
         except (OSError, _Rejected) as error:
             self._discard(entry.name, path, error)
             return None

@@ -369,7 +369,7 @@ class SequenceCache:
             return "evicted"
         if not self._ever_used:
             return "cold"
-        if self.store is None:
+        if self.store is None and self.disk is None:
             return "disabled"
         return "no_prefix"
 
