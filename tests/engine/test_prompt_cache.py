@@ -275,6 +275,8 @@ class TestDiskTier:
             assert disk.total_bytes <= disk.budget_bytes
             assert len(self.files(tmp_path)) == len(disk.entries()) == 1
             assert sum(p.stat().st_size for p in self.files(tmp_path)) <= 3 << 20
+            # the file holds what the slot holds: the next turn reads nothing from disk
+            assert not engine._context.caches[0].read_from_disk(conversation(tokenizer, "deserts", 2), 1024)
         finally:
             engine.close()
         assert len(writers) == 2
