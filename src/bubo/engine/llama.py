@@ -475,7 +475,7 @@ class LlamaEngine(SlotEngine):
         return self._pieces[token]
 
     def cache_contents(self) -> CacheContents:
-        """The live slots and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
+        """The live slots, the snapshots in host RAM and the disk tier's files (read on the trio thread)."""
         disk = self._disk
         disk_budget = disk.budget_bytes if disk is not None else 0
         on_disk = tuple(
