@@ -224,3 +224,26 @@ def test_a_file_gone_since_it_was_chosen_is_a_quiet_miss(
     assert disk.read(entry) is None
     assert disk.entries() == []
     assert "skipped" not in caplog.text
+
+
+def test_a_file_being_written_is_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the writer writes a snapshot, holds() says so: the same tokens are not queued twice."""
+    disk = tier(tmp_path)
+    started, release = threading.Event(), threading.Event()
+    write = disk._write
+
+    def slow_write(job: object) -> None:
+        started.set()
+        assert release.wait(10)
+        write(job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(disk, "_write", slow_write)
+    disk.put([1, 2, 3], memoryview(b"x"))
+    assert started.wait(10)
+    try:
+        assert disk.holds([1, 2, 3])
+        assert not disk.holds([1, 2])
+    finally:
+        release.set()
+    assert disk.flush(10)
+    assert disk.holds([1, 2, 3])

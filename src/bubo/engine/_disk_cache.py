@@ -145,7 +145,7 @@ class DiskTier:
         self._bytes = 0
         self._jobs: collections.deque[_Job] = collections.deque()
         self._pending_bytes = 0
-        self._writing = False
+        self._writing: _Job | None = None  # the job the writer thread has taken
         self._closing = False
         self._thread: threading.Thread | None = None
         _make_private_dir(directory)
@@ -165,10 +165,12 @@ class DiskTier:
             return list(self._entries.values())
 
     def holds(self, tokens: Sequence[int]) -> bool:
-        """Whether a file of exactly *tokens* is held or queued."""
+        """Whether a file of exactly *tokens* is held, being written, or queued."""
         name, exact = self._name(_pack(tokens)), tuple(tokens)
         with self._lock:
-            return name in self._entries or any(job.tokens == exact for job in self._jobs)
+            if name in self._entries or (self._writing is not None and self._writing.tokens == exact):
+                return True
+            return any(job.tokens == exact for job in self._jobs)
 
     def best(self, prompt: Sequence[int], *, max_tokens: int) -> tuple[DiskEntry | None, int]:
         """The file sharing the longest prefix with *prompt* (at most ``len(prompt) - 1``) and that length.
@@ -247,7 +249,7 @@ class DiskTier:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Block until every queued file is written (at most *timeout_s*); whether they were."""
         with self._lock:
-            return self._changed.wait_for(lambda: not self._jobs and not self._writing, timeout_s)
+            return self._changed.wait_for(lambda: not self._jobs and self._writing is None, timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued (within *timeout_s*), then stop the writer."""
@@ -266,14 +268,14 @@ class DiskTier:
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
-                self._writing = True
+                self._writing = job
             try:
                 self._write(job)
             except Exception:
                 logger.exception("could not write a prompt-cache file")
             finally:
                 with self._lock:
-                    self._writing = False
+                    self._writing = None
                     self._pending_bytes -= job.size
                     self._changed.notify_all()
 
