@@ -85,6 +85,38 @@ class TestFiles:
         assert tier(tmp_path, identity=OTHER).entries() == []
         assert len(tier(tmp_path).entries()) == 1
 
+    def test_a_file_is_offered_only_under_the_adapter_set_it_was_computed_under(self, tmp_path: Path) -> None:
+        """The LoRA set is in the header (and the name): a prompt under another set, or none, is not offered it."""
+        lora = ((0, 0.5),)
+        disk = tier(tmp_path)
+        disk.put([1, 2, 3, 4], memoryview(b"lora"), lora)
+        assert disk.flush(10)
+        assert disk.holds([1, 2, 3, 4], lora)
+        assert not disk.holds([1, 2, 3, 4])
+        assert disk.best([1, 2, 3, 4, 5], max_tokens=100) == (None, 0)
+        assert disk.best([1, 2, 3, 4, 5], ((0, 1.0),), max_tokens=100) == (None, 0)
+        disk.close()
+        again = tier(tmp_path)  # the set comes back from the file's header
+        entry, match = again.best([1, 2, 3, 4, 5], lora, max_tokens=100)
+        assert entry is not None
+        assert (entry.adapters, match) == (lora, 4)
+        assert again.read(entry) == bytearray(b"lora")
+        header = only_file(again).read_bytes()[len(MAGIC) + 4 :]
+        assert b'"adapters": [[0, 0.5]]' in header
+
+    def test_the_same_tokens_under_two_adapter_sets_are_two_files(self, tmp_path: Path) -> None:
+        """Neither supersedes the other: each serves its own set, and a longer one replaces only its own set's."""
+        disk = tier(tmp_path)
+        put(disk, [1, 2, 3], b"base")
+        disk.put([1, 2, 3], memoryview(b"lora"), ((1, 1.0),))
+        disk.put([1, 2, 3, 4], memoryview(b"lora2"), ((1, 1.0),))
+        assert disk.flush(10)
+        held = sorted((list(e.tokens), e.adapters) for e in disk.entries())
+        assert held == [([1, 2, 3], ()), ([1, 2, 3, 4], ((1, 1.0),))]
+        entry, _ = disk.best([1, 2, 3, 9], max_tokens=100)
+        assert entry is not None
+        assert disk.read(entry) == bytearray(b"base")
+
     def test_writes_happen_on_the_writer_thread(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -210,6 +210,33 @@ class TestDiskTier:
         assert stats.evaluated_tokens <= len(turn2) - len(turn1) + 1
         assert tokens == await self.cold(model_path, turn2, disk_days)
 
+    async def test_the_tier_outlives_a_sleep(
+        self, model_path: Path, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Sleeping writes the live sequence before its context goes; after waking the next turn restores it."""
+        turn1, turn2 = conversation(tokenizer, "glaciers"), conversation(tokenizer, "glaciers", 2)
+        engine = self.load(model_path, tmp_path)
+        try:
+            disk = engine._disk
+            assert disk is not None
+            # no idle work: the live sequence reaches the disk only as the engine falls asleep
+            monkeypatch.setattr(engine._loop, "schedule_idle", lambda job: None)
+            await run(engine, turn1)
+            assert disk.entries() == []
+            assert await engine.sleep() is True
+            assert disk.flush(30)
+            (entry,) = engine.cache_contents().disk_snapshots  # listed while asleep too
+            assert entry.n_tokens >= len(turn1)
+            _, finished = await run(engine, turn2)
+            assert engine.sleeps == 1
+            assert engine._disk is disk  # the engine's own tier, not a new one per context
+        finally:
+            engine.close()
+        stats = finished.stats
+        assert stats.cache.restored_bytes > 0
+        assert stats.cached_tokens >= len(turn1) - 1
+        assert not any(t.name == WRITER_THREAD_NAME for t in threading.enumerate())  # drained on close
+
     @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
     async def test_a_damaged_file_is_skipped(
         self,

@@ -13,12 +13,15 @@ the model file (its size and sampled contents), llama.cpp's version and its
 state format, and the context settings that change the cells (KV types,
 RoPE, flash attention, the sliding-window cache).  A model or a setting that
 differs therefore looks in another directory, and a file found in the wrong
-one is refused by the identity in its header.  ``name`` is a hash of the
-identity and the tokens, never anything a request chose.  Directories are
+one is refused by the identity in its header.  A file also records the LoRA
+adapter set its cells were computed under (``(id, scale)`` pairs; the
+adapter files themselves are part of the identity) and is offered only to a
+prompt under the same set.  ``name`` is a hash of the identity, the adapter
+set and the tokens, never anything a request chose.  Directories are
 created ``0700``, files ``0600``.
 
 A file is ``MAGIC``, a 4-byte header length, a JSON header (identity,
-token count, payload size, SHA-256 of tokens and payload), the tokens as
+adapter set, token count, payload size, SHA-256 of tokens and payload), the tokens as
 little-endian int32, then llama.cpp's sequence state.  It is written to a
 temporary name and renamed, so a reader sees a whole file or none; one cut
 short by a crash or altered on disk fails its size or checksum check, is
@@ -49,6 +52,7 @@ from typing import BinaryIO
 
 import attrs
 
+from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
 
 __all__ = ["WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
@@ -90,12 +94,13 @@ def kv_identity(model_path: Path, settings: Mapping[str, object]) -> str:
 
 @attrs.define(eq=False)
 class DiskEntry:
-    """One snapshot file: its name, its tokens, its size and when it was last used (Unix time)."""
+    """One snapshot file: its name, its tokens, its size, when it was last used (Unix time), its adapters."""
 
     name: str
     tokens: array.array[int]
     size_bytes: int
     last_used: float
+    adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
 
 
 class _Rejected(Exception):
@@ -107,6 +112,7 @@ class _Job:
     tokens: tuple[int, ...]
     data: memoryview  # bytes
     size: int
+    adapters: AdapterSet = NO_ADAPTERS
 
 
 @attrs.frozen
@@ -117,6 +123,7 @@ class _Head:
     payload_bytes: int
     sha256: str
     header_bytes: int
+    adapters: AdapterSet = NO_ADAPTERS
 
     @property
     def file_size(self) -> int:
@@ -164,23 +171,28 @@ class DiskTier:
         with self._lock:
             return list(self._entries.values())
 
-    def holds(self, tokens: Sequence[int]) -> bool:
-        """Whether a file of exactly *tokens* is held, being written, or queued."""
-        name, exact = self._name(_pack(tokens)), tuple(tokens)
+    def holds(self, tokens: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> bool:
+        """Whether a file of exactly *tokens* under *adapters* is held, being written, or queued."""
+        name, exact = self._name(_pack(tokens), adapters), tuple(tokens)
+
+        def same(job: _Job | None) -> bool:
+            return job is not None and job.tokens == exact and job.adapters == adapters
+
         with self._lock:
-            if name in self._entries or (self._writing is not None and self._writing.tokens == exact):
-                return True
-            return any(job.tokens == exact for job in self._jobs)
+            return name in self._entries or same(self._writing) or any(same(job) for job in self._jobs)
 
-    def best(self, prompt: Sequence[int], *, max_tokens: int) -> tuple[DiskEntry | None, int]:
-        """The file sharing the longest prefix with *prompt* (at most ``len(prompt) - 1``) and that length.
+    def best(
+        self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS, *, max_tokens: int
+    ) -> tuple[DiskEntry | None, int]:
+        """The file under *adapters* sharing the longest prefix with *prompt* (at most ``len(prompt) - 1``).
 
-        Only files of fewer than *max_tokens* tokens count (a sequence could not hold the others).
+        Returns it and that length.  Only files of fewer than *max_tokens* tokens count (a
+        sequence could not hold the others), and only those computed under the same LoRA set.
         """
         limit = len(prompt) - 1
         best, best_len = None, 0
         for entry in self.entries():
-            if len(entry.tokens) >= max_tokens:
+            if len(entry.tokens) >= max_tokens or entry.adapters != adapters:
                 continue
             match = common_prefix(entry.tokens, prompt, limit)
             if match > best_len:
@@ -212,7 +224,7 @@ class DiskTier:
     def _read_payload(self, path: Path, entry: DiskEntry) -> bytearray:
         with path.open("rb") as file:
             head = self._read_head(file)
-            if head.tokens != entry.tokens:
+            if head.tokens != entry.tokens or head.adapters != entry.adapters:
                 raise _Rejected("its tokens are not those it was indexed with")
             payload = bytearray(head.payload_bytes)
             if file.readinto(payload) != len(payload) or file.read(1):
@@ -225,8 +237,10 @@ class DiskTier:
 
     # ---- writing -------------------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], data: memoryview) -> None:
+    def put(self, tokens: Sequence[int], data: memoryview, adapters: AdapterSet = NO_ADAPTERS) -> None:
         """Queue a file of *tokens* and the sequence state *data* (left unchanged from now on).
+
+        *adapters*: the LoRA adapter set the state was computed under.
 
         Returns at once (the decode thread calls it); a snapshot over the budget, or one that
         would queue more bytes than the writer may hold back, is dropped.
@@ -239,7 +253,7 @@ class DiskTier:
             if self._pending_bytes + size > self._max_pending:
                 logger.debug("prompt-cache writer busy: a snapshot of %d tokens is not written", len(tokens))
                 return
-            self._jobs.append(_Job(tuple(tokens), data, size))
+            self._jobs.append(_Job(tuple(tokens), data, size, adapters))
             self._pending_bytes += size
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=WRITER_THREAD_NAME, daemon=True)
@@ -282,12 +296,13 @@ class DiskTier:
     def _write(self, job: _Job) -> None:
         """Write *job*'s file (on the writer thread), then make room for it under the budget."""
         tokens = _pack(job.tokens)
-        name = self._name(tokens)
+        name = self._name(tokens, job.adapters)
         digest = hashlib.sha256(tokens.tobytes())
         digest.update(job.data)
         header = json.dumps(
             {
                 "identity": self.identity,
+                "adapters": [[adapter, scale] for adapter, scale in job.adapters],
                 "n_tokens": len(tokens),
                 "payload_bytes": job.size,
                 "sha256": digest.hexdigest(),
@@ -305,10 +320,14 @@ class DiskTier:
         with self._lock:
             old = self._entries.pop(name, None)
             self._bytes -= old.size_bytes if old else 0
-            self._entries[name] = DiskEntry(name=name, tokens=tokens, size_bytes=size, last_used=time.time())
+            self._entries[name] = DiskEntry(
+                name=name, tokens=tokens, size_bytes=size, last_used=time.time(), adapters=job.adapters
+            )
             self._bytes += size
             superseded = [
-                e.name for e in self._entries.values() if e.name != name and _extends(tokens, e.tokens)
+                e.name
+                for e in self._entries.values()
+                if e.name != name and e.adapters == job.adapters and _extends(tokens, e.tokens)
             ]
         for other in superseded:
             self._delete(other)
@@ -343,9 +362,15 @@ class DiskTier:
         stat = path.stat()
         if stat.st_size != head.file_size:
             raise _Rejected("its size does not match its header")
-        if path.stem != self._name(head.tokens):
+        if path.stem != self._name(head.tokens, head.adapters):
             raise _Rejected("its name is not its tokens' hash")
-        return DiskEntry(name=path.stem, tokens=head.tokens, size_bytes=stat.st_size, last_used=stat.st_mtime)
+        return DiskEntry(
+            name=path.stem,
+            tokens=head.tokens,
+            size_bytes=stat.st_size,
+            last_used=stat.st_mtime,
+            adapters=head.adapters,
+        )
 
     def _read_head(self, file: BinaryIO) -> _Head:
         """The header and tokens of an open snapshot file, checked against this tier's identity."""
@@ -363,6 +388,7 @@ class DiskTier:
                 header["payload_bytes"],
                 header["sha256"],
             )
+            adapters = _adapter_set(header["adapters"])
         except (ValueError, KeyError, TypeError):
             raise _Rejected("its header is not readable") from None
         if identity != self.identity:
@@ -376,7 +402,9 @@ class DiskTier:
             raise _Rejected("it is cut short")
         tokens = array.array(_TOKEN)
         tokens.frombytes(raw)
-        return _Head(tokens=tokens, payload_bytes=n_bytes, sha256=sha256, header_bytes=length)
+        return _Head(
+            tokens=tokens, payload_bytes=n_bytes, sha256=sha256, header_bytes=length, adapters=adapters
+        )
 
     def _hold_budget(self) -> None:
         while True:
@@ -400,13 +428,29 @@ class DiskTier:
         except OSError as error:
             logger.warning("could not delete the prompt-cache file %s: %s", name, error)
 
-    def _name(self, tokens: array.array[int]) -> str:
+    def _name(self, tokens: array.array[int], adapters: AdapterSet) -> str:
         digest = hashlib.sha256(self.identity.encode())
+        digest.update(json.dumps([[adapter, scale] for adapter, scale in adapters]).encode())
         digest.update(tokens.tobytes())
         return digest.hexdigest()[:40]
 
     def _path(self, name: str) -> Path:
         return self.directory / (name + SUFFIX)
+
+
+def _adapter_set(value: object) -> AdapterSet:
+    """A header's ``adapters``: ``[[id, scale], ...]`` (ValueError if it is not that)."""
+    if not isinstance(value, list):
+        raise TypeError("adapters")
+    pairs: list[tuple[int, float]] = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("adapters")
+        adapter, scale = pair
+        if type(adapter) is not int or adapter < 0 or not isinstance(scale, (int, float)):
+            raise ValueError("adapters")
+        pairs.append((adapter, float(scale)))
+    return tuple(pairs)
 
 
 def _pack(tokens: Sequence[int]) -> array.array[int]:

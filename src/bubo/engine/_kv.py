@@ -377,7 +377,7 @@ class SequenceCache:
         """Copy the live sequence to host RAM (and queue it for disk) before it is overwritten."""
         if len(self.tokens) < MIN_SNAPSHOT_TOKENS:
             return
-        on_disk = self.disk is None or self.disk.holds(self.tokens)
+        on_disk = self.disk is None or self.disk.holds(self.tokens, self.adapters)
         if self.store is None and on_disk:
             return
         data = self._state()
@@ -389,18 +389,18 @@ class SequenceCache:
             )
         if not on_disk:
             assert self.disk is not None
-            self.disk.put(self.tokens, memoryview(data))
+            self.disk.put(self.tokens, memoryview(data), self.adapters)
 
     def persist(self) -> None:
         """Queue the live sequence for disk, unless it is there already (the engine is idle or closing)."""
         disk = self.disk
         if disk is None or self._exact is not None or len(self.tokens) < MIN_SNAPSHOT_TOKENS:
             return
-        if disk.holds(self.tokens):
+        if disk.holds(self.tokens, self.adapters):
             return
         data = self._state()
         if data is not None:
-            disk.put(self.tokens, memoryview(data))
+            disk.put(self.tokens, memoryview(data), self.adapters)
 
     def _state(self) -> ctypes.Array[ctypes.c_uint8] | None:
         """A copy of the sequence's state in host memory (None if llama.cpp could not write it)."""
@@ -412,8 +412,13 @@ class SequenceCache:
             return None
         return data
 
-    def read_from_disk(self, prompt: Sequence[int], max_tokens: int) -> bool:
+    def read_from_disk(
+        self, prompt: Sequence[int], max_tokens: int, adapters: AdapterSet = NO_ADAPTERS
+    ) -> bool:
         """Read the disk's best file for *prompt* for the next :meth:`prepare`, if it beats what is here.
+
+        Only a file computed under *adapters* (the request's LoRA adapter set) counts, and only
+        the live sequence and snapshots under that set are what it must beat.
 
         Runs in a worker thread before the generation is submitted (the decode thread never waits on
         the disk); whether a file was read and offered.  It beats the live sequence and host RAM only
@@ -421,19 +426,21 @@ class SequenceCache:
         """
         if self.disk is None:
             return False
-        entry, match = self.disk.best(prompt, max_tokens=max_tokens)
+        entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
         if entry is None:
             return False
-        here = common_prefix(self.head(len(prompt)), prompt, len(prompt) - 1)
+        here = 0
+        if self.adapters == adapters:
+            here = common_prefix(self.head(len(prompt)), prompt, len(prompt) - 1)
         if self.store is not None:
-            here = max(here, self.store.longest_match(prompt))
+            here = max(here, self.store.longest_match(prompt, adapters))
         if match < here + MIN_RESTORE_GAIN:
             return False
         payload = self.disk.read(entry)
         if payload is None:
             return False
         data = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
-        self.offer(_Snapshot(tokens=tuple(entry.tokens), data=data, tags=None))
+        self.offer(_Snapshot(tokens=tuple(entry.tokens), data=data, tags=None, adapters=entry.adapters))
         return True
 
     def offer(self, snapshot: _Snapshot) -> None:

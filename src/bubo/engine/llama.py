@@ -581,7 +581,12 @@ class LlamaEngine(SlotEngine):
         if self._disk is None or not request.cache_prompt or not self._disk.total_bytes:
             return
         cache = self._context.caches[slot.id]
-        await trio.to_thread.run_sync(cache.read_from_disk, request.prompt_tokens, self._context.n_ctx_seq)
+        await trio.to_thread.run_sync(
+            cache.read_from_disk,
+            request.prompt_tokens,
+            self._context.n_ctx_seq,
+            adapter_set(request.lora or ()),
+        )
 
     def _warm_up_later(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
         """Queue the next turn's warm-up (on the decode thread); a failure costs only the warm-up."""
@@ -757,9 +762,11 @@ def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) ->
     """The prompt cache's disk tier, in a directory of its own for this model file and these settings.
 
     The identity covers what changes the KV cells a snapshot holds: the model, llama.cpp's version
-    and state format, the KV types, flash attention, the sliding-window and unified caches, and
-    RoPE.  Not the context size: a prefix's cells do not depend on it (files longer than the
-    context are not offered).  A directory that cannot be made costs only the disk tier.
+    and state format, the KV types (``-ctk``/``-ctv``), flash attention, the sliding-window and
+    unified caches, RoPE, and the LoRA adapter files in id order (a file records its adapter set
+    as ids and scales, which mean the same cells only over the same files).  Not the context
+    size: a prefix's cells do not depend on it (files longer than the context are not offered).
+    A directory that cannot be made costs only the disk tier.
     """
     if options.cache_disk_dir is None or options.cache_disk_mib <= 0:
         return None
@@ -783,6 +790,7 @@ def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) ->
         ],
     }
     try:
+        settings["lora"] = [kv_identity(lora.path, {}) for lora in options.lora]
         identity = kv_identity(options.model_path, settings)
         return DiskTier(options.cache_disk_dir, identity=identity, budget_bytes=options.cache_disk_mib << 20)
     except OSError as error:
