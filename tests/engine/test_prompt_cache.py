@@ -237,6 +237,19 @@ class TestDiskTier:
         assert stats.cached_tokens >= len(turn1) - 1
         assert not any(t.name == WRITER_THREAD_NAME for t in threading.enumerate())  # drained on close
 
+    def test_the_kv_cache_types_are_part_of_the_identity(self, model_path: Path, tmp_path: Path) -> None:
+        """-ctk/-ctv change the cells a file holds: another KV type looks in another directory."""
+        directories = []
+        for cache_type_k in ("f16", "q8_0", "f16"):
+            engine = self.load(model_path, tmp_path, cache_type_k=cache_type_k)
+            try:
+                assert engine._disk is not None
+                directories.append(engine._disk.directory)
+            finally:
+                engine.close()
+        assert directories[0] != directories[1]
+        assert directories[0] == directories[2]
+
     @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
     async def test_a_damaged_file_is_skipped(
         self,
