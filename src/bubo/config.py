@@ -158,6 +158,7 @@ class ModelSettings:
     lora: tuple[Path, ...] = ()
     lora_scaled: tuple[tuple[Path, float], ...] = ()
     lora_init_without_apply: bool = False  # every adapter starts at scale 0 (POST /lora-adapters sets them)
+    cache_disk_mib: int = attrs.field(default=0, validator=_non_negative)  # MiB of snapshot files; 0: off
     draft_max: int = attrs.field(default=16, validator=_non_negative)  # tokens drafted per step; 0: off
     draft_min: int = attrs.field(default=0, validator=_non_negative)  # shorter drafts are not verified
     draft_p_min: float = attrs.field(default=0.75, validator=_share)  # a draft model stops below this
@@ -557,6 +558,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--lora-init-without-apply",), ("model", "lora_init_without_apply"), _switch,
            "load the LoRA adapters at scale 0: none applies until POST /lora-adapters or a request's "
            "lora sets a scale (off)", "on|off"),
+    Option(("--cache-disk-mib",), ("model", "cache_disk_mib"), _int,
+           "MiB of disk for prompt-cache snapshot files in --cache-dir/prompts, kept across restarts "
+           "(0: off, the default)", "MIB"),
     Option(("--draft-max", "--draft", "--draft-n"), ("model", "draft_max"), _int,
            "speculative decoding: most tokens drafted per step, by the draft model (--model-draft) or "
            "else by prompt lookup (16; 0: off); a request's speculative.n_max may ask for fewer", "N"),
@@ -626,7 +630,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--reasoning-budget",), ("model", "reasoning_budget"), _int,
            "-1: unrestricted thinking; 0: no thinking (as --reasoning off)", "N"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
-           "where Bubo keeps its own caches, such as repack probe verdicts "
+           "where Bubo keeps its own caches: repack probe verdicts, prompt-cache files (--cache-disk-mib) "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),
     Option(("--keep",), ("generation", "n_keep"), _within(_int, -1, 2**31 - 1),
            "prompt tokens a context shift keeps (after a BOS) when a request sets no n_keep (0; -1: the "

@@ -75,6 +75,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     assert path is not None, "load_settings always resolves the model path"
     started = time.perf_counter()
     logger.info("model file: %s", path)
+    if model.cache_disk_mib > 0 and settings.cache_dir is None:
+        logger.warning("--cache-disk-mib needs --cache-dir (there is no home directory): no disk tier")
     metadata = read_metadata(path)
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
@@ -96,6 +98,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         cache_type_v=model.cache_type_v,
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=snapshot_mib,
+        cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
+        cache_disk_mib=model.cache_disk_mib,
         drafting=DraftOptions(
             draft_max=model.draft_max,
             ngram_min=model.draft_ngram_min,

@@ -24,7 +24,7 @@ from quart_cors import cors
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, responses, webui
+from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, prompt_cache, responses, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
@@ -111,7 +111,7 @@ def create_app(
     )
     app.extensions[EXTENSION_KEY] = context
 
-    for blueprint in (ops, openai, anthropic, responses, llamacpp, ollama, debug):
+    for blueprint in (ops, prompt_cache, openai, anthropic, responses, llamacpp, ollama, debug):
         app.register_blueprint(blueprint.blueprint)
     # `/`: the chat page (which answers "Ollama is running" to what is not a browser), else that sentence
     app.register_blueprint(webui.blueprint if settings.server.webui else _root.blueprint)

@@ -231,7 +231,9 @@ class TestApiKey:
             await wait_until_ready(app)
             yield test_app
 
-    @pytest.mark.parametrize("path", ["/health", "/ready", "/v1/models", "/props", "/metrics", "/nope"])
+    @pytest.mark.parametrize(
+        "path", ["/health", "/ready", "/v1/models", "/props", "/metrics", "/cache", "/nope"]
+    )
     @pytest.mark.parametrize("header", [None, "Bearer wrong", "s3cret", "Basic s3cret"])
     async def test_missing_or_wrong_key(self, keyed_app, path, header) -> None:
         """Every route, health included, needs the key: 401 with WWW-Authenticate."""

@@ -155,6 +155,36 @@ class TestThePromptCache:
         finally:
             engine.close()
 
+    async def test_a_disk_file_is_restored_only_under_its_own_adapters(
+        self, model_path, adapter, tmp_path: Path
+    ) -> None:
+        """The disk tier keeps the set a file was computed under: after a restart, only that set gets it."""
+        long_question = "<|im_start|>system\n" + "You answer questions about rivers. " * 20 + QUESTION
+        options = LlamaOptions(
+            model_path=model_path,
+            n_ctx=2048,
+            n_parallel=1,
+            lora=(LoraFile(adapter, 0.0),),
+            cache_disk_dir=tmp_path,
+            cache_disk_mib=64,
+        )
+        engine = load_llama_engine(options)
+        try:
+            adapted, _ = await answer(engine, (1.0,), long_question)
+        finally:
+            engine.close()  # the adapted sequence is written to disk
+        engine = load_llama_engine(options)
+        try:
+            _, other = await answer(engine, (0.0,), long_question)
+            assert other.stats.cached_tokens == 0  # the file's set is not the request's
+            assert other.stats.cache.restored_bytes == 0
+            text, finished = await answer(engine, (1.0,), long_question)
+            assert finished.stats.cache.restored_bytes > 0
+            assert finished.stats.cached_tokens > 0
+            assert text == adapted
+        finally:
+            engine.close()
+
 
 class TestTheAdapterCheck:
     """Every adapter is read before llama.cpp sees it; one that does not fit is refused with its reason."""

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from bubo.domain.generation import CacheTags, GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
+from bubo.engine._disk_cache import WRITER_THREAD_NAME, DiskTier
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.model import read_metadata
 from bubo.tokenizer import build_hf_tokenizer
@@ -18,6 +23,7 @@ from .._models import gemma3_path
 pytestmark = pytest.mark.llama
 
 GREEDY = SamplingParams(temperature=0.0)
+ANSWER = 8  # tokens of the answers compared with a cold run's
 
 
 def load(path: Path, **options: object) -> LlamaEngine:
@@ -125,6 +131,198 @@ class TestSnapshots:
         restored, finished = await run(engine, a, max_new=24)
         assert finished.stats.cache.restored_bytes > 0
         assert restored == fresh
+
+
+@attrs.define
+class DiskDays:
+    """What the disk-tier tests share (each model run costs seconds): first days' directories, cold answers."""
+
+    root: Path
+    days: dict[tuple[int, ...], Path] = attrs.Factory(dict)
+    answers: dict[tuple[int, ...], list[int]] = attrs.Factory(dict)
+
+
+@pytest.fixture(name="disk_days", scope="module")
+def _disk_days(tmp_path_factory: pytest.TempPathFactory) -> DiskDays:
+    return DiskDays(root=tmp_path_factory.mktemp("disk-days"))
+
+
+class TestDiskTier:
+    """Snapshots in files: a restarted engine restores a conversation's prefix instead of reading it."""
+
+    @staticmethod
+    def load(model_path: Path, directory: Path, mib: int = 64, **options: object) -> LlamaEngine:
+        options = {"n_ctx": 1024, "cache_disk_dir": directory, "cache_disk_mib": mib, **options}
+        return load_llama_engine(LlamaOptions(model_path=model_path, n_threads=2, **options))  # type: ignore[arg-type]
+
+    @staticmethod
+    async def cold(model_path: Path, prompt: tuple[int, ...], shared: DiskDays) -> list[int]:
+        """The greedy answer of an engine that reads *prompt* whole (computed once per module)."""
+        if prompt not in shared.answers:
+            options = LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, cache_ram_mib=0)
+            engine = load_llama_engine(options)
+            try:
+                tokens, finished = await run(engine, prompt, max_new=ANSWER)
+            finally:
+                engine.close()
+            assert finished.stats.cached_tokens == 0
+            shared.answers[prompt] = tokens
+        return shared.answers[prompt]
+
+    @staticmethod
+    def files(directory: Path) -> list[Path]:
+        return sorted(directory.rglob("*.kvc"))
+
+    async def first_day(
+        self, model_path: Path, directory: Path, prompt: tuple[int, ...], shared: DiskDays
+    ) -> None:
+        """Fill *directory* as an engine that served *prompt*, then closed, leaves it (run once per module)."""
+        if prompt not in shared.days:
+            day = shared.root / f"day{len(shared.days)}"
+            engine = self.load(model_path, day)
+            try:
+                await run(engine, prompt)
+            finally:
+                engine.close()  # the live sequence is written as the engine closes
+            assert len(self.files(day)) == 1
+            shared.days[prompt] = day
+        shutil.copytree(shared.days[prompt], directory, dirs_exist_ok=True)
+
+    async def test_a_restart_restores_the_prefix_from_disk(
+        self, model_path: Path, tokenizer, tmp_path: Path, disk_days: DiskDays
+    ) -> None:
+        """After a restart the next turn evaluates only its new tokens, and answers as a cold run does."""
+        turn1, turn2 = conversation(tokenizer, "volcanoes"), conversation(tokenizer, "volcanoes", 2)
+        await self.first_day(model_path, tmp_path, turn1, disk_days)
+        engine = self.load(model_path, tmp_path)
+        try:
+            (entry,) = engine.cache_contents().disk_snapshots
+            assert entry.tier == "disk"
+            assert entry.n_tokens >= len(turn1)
+            tokens, finished = await run(engine, turn2, max_new=ANSWER)
+        finally:
+            engine.close()
+        stats = finished.stats
+        assert stats.cache.hit
+        assert stats.cache.restored_bytes > 0
+        assert stats.cached_tokens >= len(turn1) - 1
+        assert stats.evaluated_tokens == len(turn2) - stats.cached_tokens  # only the suffix was read
+        assert stats.evaluated_tokens <= len(turn2) - len(turn1) + 1
+        assert tokens == await self.cold(model_path, turn2, disk_days)
+
+    async def test_the_tier_outlives_a_sleep(
+        self, model_path: Path, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Sleeping writes the live sequence before its context goes; after waking the next turn restores it."""
+        turn1, turn2 = conversation(tokenizer, "glaciers"), conversation(tokenizer, "glaciers", 2)
+        engine = self.load(model_path, tmp_path)
+        try:
+            disk = engine._disk
+            assert disk is not None
+            # no idle work: the live sequence reaches the disk only as the engine falls asleep
+            monkeypatch.setattr(engine._loop, "schedule_idle", lambda job: None)
+            await run(engine, turn1)
+            assert disk.entries() == []
+            assert await engine.sleep() is True
+            assert disk.flush(30)
+            (entry,) = engine.cache_contents().disk_snapshots  # listed while asleep too
+            assert entry.n_tokens >= len(turn1)
+            _, finished = await run(engine, turn2)
+            assert engine.sleeps == 1
+            assert engine._disk is disk  # the engine's own tier, not a new one per context
+        finally:
+            engine.close()
+        stats = finished.stats
+        assert stats.cache.restored_bytes > 0
+        assert stats.cached_tokens >= len(turn1) - 1
+        writer = disk._thread  # this tier's writer (other tests' tiers may still run theirs)
+        assert writer is not None
+        assert not writer.is_alive()  # drained and stopped on close, not on sleep
+
+    def test_the_kv_cache_types_are_part_of_the_identity(self, model_path: Path, tmp_path: Path) -> None:
+        """-ctk/-ctv change the cells a file holds: another KV type looks in another directory."""
+        directories = []
+        for cache_type_k in ("f16", "q8_0", "f16"):
+            engine = self.load(model_path, tmp_path, cache_type_k=cache_type_k)
+            try:
+                assert engine._disk is not None
+                directories.append(engine._disk.directory)
+            finally:
+                engine.close()
+        assert directories[0] != directories[1]
+        assert directories[0] == directories[2]
+
+    @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+    async def test_a_damaged_file_is_skipped(
+        self,
+        model_path: Path,
+        tokenizer,
+        tmp_path: Path,
+        caplog: pytest.LogCaptureFixture,
+        disk_days: DiskDays,
+        damage: str,
+    ) -> None:
+        """A flipped byte, a file cut short or another model's file: a warning, no restore, a correct answer."""
+        turn1, turn2 = conversation(tokenizer, "volcanoes"), conversation(tokenizer, "volcanoes", 2)
+        await self.first_day(model_path, tmp_path, turn1, disk_days)
+        (path,) = self.files(tmp_path)
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(data)
+        elif damage == "truncate":
+            path.write_bytes(data[: len(data) - 1000])
+        else:  # the same tokens' state, written for another model identity, put in this model's directory
+            foreign = DiskTier(tmp_path / "elsewhere", identity="f" * 64, budget_bytes=len(data) * 2)
+            foreign.put(list(range(len(turn1))), memoryview(bytes(data)))
+            foreign.close()
+            (source,) = self.files(tmp_path / "elsewhere")
+            path.write_bytes(source.read_bytes())
+        caplog.set_level(logging.WARNING, logger="bubo.engine._disk_cache")
+        engine = self.load(model_path, tmp_path)
+        try:
+            tokens, finished = await run(engine, turn2, max_new=ANSWER)
+        finally:
+            engine.close()
+        assert "prompt-cache file" in caplog.text
+        assert "skipped" in caplog.text
+        assert finished.stats.cache.restored_bytes == 0
+        assert finished.stats.cached_tokens == 0
+        assert tokens == await self.cold(model_path, turn2, disk_days)
+
+    async def test_files_are_written_off_the_decode_thread_within_the_budget(
+        self, model_path: Path, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The decode thread only queues snapshots; the writer thread writes them and holds the budget.
+
+        With room for one file (a ~100-token snapshot of this model is ~2.3 MB), the conversation that
+        left the slot is written, then replaced by the one persisted while the engine is idle.
+        """
+        writers: list[str] = []
+        write = DiskTier._write
+
+        def recording_write(self: DiskTier, job: object) -> None:
+            writers.append(threading.current_thread().name)
+            write(self, job)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(DiskTier, "_write", recording_write)
+        engine = self.load(model_path, tmp_path, mib=3)
+        try:
+            await run(engine, conversation(tokenizer, "whales"))
+            await run(engine, conversation(tokenizer, "deserts"))  # whales leaves the slot: queued
+            await engine.settle()  # deserts is queued while the engine is idle
+            disk = engine._disk
+            assert disk is not None
+            assert disk.flush(30)
+            assert disk.total_bytes <= disk.budget_bytes
+            assert len(self.files(tmp_path)) == len(disk.entries()) == 1
+            assert sum(p.stat().st_size for p in self.files(tmp_path)) <= 3 << 20
+            # the file holds what the slot holds: the next turn reads nothing from disk
+            assert not engine._context.caches[0].read_from_disk(conversation(tokenizer, "deserts", 2), 1024)
+        finally:
+            engine.close()
+        assert len(writers) == 2
+        assert set(writers) == {WRITER_THREAD_NAME}
 
 
 class TestSlidingWindow:

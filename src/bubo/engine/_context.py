@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cells import CellLedger
+from ._disk_cache import DiskTier
 from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
@@ -45,6 +46,7 @@ class LlamaContext:
         snapshots: SnapshotStore | None,
         reuse_chunk: int = 0,
         adapters: Sequence[Any] = (),
+        disk: DiskTier | None = None,
     ) -> None:
         """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
 
@@ -68,7 +70,9 @@ class LlamaContext:
         seq_ids = range(llama_cpp.llama_n_seq_max(ctx))
         self.ledger = CellLedger(seq_ids)
         self.caches = tuple(
-            SequenceCache(ctx, memory, snapshots, seq_id, ledger=self.ledger, reuse_chunk=reuse_chunk)
+            SequenceCache(
+                ctx, memory, snapshots, seq_id, ledger=self.ledger, reuse_chunk=reuse_chunk, disk=disk
+            )
             for seq_id in seq_ids
         )
         if params.kv_unified:  # one cell may then serve several sequences; separate streams cannot share

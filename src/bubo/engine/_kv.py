@@ -7,7 +7,12 @@ first copied to host RAM (``llama_state_seq_get_data``) as a snapshot.  A later
 request restores the snapshot with the longest matching prefix
 (``llama_state_seq_set_data``) when it beats the live prefix, so several
 interleaved agent conversations each keep their warm prefix.  Snapshots live
-under a byte budget, least recently used out first.
+under a byte budget, least recently used out first.  With a disk tier
+(:mod:`._disk_cache`) every snapshot, and every live sequence once the engine
+is idle or closes, is also queued for a file; a request the live sequence and
+host RAM serve less well gets the best file read and checked in a worker
+thread (:meth:`SequenceCache.read_from_disk`), and its generation restores
+it (:meth:`SequenceCache.offer`).
 
 Cells computed under one LoRA adapter set are not what another set computes:
 a sequence and each snapshot remember the set they were computed under, and
@@ -53,6 +58,7 @@ import ctypes
 import itertools
 import logging
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,6 +68,7 @@ import llama_cpp
 from bubo.domain.generation import CacheReport, CacheTags
 
 from ._cells import CellLedger
+from ._disk_cache import DiskTier
 from .base import EngineFailure, SnapshotInfo
 from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
@@ -104,6 +111,7 @@ class _Snapshot:
     tags: CacheTags | None
     adapters: AdapterSet = NO_ADAPTERS
     moved: int | None = None  # the first cell --cache-reuse moved (None: every cell in place)
+    last_used: float = attrs.field(factory=time.time)
 
     @property
     def size(self) -> int:
@@ -138,9 +146,16 @@ class SnapshotStore:
                 n_tokens=len(s.tokens),
                 size_bytes=s.size,
                 conversation=s.tags.conversation if s.tags else None,
+                last_used=s.last_used,
+                tier="ram",
             )
             for s in entries
         ]
+
+    def longest_match(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> int:
+        """The longest prefix a snapshot computed under *adapters* shares with *prompt* (thread-safe)."""
+        entries = [s for s in list(self._entries.values()) if s.adapters == adapters]
+        return max((common_prefix(s.tokens, prompt, len(prompt) - 1) for s in entries), default=0)
 
     def best(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> tuple[int | None, int, int]:
         """``(id, match, partial)``: the snapshot computed under *adapters* sharing the longest prefix.
@@ -162,7 +177,9 @@ class SnapshotStore:
     def take(self, key: int) -> _Snapshot:
         """The snapshot, marked most recently used."""
         self._entries.move_to_end(key)
-        return self._entries[key]
+        snapshot = self._entries[key]
+        snapshot.last_used = time.time()
+        return snapshot
 
     def add(self, snapshot: _Snapshot) -> None:
         """Keep *snapshot*, dropping those it supersedes and the least recently used over budget."""
@@ -217,6 +234,7 @@ class SequenceCache:
         *,
         ledger: CellLedger | None = None,
         reuse_chunk: int = 0,
+        disk: DiskTier | None = None,
     ) -> None:
         """*ledger*: the cells of every sequence of the context (one of its own when not given).
 
@@ -229,6 +247,8 @@ class SequenceCache:
         self.reuse_chunk = reuse_chunk
         self.ledger = ledger if ledger is not None else CellLedger()
         self.peers: Sequence[SequenceCache] = ()  # the sequences it may share cells with (a unified cache)
+        self.disk = disk
+        self._offered: _Snapshot | None = None  # read from disk for the next prepare
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
         self.adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
@@ -288,6 +308,7 @@ class SequenceCache:
         Only a prefix computed under *adapters* (the request's LoRA adapter set) is reused.
         """
         self._drop_inexact()
+        offered, self._offered = self._offered, None
         if not reuse:
             self._save_live()
             self.truncate(0)
@@ -299,11 +320,24 @@ class SequenceCache:
         peer, peer_match = self._best_peer(prompt, limit, adapters)
         key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
         restored = shared = 0
-        if key is not None and snapshot_match >= max(live, peer_match) + MIN_RESTORE_GAIN:
+        if offered is not None and offered.adapters != adapters:
+            offered = None
+        offered_match = common_prefix(offered.tokens, prompt, limit) if offered is not None else 0
+        best_here = max(live, peer_match)
+        if (
+            offered is not None
+            and offered_match > snapshot_match
+            and offered_match >= best_here + MIN_RESTORE_GAIN
+        ):
+            self._save_live()
+            restored = self._load(offered)
+            logger.info("restored %d tokens of the prompt cache from disk", offered_match)
+            keep = offered_match
+        elif key is not None and snapshot_match >= best_here + MIN_RESTORE_GAIN:
             assert self.store is not None
             snapshot = self.store.take(key)  # held first: saving the live sequence may evict it
             self._save_live()
-            restored = self._restore(snapshot)
+            restored = self._load(snapshot)
             keep = snapshot_match
         else:
             partial += key is not None
@@ -422,31 +456,97 @@ class SequenceCache:
             return "evicted"
         if not self._ever_used:
             return "cold"
-        if self.store is None:
+        if self.store is None and self.disk is None:
             return "disabled"
         return "no_prefix"
 
     def _save_live(self) -> None:
-        """Copy the live sequence to host RAM before it is overwritten."""
-        if self.store is None or len(self.tokens) < MIN_SNAPSHOT_TOKENS:
+        """Copy the live sequence to host RAM (and queue it for disk) before it is overwritten.
+
+        A sequence with cells ``--cache-reuse`` moved is not written to disk: a file records no
+        moved cells, and its restored cells are offered to other slots as evaluated in place.
+        """
+        if len(self.tokens) < MIN_SNAPSHOT_TOKENS:
             return
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id)
-        data = (ctypes.c_uint8 * size)()
+        on_disk = self.disk is None or self._moved is not None or self.disk.holds(self.tokens, self.adapters)
+        if self.store is None and on_disk:
+            return
+        data = self._state()
+        if data is None:
+            return
+        if self.store is not None:
+            self.store.add(
+                _Snapshot(
+                    tokens=tuple(self.tokens),
+                    data=data,
+                    tags=self.tags,
+                    adapters=self.adapters,
+                    moved=self._moved,
+                )
+            )
+        if not on_disk:
+            assert self.disk is not None
+            self.disk.put(self.tokens, memoryview(data), self.adapters)
+
+    def persist(self) -> None:
+        """Queue the live sequence for disk, unless it is there already (the engine is idle or closing)."""
+        disk = self.disk
+        if disk is None or self._exact is not None or self._moved is not None:
+            return
+        if len(self.tokens) < MIN_SNAPSHOT_TOKENS:
+            return
+        if disk.holds(self.tokens, self.adapters):
+            return
+        data = self._state()
+        if data is not None:
+            disk.put(self.tokens, memoryview(data), self.adapters)
+
+    def _state(self) -> ctypes.Array[ctypes.c_uint8] | None:
+        """A copy of the sequence's state in host memory (None if llama.cpp could not write it)."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id))
+        data: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, data, size, self.seq_id)
         if written != size:
             logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
-            return
-        self.store.add(
-            _Snapshot(
-                tokens=tuple(self.tokens),
-                data=data,
-                tags=self.tags,
-                adapters=self.adapters,
-                moved=self._moved,
-            )
-        )
+            return None
+        return data
 
-    def _restore(self, snapshot: _Snapshot) -> int:
+    def read_from_disk(
+        self, prompt: Sequence[int], max_tokens: int, adapters: AdapterSet = NO_ADAPTERS
+    ) -> bool:
+        """Read the disk's best file for *prompt* for the next :meth:`prepare`, if it beats what is here.
+
+        Only a file computed under *adapters* (the request's LoRA adapter set) counts, and only
+        the live sequence and snapshots under that set are what it must beat.
+
+        Runs in a worker thread before the generation is submitted (the decode thread never waits on
+        the disk); whether a file was read and offered.  It beats the live sequence and host RAM only
+        by :data:`MIN_RESTORE_GAIN` tokens or more; a file that fails its checks is not offered.
+        """
+        if self.disk is None:
+            return False
+        entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
+        if entry is None:
+            return False
+        here = 0
+        if self.adapters == adapters:
+            here = common_prefix(self.head(len(prompt)), prompt, len(prompt) - 1)
+        if self.store is not None:
+            here = max(here, self.store.longest_match(prompt, adapters))
+        if match < here + MIN_RESTORE_GAIN:
+            return False
+        payload = self.disk.read(entry)
+        if payload is None:
+            return False
+        data = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
+        self.offer(_Snapshot(tokens=tuple(entry.tokens), data=data, tags=None, adapters=entry.adapters))
+        return True
+
+    def offer(self, snapshot: _Snapshot) -> None:
+        """Have the next :meth:`prepare` restore *snapshot* if it is still the best prefix it has."""
+        self._offered = snapshot
+
+    def _load(self, snapshot: _Snapshot) -> int:
         """Load *snapshot* into the sequence; return its size (0 if llama.cpp refused it)."""
         self.clear()
         read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, self.seq_id)

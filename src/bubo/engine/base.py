@@ -154,20 +154,24 @@ class ModelInfo:
 
 @attrs.frozen(kw_only=True)
 class SnapshotInfo:
-    """One prompt-cache snapshot in host RAM."""
+    """One prompt-cache snapshot, in host RAM or in a file."""
 
     n_tokens: int
     size_bytes: int
-    conversation: str | None  # the conversation tag of the request that left it
+    conversation: str | None  # the conversation tag of the request that left it (RAM only)
+    last_used: float = 0.0  # Unix time it was stored or last restored
+    tier: str = "ram"  # ram | disk
 
 
 @attrs.frozen(kw_only=True)
 class CacheContents:
-    """What the prompt cache holds (``/debug/cache``)."""
+    """What the prompt cache holds (``/cache``, ``/debug/cache``), least recently used first in each tier."""
 
-    live_tokens: int  # tokens in the slot's KV cache
+    live_tokens: int  # tokens in the slots' KV cache
     budget_bytes: int  # host RAM allowed for snapshots (0: none)
-    snapshots: tuple[SnapshotInfo, ...] = ()
+    snapshots: tuple[SnapshotInfo, ...] = ()  # in host RAM
+    disk_budget_bytes: int = 0  # disk allowed for snapshot files (0: no disk tier)
+    disk_snapshots: tuple[SnapshotInfo, ...] = ()
 
 
 class EmbeddingModel(Protocol):

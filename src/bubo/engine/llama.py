@@ -13,7 +13,9 @@ loop.  The channel is therefore unbounded, but a generation's events are
 bounded by its context length, and the decode never waits for a slow client.
 
 Each slot's KV sequence keeps its previous request's tokens; a new request
-evaluates only what follows the longest common prefix.
+evaluates only what follows the longest common prefix (or a snapshot's, from
+host RAM or, with a disk tier, from a file read before the request reaches
+the decode thread).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop
+from ._disk_cache import DiskTier, kv_identity
 from ._draft_model import DraftModel
 from ._draft_policy import DraftOptions, DraftPolicy
 from ._embedder import Embedder
@@ -56,6 +59,7 @@ from .base import (
     SlotEngine,
     SlotFile,
     SlotFileNoRoom,
+    SnapshotInfo,
 )
 from .lora import LoraAdapter, LoraFile, adapter_set
 from .slots import EMPTY_MIRROR, Slot
@@ -108,6 +112,8 @@ class LlamaOptions:
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
+    cache_disk_dir: Path | None = None  # prompt-cache snapshot files (a directory per model and settings)
+    cache_disk_mib: int = 0  # their byte budget; 0: no disk tier
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
     pooling: str | None = None  # the embeddings' pooling (none|mean|cls|last|rank); None: the model's
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
@@ -233,8 +239,15 @@ class LlamaEngine(SlotEngine):
         # drafting statistics outlive a request and a sleep: they describe the model, the machine, the work
         self._drafting: DraftPolicy | None = None
         self._drafter: Drafter | None = None
+        # the disk tier outlives a sleep: its files and its writer thread belong to the engine
+        self._disk = _disk_tier(options, self._context_params(model)[0])
         self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
-        context = self._create_context(model)
+        try:
+            context = self._create_context(model)
+        except BaseException:
+            if self._disk is not None:
+                self._disk.close()
+            raise
         vocab = context.vocab
         n_vocab = context.n_vocab
         self._pieces = [token_piece(vocab, token) for token in range(n_vocab)]
@@ -268,8 +281,8 @@ class LlamaEngine(SlotEngine):
         )
         self._connect(model)
 
-    def _create_context(self, model: object) -> LlamaContext:
-        """The context over *model* and its decode loop (``_context``, ``_loop``)."""
+    def _context_params(self, model: object) -> tuple[llama_cpp.llama_context_params, int, int]:
+        """The context's parameters over *model*, the tokens per slot and the slots."""
         options = self._options
         context_params = llama_cpp.llama_context_default_params()
         # unified: the slots share the context; else each slot has a context of its own of n_ctx tokens
@@ -289,6 +302,12 @@ class LlamaEngine(SlotEngine):
         # A sliding-window model keeps only its window of KV unless told to keep it all;
         # the prompt cache needs the whole sequence to trim it to a common prefix.
         context_params.swa_full = llama_cpp.llama_model_n_swa(model) > 0
+        return context_params, per_slot, n_parallel
+
+    def _create_context(self, model: object) -> LlamaContext:
+        """The context over *model* and its decode loop (``_context``, ``_loop``), beside the disk tier."""
+        options = self._options
+        context_params, per_slot, n_parallel = self._context_params(model)
         snapshots = SnapshotStore(options.cache_ram_mib * 1024 * 1024) if options.cache_ram_mib > 0 else None
         context = self._context = LlamaContext(
             model,
@@ -297,6 +316,7 @@ class LlamaEngine(SlotEngine):
             snapshots=snapshots,
             reuse_chunk=options.cache_reuse,
             adapters=self._adapters,
+            disk=self._disk,
         )
         try:
             draft = self._draft = _load_draft(
@@ -388,9 +408,15 @@ class LlamaEngine(SlotEngine):
         self._model = model
 
     def _release(self) -> bool:
-        """Stop the decode thread and free what the model holds; False (nothing freed) if it is stuck."""
+        """Stop the decode thread and free what the model holds; False (nothing freed) if it is stuck.
+
+        The live sequences are queued for the disk tier first (its writer goes on: it is the engine's).
+        """
         if not self._loop.stop(self.release_wait_s):
             return False
+        if self._disk is not None:
+            for cache in self._context.caches:  # the thread has stopped: this one owns the context now
+                cache.persist()
         self._context.close()
         self._close_draft()
         if isinstance(self.embedder, Embedder):
@@ -461,15 +487,34 @@ class LlamaEngine(SlotEngine):
         return self._pieces[token]
 
     def cache_contents(self) -> CacheContents:
-        """The live slots and the snapshots held in host RAM (read on the trio thread: a snapshot)."""
-        if self.sleeping:  # freed with the model
-            return CacheContents(live_tokens=0, budget_bytes=self._options.cache_ram_mib * 1024 * 1024)
+        """The live slots, the snapshots in host RAM and the disk tier's files (read on the trio thread)."""
+        disk = self._disk
+        disk_budget = disk.budget_bytes if disk is not None else 0
+        on_disk = tuple(
+            SnapshotInfo(
+                n_tokens=len(e.tokens),
+                size_bytes=e.size_bytes,
+                conversation=None,
+                last_used=e.last_used,
+                tier="disk",
+            )
+            for e in (disk.entries() if disk is not None else ())
+        )
+        if self.sleeping:  # the live slots and host RAM were freed with the model; the disk tier stays
+            return CacheContents(
+                live_tokens=0,
+                budget_bytes=self._options.cache_ram_mib * 1024 * 1024,
+                disk_budget_bytes=disk_budget,
+                disk_snapshots=on_disk,
+            )
         caches = self._context.caches
         store = caches[0].store
         return CacheContents(
             live_tokens=self._context.cells_used,
             budget_bytes=store.budget_bytes if store is not None else 0,
             snapshots=tuple(store.snapshots()) if store is not None else (),
+            disk_budget_bytes=disk_budget,
+            disk_snapshots=on_disk,
         )
 
     # ---- a generation on the decode thread ----------------------------------------------------
@@ -494,6 +539,7 @@ class LlamaEngine(SlotEngine):
         def emit(event: EngineEvent) -> None:  # on the decode thread
             _post(trio_token, _deliver, send, event)  # FIFO, before the generation's end
 
+        await self._read_from_disk(slot, request)
         generation = Generation(self._setup, slot, request, emit=emit)
         ended = trio.Event()
         failures: list[BaseException] = []
@@ -504,6 +550,8 @@ class LlamaEngine(SlotEngine):
                     failures.append(error)
                 elif generation.outcome is not None:
                     self._warm_up_later(slot, request, generation.outcome)
+                    if self._disk is not None:
+                        self._loop.schedule_idle(self._context.caches[slot.id].persist)
             finally:
                 _post(trio_token, ended.set)  # whatever happened above: the producer must hear
 
@@ -535,6 +583,22 @@ class LlamaEngine(SlotEngine):
             message = f"the decode thread did not let go of a request within {self.release_wait_s:g} s"
             self._lose(message)
             raise EngineFailure(message + "; the engine is lost")
+
+    async def _read_from_disk(self, slot: Slot, request: GenerationRequest) -> None:
+        """Offer the slot's sequence the best snapshot file for the prompt, if it beats host RAM and the slot.
+
+        In a worker thread (reading and checking a file takes milliseconds to seconds); the
+        decode thread restores it when the generation starts.
+        """
+        if self._disk is None or not request.cache_prompt or not self._disk.total_bytes:
+            return
+        cache = self._context.caches[slot.id]
+        await trio.to_thread.run_sync(
+            cache.read_from_disk,
+            request.prompt_tokens,
+            self._context.n_ctx_seq,
+            adapter_set(request.lora or ()),
+        )
 
     def _warm_up_later(self, slot: Slot, request: GenerationRequest, outcome: Outcome) -> None:
         """Queue the next turn's warm-up (on the decode thread); a failure costs only the warm-up."""
@@ -655,6 +719,8 @@ class LlamaEngine(SlotEngine):
                 "the decode thread did not stop within %g s; the model stays in memory until exit",
                 self.release_wait_s,
             )
+        if self._disk is not None:
+            self._disk.close()  # the writer drains what is queued, the live sequences' files among it
 
     def _close_draft(self) -> None:
         if self._draft is not None:
@@ -702,6 +768,46 @@ def _deliver(send: trio.MemorySendChannel[EngineEvent], event: EngineEvent) -> N
     """Put *event* in the (unbounded) channel, on the trio thread; a consumer that left drops it."""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         send.send_nowait(event)
+
+
+def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) -> DiskTier | None:
+    """The prompt cache's disk tier, in a directory of its own for this model file and these settings.
+
+    The identity covers what changes the KV cells a snapshot holds: the model, llama.cpp's version
+    and state format, the KV types (``-ctk``/``-ctv``), flash attention, the sliding-window and
+    unified caches, RoPE, and the LoRA adapter files in id order (a file records its adapter set
+    as ids and scales, which mean the same cells only over the same files).  Not the context
+    size: a prefix's cells do not depend on it (files longer than the context are not offered).
+    A directory that cannot be made costs only the disk tier.
+    """
+    if options.cache_disk_dir is None or options.cache_disk_mib <= 0:
+        return None
+    settings = {
+        "llama_cpp": llama_cpp.__version__,
+        "state_seq": [llama_cpp.LLAMA_STATE_SEQ_MAGIC, llama_cpp.LLAMA_STATE_SEQ_VERSION],
+        "type_k": params.type_k,
+        "type_v": params.type_v,
+        "flash_attn": options.flash_attn,
+        "swa_full": bool(params.swa_full),
+        "kv_unified": bool(params.kv_unified),
+        "rope": [
+            params.rope_scaling_type,
+            params.rope_freq_base,
+            params.rope_freq_scale,
+            params.yarn_ext_factor,
+            params.yarn_attn_factor,
+            params.yarn_beta_fast,
+            params.yarn_beta_slow,
+            params.yarn_orig_ctx,
+        ],
+    }
+    try:
+        settings["lora"] = [kv_identity(lora.path, {}) for lora in options.lora]
+        identity = kv_identity(options.model_path, settings)
+        return DiskTier(options.cache_disk_dir, identity=identity, budget_bytes=options.cache_disk_mib << 20)
+    except OSError as error:
+        logger.warning("the prompt cache has no disk tier: %s", error)
+        return None
 
 
 def _meta(model: object, key: str) -> str:
