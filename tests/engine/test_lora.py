@@ -155,6 +155,34 @@ class TestThePromptCache:
         finally:
             engine.close()
 
+    async def test_another_slots_prefix_is_shared_only_under_its_own_adapters(
+        self, model_path, adapter
+    ) -> None:
+        """A cell computed under one adapter set is not another set's prefix, whichever slot holds it."""
+        engine = load(model_path, LoraFile(adapter, 0.0), n_parallel=2)
+        long_question = "<|im_start|>system\n" + "You answer questions about mountains. " * 20 + QUESTION
+        tokens = prompt_of(engine, long_question)
+
+        async def on_slot(slot: int, lora: tuple[float, ...]) -> GenerationFinished:
+            request = GenerationRequest(
+                prompt_tokens=tokens, max_new_tokens=4, sampling=GREEDY, lora=lora, slot=slot
+            )
+            async with engine.open_generation(request) as events:
+                async for event in events:
+                    if isinstance(event, GenerationFinished):
+                        return event
+            raise AssertionError("no GenerationFinished")
+
+        try:
+            await on_slot(0, (1.0,))
+            other = await on_slot(1, (0.0,))
+            assert other.stats.cache.shared_tokens == 0
+            assert other.stats.cached_tokens == 0
+            same = await on_slot(1, (1.0,))  # slot 1's own cells are the other set's; slot 0's are this one's
+            assert same.stats.cache.shared_tokens > len(tokens) // 2
+        finally:
+            engine.close()
+
     async def test_a_disk_file_is_restored_only_under_its_own_adapters(
         self, model_path, adapter, tmp_path: Path
     ) -> None:
