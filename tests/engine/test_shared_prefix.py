@@ -170,3 +170,35 @@ class TestCellsMovedByCacheReuse:
         assert moved.cached_tokens > len(head) + 16  # the tail's cells were moved into place, not read
         _, taken = await run(reusing, changed, slot=1)
         assert 0 < taken.cache.shared_tokens <= len(head)  # only the cells evaluated where they lie
+
+    async def test_are_not_written_to_disk(
+        self, model_path: Path, tokenizer: HFTokenizer, tmp_path: Path
+    ) -> None:
+        """A file records every cell as evaluated in place, so a sequence holding moved cells is not one."""
+        options = LlamaOptions(
+            model_path=model_path,
+            n_ctx=2048,
+            n_threads=2,
+            n_parallel=1,
+            cache_ram_mib=0,
+            cache_reuse=16,
+            cache_disk_dir=tmp_path,
+            cache_disk_mib=64,
+        )
+        head = tuple(tokenizer.encode("You are a careful assistant. " * 4))
+        tail = tuple(tokenizer.encode(system_prompt(8)))
+        changed = head + tail
+        engine = load_llama_engine(options)
+        try:
+            await run(engine, head + tuple(tokenizer.encode(" An old turn, about apples.")) + tail, slot=0)
+            _, moved = await run(engine, changed, slot=0)
+            assert moved.cached_tokens > len(head) + 16
+        finally:
+            engine.close()  # the live sequence holds moved cells: it is not persisted
+        engine = load_llama_engine(options)
+        try:
+            _, after = await run(engine, changed, slot=0)
+            assert after.cache.restored_bytes == 0  # only the first prompt's file exists; it shares the head
+            assert after.cached_tokens <= len(head)
+        finally:
+            engine.close()
