@@ -60,13 +60,13 @@ class PromptRenderer:
             return None
         converter = self._converter
         if endpoint.endswith("/messages"):
-            wire = structure(converter, body, anthropic_wire.CountTokensRequest)
-            return anthropic_translate.count_request(wire)
+            count = structure(converter, body, anthropic_wire.CountTokensRequest)
+            return anthropic_translate.count_request(count)
         if endpoint.endswith("/chat/completions"):
             return chat_translate.chat_request(structure(converter, body, chat_wire.ChatCompletionRequest))
         if endpoint.endswith("/responses"):
-            wire = structure(converter, body, responses_wire.ResponsesRequest)
-            return responses_translate.responses_request(converter, wire, ()).request
+            responses = structure(converter, body, responses_wire.ResponsesRequest)
+            return responses_translate.responses_request(converter, responses, ()).request
         return None
 
 

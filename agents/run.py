@@ -75,6 +75,8 @@ def main() -> int:
     parser.add_argument("--record", type=Path, help="write the first requests as fixtures here")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
+    # a SIGTERM (nox's timeout, a CI runner) unwinds like Ctrl-C, so the server and the agent are stopped
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     wanted = set(args.only.split(","))
     agents = tuple(a for a in AGENTS if a.name in wanted)
     install(agents, args.cache)
@@ -142,6 +144,10 @@ class _BuboServer:
                 self._process.wait(timeout=10)
 
 
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -149,6 +155,15 @@ def _free_port() -> int:
 
 
 # ---- one agent --------------------------------------------------------------------------------------
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
 
 def _repository(folder: Path) -> Path:
@@ -181,16 +196,14 @@ def _run(agent: Agent, upstream: str, folder: Path, cache: Path, timeout: float)
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            returncode: int | None = None
             try:
-                returncode: int | None = process.wait(timeout=timeout)
+                returncode = process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                returncode = None
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=10)
+                pass
+            finally:  # the agent's whole process group, on a timeout or an interrupt alike
+                if process.poll() is None:
+                    _stop_group(process)
         exchanges = sorted(proxy.exchanges, key=lambda e: e.number)
     print(f"{agent.name}: {len(exchanges)} requests, exit {returncode}, {time.monotonic() - started:.0f} s")
     print(log.read_text(errors="replace")[-1500:])
