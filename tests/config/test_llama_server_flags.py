@@ -29,7 +29,7 @@ class TestContextShift:
 
 class TestAliases:
     def test_several_names_separated_by_commas(self) -> None:
-        assert parse("--alias", "gpt-4o-mini, local ,gpt-4o-mini").model.served_model_name == (
+        assert parse("--alias", "gpt-4o-mini, local ,gpt-4o-mini").serving.served_model_name == (
             "gpt-4o-mini",
             "local",
         )
@@ -41,7 +41,7 @@ class TestAliases:
 
 class TestChatFlags:
     def test_defaults(self) -> None:
-        model = parse().model
+        model = parse().requests
         assert (model.prefill_assistant, model.reasoning, model.reasoning_format, model.reasoning_budget) == (
             True,
             "auto",
@@ -58,7 +58,7 @@ class TestChatFlags:
             "deepseek-legacy",
             "--reasoning-budget",
             "0",
-        ).model
+        ).requests
         assert (model.prefill_assistant, model.reasoning, model.reasoning_format, model.reasoning_budget) == (
             False,
             "off",
@@ -107,7 +107,7 @@ class TestServerSwitches:
             parse("--host", "127.0.0.1,")
 
     def test_tags(self) -> None:
-        assert parse("--tags", "local,small").model.tags == ("local", "small")
+        assert parse("--tags", "local,small").serving.tags == ("local", "small")
 
     def test_cors_localhost(self) -> None:
         """localhost is a value of its own: any page served from this machine."""

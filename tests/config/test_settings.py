@@ -253,5 +253,5 @@ class TestSamplerFlags:
         """-jf reads the schema from a file, as -j takes it inline."""
         schema = tmp_path / "schema.json"
         schema.write_text('{"type": "object"}')
-        settings = load_settings({"model__json_schema__file": str(schema)}, environ={})
-        assert settings.model.json_schema == {"type": "object"}
+        settings = load_settings({"requests__json_schema__file": str(schema)}, environ={})
+        assert settings.requests.json_schema == {"type": "object"}

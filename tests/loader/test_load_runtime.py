@@ -36,7 +36,7 @@ def test_chat_template_file_overrides(model_path: Path, tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>>")
     runtime = load_runtime(
-        load_settings({"model__ctx_size": "256", "model__chat_template_file": str(template)}, environ={}),
+        load_settings({"model__ctx_size": "256", "serving__chat_template_file": str(template)}, environ={}),
         lambda _: None,
     )
     try:
@@ -73,7 +73,7 @@ def test_template_printing_bos_does_not_double_it(tmp_path: Path) -> None:
         {
             "model__path": str(gemma3_path()),
             "model__ctx_size": "256",
-            "model__chat_template_file": str(template),
+            "serving__chat_template_file": str(template),
         },
         environ={},
     )
@@ -90,8 +90,11 @@ def test_template_printing_bos_does_not_double_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("values", "admits"),
     [
-        ({"model__grammar": 'root ::= "yes" | "no"'}, '"yes" | "no"'),
-        ({"model__json_schema": '{"type": "object", "properties": {"answer": {"const": "yes"}}}'}, "answer"),
+        ({"requests__grammar": 'root ::= "yes" | "no"'}, '"yes" | "no"'),
+        (
+            {"requests__json_schema": '{"type": "object", "properties": {"answer": {"const": "yes"}}}'},
+            "answer",
+        ),
     ],
 )
 def test_a_default_constraint_from_a_flag(model_path: Path, values: dict[str, str], admits: str) -> None:
@@ -109,7 +112,7 @@ def test_a_default_schema_beyond_the_limits_stops_the_start(model_path: Path) ->
     with pytest.raises(InvalidRequest) as error:
         load_runtime(
             load_settings(
-                {"model__ctx_size": "256", "model__json_schema": '{"type": "string", "pattern": "(a"}'},
+                {"model__ctx_size": "256", "requests__json_schema": '{"type": "string", "pattern": "(a"}'},
                 environ={},
             ),
             lambda _: None,

@@ -22,7 +22,7 @@ def test_children_inherit_every_flag_but_the_router_s_own() -> None:
             "server__api_key": "secret",
             "server__port": "8080",
             "server__hosts": "0.0.0.0",
-            "model__served_model_name": "x",
+            "serving__served_model_name": "x",
             "router__models_dir": "/models",
             "router__models_max": "2",
             "server__debug_hooks": "on",
@@ -53,7 +53,7 @@ def test_a_name_or_file_that_looks_like_a_flag_is_still_the_child_s_value() -> N
     entry = CatalogEntry(name="-tiny", path=Path("-m/-tiny.gguf"))
     parsed = _parser().parse_args(child_command(entry, 4321, ())[3:])
     assert parsed.model__path == "-m/-tiny.gguf"
-    assert parsed.model__served_model_name == "-tiny"
+    assert parsed.serving__served_model_name == "-tiny"
 
 
 def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:

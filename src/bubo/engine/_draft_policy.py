@@ -43,9 +43,9 @@ tests and for machines where drafting is known to pay).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import attrs
+
+from bubo.domain.modes import DraftMode
 
 __all__ = ["MODEL_DRAFTS", "DraftMode", "DraftOptions", "DraftPolicy", "ProposalTracker"]
 
@@ -60,8 +60,6 @@ EXPLORE_AFTER_STEPS = 64
 EXPLORE_TOKENS = 4
 # The acceptance statistics of a draft model's proposals are kept under this n-gram size.
 MODEL_DRAFTS = 0
-
-DraftMode = Literal["measured", "always"]
 
 
 @attrs.frozen(kw_only=True)

@@ -14,30 +14,32 @@ vector per input.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from bubo.domain.modes import Pooling
+
 from .base import EngineFailure
 
 __all__ = ["POOLING_TYPES", "Embedder"]
 
-POOLING_TYPES = {
+POOLING_TYPES: Mapping[Pooling, int] = {
     "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
     "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
     "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
     "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
     "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK,
 }
-_POOLING_NAMES = {value: name for name, value in POOLING_TYPES.items()}
+_POOLING_NAMES: Mapping[int, Pooling] = {value: name for name, value in POOLING_TYPES.items()}
 
 
 class Embedder:
     """Token ids to embedding vectors with a context of its own (thread-safe, one input at a time)."""
 
-    def __init__(self, model: object, *, n_tokens: int, n_threads: int, pooling: str | None) -> None:
+    def __init__(self, model: object, *, n_tokens: int, n_threads: int, pooling: Pooling | None) -> None:
         self._lock = threading.Lock()
         self._ctx: object | None = None
         self._n_tokens, self._n_threads, self._pooling = n_tokens, n_threads, pooling
@@ -65,7 +67,7 @@ class Embedder:
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)
         self.n_tokens: int = llama_cpp.llama_n_ubatch(ctx)
-        self.pooling: str = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
+        self.pooling: Pooling = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
         self.n_embd: int = (
             llama_cpp.llama_model_n_cls_out(model)
             if self.pooling == "rank"

@@ -31,6 +31,7 @@ import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
+from bubo.domain.modes import Pooling
 from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
@@ -178,7 +179,7 @@ class EmbeddingModel(Protocol):
     """Token ids to embeddings, blocking (call from a worker thread); see ``engine/_embedder.py``."""
 
     @property
-    def pooling(self) -> str:
+    def pooling(self) -> Pooling:
         """llama.cpp's pooling: ``none`` (a vector per token), ``mean``, ``cls``, ``last`` or ``rank``."""
         ...
 

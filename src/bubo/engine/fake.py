@@ -36,6 +36,7 @@ from bubo.domain.generation import (
     TokenLogprob,
     TopLogprob,
 )
+from bubo.domain.modes import Pooling
 
 from ._end_policy import EndPolicy
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
@@ -86,7 +87,7 @@ class FakeEmbedder:
     Texts that share tokens get close vectors, as a real model's pooled states do.
     """
 
-    pooling: str = "mean"
+    pooling: Pooling = "mean"
     n_tokens: int = 512
     n_embd: int = 64
     inputs: list[tuple[int, ...]] = attrs.field(factory=list)  # every input embedded, in order

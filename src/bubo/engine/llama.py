@@ -25,7 +25,7 @@ import ctypes
 import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -35,6 +35,7 @@ import numpy as np
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec, StopCause
+from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
 
 from ._context import LlamaContext, token_piece
@@ -70,13 +71,13 @@ __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "LoraFile", "load_llam
 logger = logging.getLogger(__name__)
 llama_logger = logging.getLogger("bubo.llama_cpp")
 
-_FLASH_ATTN = {
+_FLASH_ATTN: Mapping[FlashAttention, int] = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 _GGML_TYPE_BF16 = 30  # ggml.h's value; llama-cpp-python's binding names no constant for it
-_CACHE_TYPES = {
+_CACHE_TYPES: Mapping[KvCacheType, int] = {
     "f32": llama_cpp.GGML_TYPE_F32,
     "f16": llama_cpp.GGML_TYPE_F16,
     "bf16": _GGML_TYPE_BF16,
@@ -106,16 +107,16 @@ class LlamaOptions:
     n_parallel: int = 1  # session slots, one KV sequence each; -1: auto (auto_parallel)
     kv_unified: bool = True  # the slots share n_ctx; else each has n_ctx of its own
     slot_prompt_similarity: float = 0.1  # a cached prefix longer than this share of a prompt picks the slot
-    flash_attn: str = "auto"  # auto | on | off
-    cache_type_k: str = "f16"  # the KV cache's data types (_CACHE_TYPES); a quantized V needs flash attention
-    cache_type_v: str = "f16"
+    flash_attn: FlashAttention = "auto"
+    cache_type_k: KvCacheType = "f16"  # the KV cache's data types; a quantized V needs flash attention
+    cache_type_v: KvCacheType = "f16"
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
     cache_disk_dir: Path | None = None  # prompt-cache snapshot files (a directory per model and settings)
     cache_disk_mib: int = 0  # their byte budget; 0: no disk tier
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
-    pooling: str | None = None  # the embeddings' pooling (none|mean|cls|last|rank); None: the model's
+    pooling: Pooling | None = None  # the embeddings' pooling; None: the model's
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
     draft_model_path: Path | None = None  # a draft model drafts instead of prompt lookup (--model-draft)
     n_ctx_draft: int = 0  # the draft context's tokens per slot; 0: as the main context's

@@ -7,9 +7,11 @@ from typing import Any
 
 import attrs
 
+from bubo.domain.modes import KvCacheType
+
 __all__ = ["KV_CACHE_TYPES", "KvCacheSize", "is_quantized", "kv_bytes_per_token"]
 
-KV_CACHE_TYPES: Mapping[str, tuple[int, int]] = {
+KV_CACHE_TYPES: Mapping[KvCacheType, tuple[int, int]] = {
     # ggml's type: (bytes of one block, values in a block), as ggml lays them out
     "f32": (4, 1),
     "f16": (2, 1),
@@ -21,23 +23,23 @@ KV_CACHE_TYPES: Mapping[str, tuple[int, int]] = {
     "q5_0": (22, 32),
     "q5_1": (24, 32),
 }
-"""The KV cache types llama-server accepts (``-ctk``/``-ctv``), each with its block layout."""
+"""Each KV cache type (``-ctk``/``-ctv``) with its block layout."""
 
-DEFAULT_KV_TYPE = "f16"  # llama.cpp's
+DEFAULT_KV_TYPE: KvCacheType = "f16"  # llama.cpp's
 
 
-def is_quantized(cache_type: str) -> bool:
+def is_quantized(cache_type: KvCacheType) -> bool:
     """Whether *cache_type* stores values in quantized blocks (a quantized V needs flash attention)."""
     return KV_CACHE_TYPES[cache_type][1] > 1
 
 
-def _row_bytes(cache_type: str, n_values: int) -> int:
+def _row_bytes(cache_type: KvCacheType, n_values: int) -> int:
     block_bytes, block_values = KV_CACHE_TYPES[cache_type]
     return -(-n_values // block_values) * block_bytes
 
 
 def kv_bytes_per_token(
-    metadata: Mapping[str, Any], type_k: str = DEFAULT_KV_TYPE, type_v: str = DEFAULT_KV_TYPE
+    metadata: Mapping[str, Any], type_k: KvCacheType = DEFAULT_KV_TYPE, type_v: KvCacheType = DEFAULT_KV_TYPE
 ) -> int:
     """Bytes of K and V one token occupies across all layers; 0 when unknown.
 
@@ -62,14 +64,16 @@ def kv_bytes_per_token(
 class KvCacheSize:
     """The KV cache a context holds: its data types and bytes, against the f16 cache llama.cpp defaults to."""
 
-    type_k: str
-    type_v: str
+    type_k: KvCacheType
+    type_v: KvCacheType
     n_ctx: int  # cells in the cache (every slot's together)
     bytes: int
     f16_bytes: int
 
     @classmethod
-    def of(cls, metadata: Mapping[str, Any], *, type_k: str, type_v: str, n_ctx: int) -> KvCacheSize:
+    def of(
+        cls, metadata: Mapping[str, Any], *, type_k: KvCacheType, type_v: KvCacheType, n_ctx: int
+    ) -> KvCacheSize:
         """The cache of *n_ctx* cells of the model *metadata* describes."""
         return cls(
             type_k=type_k,

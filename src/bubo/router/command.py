@@ -25,7 +25,7 @@ CHILD_HOST = "127.0.0.1"
 _RESERVED_DESTS = frozenset(
     {
         ("model", "path"),
-        ("model", "served_model_name"),
+        ("serving", "served_model_name"),
         ("server", "hosts"),
         ("server", "port"),
         ("server", "api_key"),

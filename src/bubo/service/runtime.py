@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from bubo.domain.modes import ReasoningFormat
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
@@ -28,14 +29,14 @@ class ChatDefaults:
 
     ``prefill_assistant``: a final assistant message is continued (else closed
     as a whole turn).  ``thinking``: ``enable_thinking`` for templates that read
-    it (None: the template's default).  ``reasoning_format``: ``deepseek`` splits
-    thinking into ``reasoning_content``; ``none`` leaves it in the content;
+    it (None: the template's default).  ``reasoning_format``: ``deepseek`` (and
+    ``auto``) splits thinking into ``reasoning_content``; ``none`` leaves it in the content;
     ``deepseek-legacy`` does both (the content keeps the ``<think>`` tags).
     """
 
     prefill_assistant: bool = True
     thinking: bool | None = None
-    reasoning_format: str = "deepseek"
+    reasoning_format: ReasoningFormat = "auto"
 
 
 @attrs.frozen(kw_only=True)
