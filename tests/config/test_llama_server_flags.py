@@ -67,6 +67,21 @@ class TestChatFlags:
         )
 
     @pytest.mark.parametrize(
+        ("argv", "thinking"),
+        [
+            ((), None),
+            (("-rea", "on"), True),
+            (("-rea", "off"), False),
+            (("--reasoning-budget", "0"), False),
+            (("-rea", "on", "--reasoning-budget", "0"), False),
+            (("-rea", "on", "--reasoning-budget", "-1"), True),
+        ],
+    )
+    def test_thinking_follows_reasoning_and_its_budget(self, argv, thinking) -> None:
+        """enable_thinking: on or off as --reasoning says, off with a budget of 0, else the template's."""
+        assert parse(*argv).requests.thinking is thinking
+
+    @pytest.mark.parametrize(
         ("environ", "message"),
         [
             ({"BUBO_REASONING": "maybe"}, "BUBO_REASONING: expected one of on, off, auto"),

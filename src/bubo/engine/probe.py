@@ -34,6 +34,8 @@ from typing import Any
 import attrs
 import llama_cpp
 
+from bubo.domain.modes import RepackMode
+
 from .base import EngineFailure, RepackDecision
 from .llama import LlamaOptions
 
@@ -199,7 +201,7 @@ class VerdictCache:
 
 
 def decide_repack(
-    mode: str, options: LlamaOptions, *, timeout_s: float, cache: VerdictCache | None
+    mode: RepackMode, options: LlamaOptions, *, timeout_s: float, cache: VerdictCache | None
 ) -> RepackDecision:
     """Repacking on or off for *mode* (``auto``, ``on``, ``off``); ``auto`` probes, or reads the cache.
 
@@ -209,10 +211,8 @@ def decide_repack(
         EngineFailure: the model crashes llama.cpp on this CPU even with repacking off.
 
     """
-    if mode == "on":
-        return RepackDecision(enabled=True, reason="forced on (--repack on)")
-    if mode == "off":
-        return RepackDecision(enabled=False, reason="forced off (--repack off)")
+    if mode != "auto":
+        return RepackDecision(enabled=mode == "on", reason=f"forced {mode} (--repack {mode})")
     key = verdict_key(options)
     if cache is not None and (kept := cache.load(key)) is not None:
         decision = attrs.evolve(kept, reason=f"{kept.reason} (verdict cached in {cache.directory})")
