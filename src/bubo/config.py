@@ -220,6 +220,20 @@ class RequestDefaults:
         if value not in (-1, 0):
             raise ConfigError(f"reasoning_budget must be -1 (unrestricted) or 0 (no thinking), got {value}")
 
+    def __attrs_post_init__(self) -> None:
+        """At most one default constraint: ``--grammar-file``, ``--grammar`` or ``--json-schema``."""
+        given = [
+            flag
+            for value, flag in (
+                (self.grammar_file, "--grammar-file"),
+                (self.grammar, "--grammar"),
+                (self.json_schema, "--json-schema"),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
+
     @property
     def thinking(self) -> bool | None:
         """``enable_thinking`` for templates that read it; None: the template's own default."""
@@ -964,7 +978,6 @@ def load_settings(
         except ValueError as error:
             raise ConfigError(f"{source}: {error}") from None
         _assign(tree, option.dest, value)
-    _check_one_constraint(tree.get("requests", {}))
     try:
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
@@ -984,14 +997,6 @@ def load_settings(
     if settings.cache_dir is None:
         settings = attrs.evolve(settings, cache_dir=default_cache_dir(environ))
     return settings
-
-
-def _check_one_constraint(model: Mapping[str, Any]) -> None:
-    """At most one of ``--grammar-file``, ``--grammar`` and ``--json-schema`` (or ``-jf``) is given."""
-    flags = {"grammar_file": "--grammar-file", "grammar": "--grammar", "json_schema": "--json-schema"}
-    given = [flag for name, flag in flags.items() if name in model]
-    if len(given) > 1:
-        raise ConfigError(f"{given[0]} and {given[1]} both constrain every answer; give one of them")
 
 
 def _long(option: Option) -> str:
