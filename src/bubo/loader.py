@@ -260,12 +260,11 @@ def _memory_guard(settings: Settings, metadata: GGUFMetadata, n_vocab: int) -> M
     if not settings.server.memory_guard:
         return None
     model = settings.model
+    verified_positions = 1 + settings.generation.speculative.n_max  # a step's token and its drafts
     return MemoryGuard(
         probe=SystemMemory(),
         kv_bytes_per_token=kv_bytes_per_token(metadata, model.cache_type_k, model.cache_type_v),
-        step_bytes=n_vocab
-        * 4
-        * (1 + settings.generation.speculative.n_max),  # float logits per verified position
+        step_bytes=n_vocab * 4 * verified_positions,  # float logits per verified position
         low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
     )
 
