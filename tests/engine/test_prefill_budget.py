@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubo.engine._prefill_budget import FIRST_CHUNK, MIN_CHUNK, PrefillBudget, share_room
+from bubo.engine._prefill_budget import FIRST_CHUNK, MIN_CHUNK, PROMPT_OVER_STREAMS, PrefillBudget, share_room
 
 
 def measured(fixed_s: float, per_token_s: float, sizes: list[int], target_s: float = 0.5) -> PrefillBudget:
@@ -37,9 +37,17 @@ class TestAuto:
         budget = measured(0.001, 0.0001, [3, 4, 3, 4])  # a fast machine: the fit alone would allow thousands
         assert budget.room(3) == 2 * FIRST_CHUNK - 3
 
-    def test_slow_steps_still_carry_a_minimum(self) -> None:
-        budget = measured(0.4, 0.05, [3, 16, 3, 16])
-        assert budget.room(3) == MIN_CHUNK
+    def test_where_the_streams_alone_fill_the_target_the_prompt_still_gets_nine_tenths(self) -> None:
+        """A loaded machine: the streams' step is most of the target, so the gap gives way, not the prompt."""
+        fixed, per_token = 0.4, 0.01
+        budget = measured(fixed, per_token, [3, 64, 3, 128, 3, 256, 3, 256])
+        chunk = budget.room(3)
+        streams = fixed + per_token * 3
+        assert chunk == pytest.approx(PROMPT_OVER_STREAMS * streams / per_token, abs=1)
+
+    def test_one_cheap_stream_still_leaves_a_minimum(self) -> None:
+        budget = measured(0.0, 0.05, [1, 1, 1])
+        assert budget.room(1) == MIN_CHUNK
 
     def test_steps_of_one_size_are_read_as_all_per_token_cost(self) -> None:
         budget = measured(0.0, 0.01, [64, 64, 64])

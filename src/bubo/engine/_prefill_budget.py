@@ -6,8 +6,13 @@ carries each stream's next token, so the step's length is the streams'
 inter-token gap; the prompt's part is then sized from the measured cost of a
 step (a fixed part and a part per token, fitted to recent steps with
 exponential forgetting) so that the step stays under the target gap
-(``--prefill-gap-ms``).  A fixed ``--prefill-chunk N`` takes N tokens a step
-whoever else runs, as before.
+(``--prefill-gap-ms``).  Where the streams' own part of a step (the fixed cost
+and their tokens) is already most of that target, a slow or loaded machine, the
+gap gives way instead of the prompt: the prompt's part is at least nine times
+the streams' part, so reading it beside streams takes at most about 10 % longer
+than alone (without that floor it would fall to a few tokens a step, and the
+newcomer's first token to many times its lone read; measured under load).
+A fixed ``--prefill-chunk N`` takes N tokens a step whoever else runs.
 
 Several prompts read at once share the step's room: each gets at least an
 even share of half of it, and the rest goes oldest first, so the oldest
@@ -18,12 +23,14 @@ Pure arithmetic on the decode thread's own measurements: tested alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_GAP_S", "PrefillBudget", "share_room"]
+__all__ = ["DEFAULT_GAP_S", "PROMPT_OVER_STREAMS", "PrefillBudget", "share_room"]
 
 DEFAULT_GAP_S = 0.5  # the streams' inter-token gap a prompt read beside them may stretch to
 MIN_CHUNK = 16  # prompt tokens a step carries beside streams, however slow steps are: the prompt advances
+PROMPT_OVER_STREAMS = 9.0  # the prompt's part of a step is at least this many times the streams' part
 FIRST_CHUNK = 64  # beside streams, before any step was measured
 FORGETTING = 0.9  # weight of a step's measurement after each later one
 _MIN_SPREAD = 1e-9
@@ -48,8 +55,15 @@ class PrefillBudget:
             return min(self._fixed, space)
         if n_decoding == 0:
             return space
-        fit = self.tokens_within(self._target)
-        chunk = FIRST_CHUNK if fit is None else min(fit, 2 * max(self._largest, FIRST_CHUNK)) - n_decoding
+        cost = self.step_cost()
+        if cost is None:
+            chunk = FIRST_CHUNK
+        else:
+            fixed, per_token = cost
+            within_target = int((self._target - fixed) / per_token) - n_decoding
+            streams_part = fixed / per_token + n_decoding  # in prompt tokens' worth of time
+            chunk = max(within_target, math.ceil(PROMPT_OVER_STREAMS * streams_part))
+            chunk = min(chunk, 2 * max(self._largest, FIRST_CHUNK) - n_decoding)  # the fit is local
         return max(min(chunk, space), min(MIN_CHUNK, space))
 
     def observe(self, n_tokens: int, seconds: float) -> None:
@@ -72,14 +86,6 @@ class PrefillBudget:
             if per_token > 0.0:
                 return max(0.0, (self._t - per_token * self._n) / self._w), per_token
         return 0.0, self._t / self._n  # steps of one size (or noise): all cost per token, the safe side
-
-    def tokens_within(self, seconds: float) -> int | None:
-        """The most tokens a step can carry and take at most *seconds*; None before any measurement."""
-        cost = self.step_cost()
-        if cost is None:
-            return None
-        fixed, per_token = cost
-        return int((seconds - fixed) / per_token)
 
 
 def share_room(needs: Sequence[int], room: int) -> list[int]:
