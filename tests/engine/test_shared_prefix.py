@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, GenerationStats, TokenGenerated
 from bubo.domain.sampling import SamplingParams
@@ -202,3 +203,37 @@ class TestCellsMovedByCacheReuse:
             assert after.cached_tokens <= len(head)
         finally:
             engine.close()
+
+
+async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
+    model_path: Path, tokenizer: HFTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sub-agents whose prefix another slot holds share its cells; checking a file for it is wasted work."""
+    engine = load_llama_engine(
+        LlamaOptions(
+            model_path=model_path,
+            n_ctx=2048,
+            n_threads=2,
+            n_parallel=2,
+            cache_ram_mib=0,
+            cache_disk_dir=tmp_path,
+            cache_disk_mib=64,
+        )
+    )
+    try:
+        disk = engine._disk  # what the engine reads from disk is the point
+        assert disk is not None
+        await run(engine, prompt(tokenizer, system_prompt(12), "Name a colour."), slot=0)
+        for _ in range(100):  # slot 0's sequence is written once the engine is idle
+            if disk.total_bytes:
+                break
+            await trio.sleep(0.1)
+        assert disk.total_bytes
+        reads: list[object] = []
+        real_read = disk.read
+        monkeypatch.setattr(disk, "read", lambda entry: reads.append(entry) or real_read(entry))
+        _, stats = await run(engine, prompt(tokenizer, system_prompt(12), "Name a fruit."), slot=1)
+        assert stats.cache.shared_tokens > 0
+        assert reads == []
+    finally:
+        engine.close()

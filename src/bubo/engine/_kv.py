@@ -517,7 +517,10 @@ class SequenceCache:
         """Read the disk's best file for *prompt* for the next :meth:`prepare`, if it beats what is here.
 
         Only a file computed under *adapters* (the request's LoRA adapter set) counts, and only
-        the live sequence and snapshots under that set are what it must beat.
+        the live sequence, another slot's shareable prefix and snapshots under that set are what
+        it must beat (a sub-agent whose prefix another slot holds reads no file).  Those are read
+        here from another thread as copies; a race only makes the guess stale, and
+        :meth:`prepare` chooses again on the decode thread.
 
         Runs in a worker thread before the generation is submitted (the decode thread never waits on
         the disk); whether a file was read and offered.  It beats the live sequence and host RAM only
@@ -528,9 +531,13 @@ class SequenceCache:
         entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
         if entry is None:
             return False
+        limit = len(prompt) - 1
         here = 0
-        if self.adapters == adapters:
-            here = common_prefix(self.head(len(prompt)), prompt, len(prompt) - 1)
+        for cache in self.peers or (self,):  # the peers of a unified cache include this sequence
+            if cache.adapters != adapters:
+                continue
+            n = len(prompt) if cache is self else min(len(prompt), cache.n_shareable)
+            here = max(here, common_prefix(cache.head(n), prompt, limit))
         if self.store is not None:
             here = max(here, self.store.longest_match(prompt, adapters))
         if match < here + MIN_RESTORE_GAIN:
