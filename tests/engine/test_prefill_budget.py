@@ -49,6 +49,12 @@ class TestAuto:
         budget = measured(0.0, 0.05, [1, 1, 1])
         assert budget.room(1) == MIN_CHUNK
 
+    def test_a_clock_that_saw_no_time_leaves_the_first_chunk(self) -> None:
+        """A coarse clock (every step 0 s) is no measurement: no division by a zero cost."""
+        budget = measured(0.0, 0.0, [3, 3, 3])
+        assert budget.step_cost() is None
+        assert budget.room(3) == FIRST_CHUNK
+
     def test_steps_of_one_size_are_read_as_all_per_token_cost(self) -> None:
         budget = measured(0.0, 0.01, [64, 64, 64])
         assert budget.step_cost() == pytest.approx((0.0, 0.01))

@@ -85,6 +85,8 @@ class PrefillBudget:
             per_token = (self._w * self._nt - self._n * self._t) / spread
             if per_token > 0.0:
                 return max(0.0, (self._t - per_token * self._n) / self._w), per_token
+        if self._t <= 0.0:  # a clock too coarse to see the steps: nothing measured yet
+            return None
         return 0.0, self._t / self._n  # steps of one size (or noise): all cost per token, the safe side
 
 
