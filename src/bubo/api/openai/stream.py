@@ -95,7 +95,7 @@ class ChatStream:
 
     def _chunk(
         self,
-        delta: wire.Delta,
+        delta: wire.Delta | wire.RoleDelta,
         *,
         finish_reason: str | None = None,
         logprobs: wire.ChoiceLogprobs | None = None,
@@ -112,7 +112,7 @@ class ChatStream:
 
     def opening(self) -> Iterable[bytes]:
         """The role chunk."""
-        return [self._chunk(wire.Delta(role="assistant", content=""))]
+        return [self._chunk(wire.RoleDelta())]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
@@ -139,9 +139,12 @@ class ChatStream:
                 yield from self._closing(event)
 
     def _closing(self, done: Done) -> list[bytes]:
-        frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=timings(done.stats))]
+        final = timings(done.stats)
+        frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=final)]
         if self._include_usage:
-            frames.append(self._envelope([], usage=usage(done.stats, reasoning_tokens=done.reasoning_tokens)))
+            # The timings again on the usage chunk: llama-server puts them on a stream's last chunk.
+            stats = usage(done.stats, reasoning_tokens=done.reasoning_tokens)
+            frames.append(self._envelope([], usage=stats, timings=final))
         frames.append(_DONE)
         return frames
 

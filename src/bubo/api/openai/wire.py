@@ -143,9 +143,8 @@ class ToolCallDelta:
 
 @attrs.frozen(kw_only=True)
 class Delta:
-    """What one chunk adds."""
+    """What one chunk after the first adds."""
 
-    role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None  # the same text, for clients that read this name
@@ -153,11 +152,20 @@ class Delta:
 
 
 @attrs.frozen(kw_only=True)
+class RoleDelta:
+    """The first chunk's delta: the role and ``"content": null``, as llama-server sends it."""
+
+    role: Literal["assistant"] = "assistant"
+    # A Factory default, not ``None``, so the null is written rather than left out (see ``_json``).
+    content: None = attrs.field(default=attrs.Factory(lambda: None))
+
+
+@attrs.frozen(kw_only=True)
 class ChunkChoice:
     """One choice in a chunk; ``finish_reason`` is written even when null."""
 
     index: int
-    delta: Delta
+    delta: Delta | RoleDelta
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
 
