@@ -38,7 +38,7 @@ def refusal(schema: object) -> InvalidRequest:
 class TestResolved:
     def test_a_schema_without_references_is_returned_as_it_came(self) -> None:
         schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-        assert check_schema(schema, PARAM) is schema
+        assert check_schema(schema, PARAM) == schema
 
     def test_defs_behind_a_relative_root_id(self) -> None:
         """What instructor and other libraries send: a root ``$id`` that is no URL, refs relative to it."""

@@ -35,7 +35,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
+from llama_cpp.llama_grammar import (
+    PRIMITIVE_RULES,
+    RESERVED_NAMES,
+    BuiltinRule,
+    SchemaConverter,
+    _build_repetition,  # the port's own repetition writer, so bounds read as in its item arrays
+)
 
 from bubo.domain.generation import GrammarSpec
 from bubo.grammar import child_schemas, resolve_pointer
@@ -137,6 +143,8 @@ class _BoundedConverter(SchemaConverter):
     :func:`bubo.grammar.check_schema` refuses those keywords anywhere else.
     A list of types is a choice between the schema with each type: the base converter
     visits ``{"type": t}`` alone, silently dropping ``properties``, ``maxLength``, bounds, ….
+    An array with ``minItems``/``maxItems`` and no ``items`` is bounded too: the base converter
+    writes such an array unbounded.
     """
 
     def __init__(self) -> None:
@@ -188,7 +196,22 @@ class _BoundedConverter(SchemaConverter):
         if isinstance(kind, list):  # the base converter would visit each type alone, dropping the rest
             branches = [{**schema, "type": one} for one in kind]
             return str(self._add_rule(rule_name, self._generate_union_rule(name, branches)))
+        if kind == "array" and _bounded_without_items(schema):
+            return str(self._add_rule(rule_name, self._any_items(schema)))
         if kind not in ("integer", "number") or not any(key in schema for key in NUMERIC_KEYWORDS):
             return str(super().visit(schema, name))
         expression = numeric_expression(schema, kind, self._add_rule)
         return str(self._add_rule(rule_name, f"({expression}) space"))
+
+    def _any_items(self, schema: Mapping[str, Any]) -> str:
+        """``[`` any JSON values, ``minItems`` to ``maxItems`` of them, ``]``."""
+        value = str(self._add_primitive("value", PRIMITIVE_RULES["value"]))
+        count = _build_repetition(
+            value, schema.get("minItems", 0), schema.get("maxItems"), separator_rule='"," space'
+        )
+        return f'"[" space {count} "]" space'
+
+
+def _bounded_without_items(schema: Mapping[str, Any]) -> bool:
+    has_items = "items" in schema or "prefixItems" in schema
+    return not has_items and ("minItems" in schema or "maxItems" in schema)

@@ -37,6 +37,7 @@ import attrs
 from bubo.domain.generation import GrammarSpec
 from bubo.errors import InvalidRequest
 
+from ._forms import normal_form
 from ._refs import DOCUMENT_URI, SCHEMA_LISTS, SCHEMA_MAPS, Pointer, References, child_schemas
 from .gbnf import THINK_BODY, thinking_prefix
 from .numeric import NUMERIC_KEYWORDS, NumericRefused, check_numeric
@@ -108,8 +109,9 @@ def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> Mapp
     path of the offending keyword below it (``response_format.json_schema.schema.properties.x.maxLength``).
 
     Returns:
-        The schema to enforce and to validate the answer against: *schema* itself, or, where it
-        declares ``$id``/``$anchor`` or refers with ``$ref``, its bundled copy (every reference a
+        The schema to enforce and to validate the answer against: *schema* in its Draft 2020-12
+        form (``true`` as ``{}``, tuple ``items`` as ``prefixItems``: :mod:`bubo.grammar._forms`),
+        bundled where it declares ``$id``/``$anchor`` or refers with ``$ref`` (every reference a
         pointer from the root; see :mod:`bubo.grammar._refs`).  *schema* is never changed.
 
     Raises:
@@ -119,6 +121,7 @@ def check_schema(schema: Any, param: str, limits: SchemaLimits = LIMITS) -> Mapp
             for a limit, the limit.
 
     """
+    schema = normal_form(schema)
     walk = _Walk(param, limits)
     walk.run(schema)
     bundled: Mapping[str, Any] = walk.references.bundle(schema)
@@ -178,11 +181,10 @@ class _Walk:
                     f"is nested {depth} deep; at most {self.limits.depth} levels are supported",
                     TOO_COMPLEX,
                 )
+            if schema is False:
+                raise self.refuse(path, "is false, which admits no value, so no answer could be written")
             if not isinstance(schema, Mapping):
-                kind = "a boolean schema" if isinstance(schema, bool) else "not an object"
-                raise self.refuse(
-                    path, f"is {kind}; constrained decoding needs an object ({{}} admits anything)"
-                )
+                raise self.refuse(path, "is not an object")
             base = self.references.enter(schema, pointer, path, base)
             self._check(schema, path)
             children = [
