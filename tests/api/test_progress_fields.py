@@ -6,6 +6,8 @@ import json
 
 from dirty_equals import IsInt, IsNumber
 
+from bubo.api._progress import progress
+from bubo.domain.generation import PromptProgress
 from bubo.engine.fake import FakeScript
 
 USER = [{"role": "user", "content": "hi"}]
@@ -31,6 +33,12 @@ def events(data: bytes) -> list[dict]:
 async def chat_stream(app, **fields: object) -> list[dict]:
     body = {"model": "bubo", "messages": USER, "stream": True, **fields}
     return events(await (await app.test_client().post("/v1/chat/completions", json=body)).get_data())
+
+
+def test_processed_counts_the_reused_tokens() -> None:
+    """llama-server's meaning: overall progress is processed / total, reading's (processed - cache) / (total - cache)."""
+    wire = progress(PromptProgress(total=10, cached=4, processed=3, elapsed_ms=1.25))
+    assert (wire.total, wire.cache, wire.processed, wire.time_ms) == (10, 4, 7, 1.25)
 
 
 class TestChat:

@@ -20,7 +20,11 @@ __all__ = ["LiveTimings", "Progress", "progress"]
 
 @attrs.frozen(kw_only=True)
 class Progress:
-    """``prompt_progress``: ``processed`` of ``total`` prompt tokens, ``cache`` of them reused."""
+    """``prompt_progress``: ``processed`` of ``total`` prompt tokens, ``cache`` of them reused.
+
+    ``processed`` counts the reused tokens too, as llama-server's does: the overall progress is
+    ``processed / total``, the evaluation's own ``(processed - cache) / (total - cache)``.
+    """
 
     total: int
     cache: int
@@ -31,7 +35,10 @@ class Progress:
 def progress(event: PromptProgress) -> Progress:
     """The wire form of a prompt progress event."""
     return Progress(
-        total=event.total, cache=event.cached, processed=event.processed, time_ms=round(event.elapsed_ms, 3)
+        total=event.total,
+        cache=event.cached,
+        processed=event.cached + event.processed,
+        time_ms=round(event.elapsed_ms, 3),
     )
 
 
