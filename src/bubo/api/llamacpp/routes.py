@@ -45,7 +45,6 @@ class _StreamOptions:
 
     n_probs: bool
     progress: bool = False  # return_progress
-    tokens: bool = False  # return_tokens
     fields: list[str] | None = None  # response_fields
     timings_per_token: bool = False
     post_sampling: bool = False  # post_sampling_probs
@@ -54,8 +53,9 @@ class _StreamOptions:
 class _CompletionStream:
     """One prompt's ``/completion`` chunks: one per token, then the full result; no ``[DONE]``.
 
-    ``tokens`` carries the chunk's token ids only with ``return_tokens``; ``fields`` (``response_fields``)
-    projects the final result.
+    Each chunk's ``tokens`` carries its token ids whether or not ``return_tokens`` asks, as
+    llama-server's stream does (``return_tokens`` is for the whole answer's ids, which a stream's last
+    chunk leaves empty); ``fields`` (``response_fields``) projects the final result.
     """
 
     def __init__(
@@ -65,7 +65,6 @@ class _CompletionStream:
         self._prompt = prompt
         self._n_probs = options.n_probs
         self._progress = options.progress
-        self._tokens = options.tokens
         self._fields = options.fields
         self._post_sampling = options.post_sampling
         self._index = index
@@ -107,13 +106,13 @@ class _CompletionStream:
             case TextDelta(text=text, token_ids=token_ids, logprobs=entries):
                 self._predicted += len(token_ids)
                 self._has_new_line = self._has_new_line or "\n" in text
-                if not text and not (self._n_probs and entries) and not (self._tokens and token_ids):
+                if not text and not (self._n_probs and entries) and not token_ids:
                     return ()
                 return self._chunk(
                     wire.CompletionChunk(
                         index=self._index,
                         content=text,
-                        tokens=list(token_ids) if self._tokens else [],
+                        tokens=list(token_ids),
                         id_slot=self._slot,
                         tokens_predicted=self._predicted,
                         tokens_evaluated=self._evaluated,
@@ -268,7 +267,6 @@ async def answer_completion(
         options = _StreamOptions(
             n_probs=n_probs,
             progress=bool(body.return_progress),
-            tokens=bool(body.return_tokens),
             fields=body.response_fields,
             timings_per_token=bool(body.timings_per_token),
             post_sampling=post_sampling,
