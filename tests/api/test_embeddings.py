@@ -198,6 +198,7 @@ class TestAnswerSize:
         assert response.status_code == 400
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == ("context_length_exceeded", param)
+        assert "(17 tokens) is too large" in error["message"]  # llama-server's words, which its suite checks
 
     @pytest.mark.parametrize(
         ("module", "path"),

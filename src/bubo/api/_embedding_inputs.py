@@ -98,8 +98,8 @@ def _content_text(parts: object, param: str) -> str:
 def _check_length(ids: list[object], param: str, max_tokens: int) -> None:
     if len(ids) > max_tokens:
         raise InvalidRequest(
-            f"the input has {len(ids)} tokens, more than the {max_tokens} one embedding may have; shorten "
-            "it or start the server with a larger --ubatch-size",
+            f"the input ({len(ids)} tokens) is too large to embed: one embedding may have at most "
+            f"{max_tokens} tokens; shorten it or start the server with a larger --ubatch-size",
             code="context_length_exceeded",
             param=param,
         )
