@@ -33,6 +33,12 @@ request (or left, or :data:`REQUEST_END_WAIT_S` passed), so no frame can arrive
 on a forgotten stream from a client that behaves (2); and it reads the request
 meanwhile, so Hypercorn never waits on a queue nobody empties (3).
 
+On HTTP/1.x the guard also writes each response header's name in its usual
+capitals (``Content-Type``, ``Access-Control-Allow-Origin``), as llama-server
+and most servers send them: names are case-insensitive, but a client that copies
+the headers into a plain dict (llama.cpp's own test harness does) then finds
+them under the names it expects.  HTTP/2 requires lower case and gets it.
+
 There is no WebSocket endpoint: an upgrade gets a plain 400 in the error
 envelope before any handshake, instead of reaching the framework.
 """
@@ -114,6 +120,8 @@ class _Exchange:
             # sent by finish(), once the framework's task (which that disconnect cancels) is over.
             self._final = message
             return
+        if message["type"] == "http.response.start" and not self._http2:
+            message = {**message, "headers": [(name.title(), value) for name, value in message["headers"]]}
         await self._send(message)
 
     async def finish(self) -> None:
