@@ -111,8 +111,9 @@ class ChatStream:
         return self._envelope([], timings=timings, prompt_progress=progress(event))
 
     def opening(self) -> Iterable[bytes]:
-        """The role chunk."""
-        return [self._chunk(wire.RoleDelta())]
+        """The role chunk, without ``timings`` even with ``timings_per_token``: nothing is timed yet."""
+        choice = wire.ChunkChoice(index=0, delta=wire.RoleDelta(), finish_reason=None)
+        return [self._envelope([choice])]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
