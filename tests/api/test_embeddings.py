@@ -200,6 +200,15 @@ class TestAnswerSize:
         assert (error["code"], error["param"]) == ("context_length_exceeded", param)
         assert "(17 tokens) is too large" in error["message"]  # llama-server's words, which its suite checks
 
+    @pytest.mark.parametrize("path", ["/v1/embeddings", "/embedding"])
+    async def test_a_text_over_one_batch_is_too_large(self, emb_app, path) -> None:
+        body = {"input": "word " * 200} if path == "/v1/embeddings" else {"content": "word " * 200}
+        response = await emb_app.test_client().post(path, json=body)
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert "tokens) is too large to embed" in error["message"]
+
     @pytest.mark.parametrize(
         ("module", "path"),
         [("bubo.api.openai.embeddings", "/v1/embeddings"), ("bubo.api.llamacpp.embedding", "/embedding")],

@@ -59,7 +59,9 @@ class TestChat:
     async def test_without_it_no_progress(self, app) -> None:
         assert not any("prompt_progress" in c for c in await chat_stream(app))
 
-    async def test_timings_per_token_puts_timings_on_every_chunk_after_the_role_chunk(self, app, script: FakeScript) -> None:
+    async def test_timings_per_token_puts_timings_on_every_chunk_after_the_role_chunk(
+        self, app, script: FakeScript
+    ) -> None:
         script.reply = " one two three"
         chunks = await chat_stream(app, timings_per_token=True)
         assert "timings" not in chunks[0]  # the role chunk: llama-server's suite checks it has none
@@ -73,7 +75,9 @@ class TestChat:
 
 
 class TestCompletion:
-    async def test_timings_per_token_puts_timings_on_every_chunk_after_the_role_chunk(self, app, script: FakeScript) -> None:
+    async def test_timings_per_token_puts_timings_on_every_chunk_after_the_role_chunk(
+        self, app, script: FakeScript
+    ) -> None:
         script.reply = " one two"
         response = await app.test_client().post(
             "/completion", json={"prompt": "x", "stream": True, "timings_per_token": True}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bubo.errors import InvalidRequest
-from bubo.service.embeddings import EmbeddingInput
+from bubo.service.embeddings import EmbeddingInput, too_long
 
 __all__ = ["MAX_EMBEDDING_INPUTS", "embedding_inputs"]
 
@@ -97,12 +97,7 @@ def _content_text(parts: object, param: str) -> str:
 
 def _check_length(ids: list[object], param: str, max_tokens: int) -> None:
     if len(ids) > max_tokens:
-        raise InvalidRequest(
-            f"the input ({len(ids)} tokens) is too large to embed: one embedding may have at most "
-            f"{max_tokens} tokens; shorten it or start the server with a larger --ubatch-size",
-            code="context_length_exceeded",
-            param=param,
-        )
+        raise too_long(len(ids), max_tokens, param)
 
 
 def _is_token(value: object) -> bool:

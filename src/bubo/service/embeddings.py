@@ -24,6 +24,7 @@ __all__ = [
     "embed",
     "normalize",
     "require_embedder",
+    "too_long",
 ]
 
 MAX_EMBEDDING_FLOATS = 4_194_304
@@ -132,7 +133,7 @@ def _tokens(
                 item,
                 param=param,
                 room=None if truncate else embedder.n_tokens,
-                overflow=lambda n_tokens, _at_least: _too_long(n_tokens, embedder, param),
+                overflow=lambda n_tokens, _at_least: too_long(n_tokens, embedder.n_tokens, param),
             )
         )
         if truncate:
@@ -154,13 +155,14 @@ def _tokens(
 
 def _check_length(tokens: tuple[int | str, ...], embedder: EmbeddingModel, param: str) -> None:
     if len(tokens) > embedder.n_tokens:
-        raise _too_long(len(tokens), embedder, param)
+        raise too_long(len(tokens), embedder.n_tokens, param)
 
 
-def _too_long(n_tokens: int, embedder: EmbeddingModel, param: str) -> InvalidRequest:
+def too_long(n_tokens: int, max_tokens: int, param: str) -> InvalidRequest:
+    """The 400 for an input of *n_tokens* over the *max_tokens* of one embedding, in llama-server's words."""
     return InvalidRequest(
-        f"the input has {n_tokens} tokens, more than the {embedder.n_tokens} one embedding may "
-        "have; shorten it or start the server with a larger --ubatch-size",
+        f"the input ({n_tokens} tokens) is too large to embed: one embedding may have at most "
+        f"{max_tokens} tokens; shorten it or start the server with a larger --ubatch-size",
         code="context_length_exceeded",
         param=param,
     )
