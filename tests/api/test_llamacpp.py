@@ -336,6 +336,12 @@ class TestOps:
                      "size": 1_000_000, "vocab_type": 2},
             "architecture": {"input_modalities": ["text"]},
         }  # fmt: skip
+        # llama-server's list beside OpenAI's, which its web UI and suite read for capabilities
+        assert body["models"] == [
+            {"name": name, "model": name, "type": "model", "capabilities": ["completion"],
+             "details": {"format": "gguf"}}
+            for name in ("smollm2-135m-instruct-q4-1", "bubo")
+        ]  # fmt: skip
 
     async def test_apply_template(self, app) -> None:
         """/apply-template renders the chat body without a model and ignores stream."""

@@ -127,6 +127,10 @@ def model_list(runtime: Runtime) -> wire.ModelList:
     )
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
     return wire.ModelList(
+        models=[  # Bubo serves text models: llama-server adds "multimodal" only with --mmproj
+            wire.ListedModel(name=name, model=name, capabilities=["completion"])
+            for name in runtime.model_names
+        ],
         data=[
             wire.Model(
                 id=name,
@@ -140,7 +144,7 @@ def model_list(runtime: Runtime) -> wire.ModelList:
                 architecture=wire.Architecture(input_modalities=["text"]),
             )
             for name in runtime.model_names
-        ]
+        ],
     )
 
 

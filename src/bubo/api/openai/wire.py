@@ -246,9 +246,28 @@ class Model:
 
 
 @attrs.frozen(kw_only=True)
-class ModelList:
-    """``GET /v1/models``."""
+class ModelDetails:
+    """A ``models`` entry's ``details``: the file's format."""
 
+    format: Literal["gguf"] = "gguf"
+
+
+@attrs.frozen(kw_only=True)
+class ListedModel:
+    """One entry of llama-server's ``models`` beside ``data`` (its web UI reads the ``capabilities``)."""
+
+    name: str
+    model: str
+    type: Literal["model"] = "model"
+    capabilities: list[str]
+    details: ModelDetails = ModelDetails()
+
+
+@attrs.frozen(kw_only=True)
+class ModelList:
+    """``GET /v1/models``: OpenAI's ``data``, and llama-server's ``models`` beside it."""
+
+    models: list[ListedModel]
     object: Literal["list"] = "list"
     data: list[Model]
 
