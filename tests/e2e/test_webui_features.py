@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ from ._webui import (  # noqa: F401 - the shared fixtures
     store_conversations,
     watch,
 )
-from .conftest import Server
+from .conftest import Server, free_port, hypercorn_command, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -283,6 +284,22 @@ class TestConversationTree:
         expect(answer.locator(".content")).to_have_text(shown)
 
 
+@pytest.fixture(name="small_batch_server", scope="module")
+def _small_batch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose steps carry at most 256 prompt tokens (``--batch-size 256``).
+
+    Alone, a prompt is read in the largest batch the context takes: with the default 2,048 a
+    long paste is one step, so nothing is shown between its first report and its end.
+    """
+    port = free_port()
+    log = tmp_path_factory.mktemp("small-batch") / "hypercorn.log"
+    server = start_server(
+        hypercorn_command(port), port, log, env={"BUBO_BATCH_SIZE": "256", "BUBO_UBATCH_SIZE": "256"}
+    )
+    yield server
+    stop_server(server)
+
+
 class TestStatistics:
     def test_the_stats_are_the_server_s_timings(self, page: Page, server: Server, artifacts: Path) -> None:
         """Prompt tokens (cached and new), generated tokens and speed are the stream's final timings; the first token's wait too."""
@@ -308,9 +325,11 @@ class TestStatistics:
         expect(stats.locator(".stat-ttft")).to_have_text(re.compile(r"first token after \d+ ms"))
         page.screenshot(path=artifacts / "statistics.png")
 
-    def test_a_long_prompt_shows_its_progress(self, page: Page, server: Server, artifacts: Path) -> None:
+    def test_a_long_prompt_shows_its_progress(
+        self, page: Page, small_batch_server: Server, artifacts: Path
+    ) -> None:
         """While a long prompt is read (return_progress), a bar shows the share read and an estimate of the time left."""
-        open_page(page, server)
+        open_page(page, small_batch_server)
         set_setting(page, "max_tokens", "2")
         page.evaluate(
             """() => {
