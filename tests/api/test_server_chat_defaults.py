@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import pytest
@@ -14,6 +15,8 @@ from bubo.service.runtime import ChatDefaults
 from bubo.templates import ChatTemplate
 
 from ..conftest import QWEN3_STYLE, wait_until_ready
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "llama_cpp_templates"
 
 COUNTING = [
     {"role": "user", "content": "Count to ten."},
@@ -90,6 +93,20 @@ class TestReasoning:
             assert (await self.rendered(app)).endswith("<think>\n\n</think>\n\n")
             asked = await self.rendered(app, chat_template_kwargs={"enable_thinking": True})
             assert not asked.endswith("</think>\n\n")
+
+    async def test_off_closes_a_block_the_template_always_opens(self, serve, fake_engine: FakeEngine) -> None:
+        """The DeepSeek-R1 distills open `<think>` unconditionally: off closes it, and the answer is content."""
+        source = (FIXTURES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja").read_text()
+        template = ChatTemplate(source, bos_token="", eos_token="<｜end▁of▁sentence｜>", origin="test")
+        fake_engine.script.reply = "The answer."
+        async with serve(template=template, chat=ChatDefaults(thinking=False)) as app:
+            assert (await self.rendered(app)).endswith("<think>\n</think>")
+            response = await app.test_client().post(
+                "/v1/chat/completions", json={"model": "bubo", "messages": USER}
+            )
+            message = (await response.get_json())["choices"][0]["message"]
+        assert message["content"] == "The answer."
+        assert "reasoning_content" not in message
 
     async def test_auto_keeps_the_template_default(self, serve) -> None:
         async with serve(template=qwen3()) as app:

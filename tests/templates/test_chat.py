@@ -368,3 +368,28 @@ class TestThinkingIsOnByDefault:
     def test_a_request_turns_it_off(self, source: str) -> None:
         rendered = render(source, ChatPrompt(messages=USER, template_kwargs={"enable_thinking": False}))
         assert rendered.endswith(self.CLOSED)
+
+
+class TestThinkingOffClosesAnOpenedBlock:
+    """A template that opens `<think>` whatever it is told gets it closed when thinking is off, as in llama.cpp."""
+
+    ALWAYS_OPEN = FIXTURES / "llama_cpp_templates" / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
+
+    def rendered(self, **template_kwargs: object) -> str:
+        return render(
+            self.ALWAYS_OPEN.read_text(), ChatPrompt(messages=USER, template_kwargs=template_kwargs)
+        )
+
+    def test_off_closes_it(self) -> None:
+        assert self.rendered(enable_thinking=False).endswith("<｜Assistant｜><think>\n</think>")
+
+    @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": True}], ids=["unset", "on"])
+    def test_otherwise_the_output_starts_inside_it(self, kwargs: dict[str, object]) -> None:
+        assert self.rendered(**kwargs).endswith("<｜Assistant｜><think>\n")
+
+    def test_a_continued_answer_is_left_as_written(self) -> None:
+        prompt = ChatPrompt(
+            messages=(*USER, Message(role="assistant", content="<think>")),
+            template_kwargs={"enable_thinking": False},
+        )
+        assert render(CHATML, prompt).endswith("assistant\n<think>")

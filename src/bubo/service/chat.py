@@ -20,6 +20,7 @@ from bubo.errors import InvalidRequest
 from bubo.grammar import check_request_grammar, check_schema, output_grammar, thinking_prefix
 from bubo.parsers import ParserConfig
 from bubo.parsers.registry import tool_format
+from bubo.templates import THINK_CLOSE, THINK_OPEN
 
 from .generation import PreparedGeneration, bias_chars, compile_grammar, generation_request
 from .output import OutputPlan
@@ -34,9 +35,6 @@ __all__ = [
     "render_chat_request",
     "starts_inside_thinking",
 ]
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 
 def starts_inside_thinking(prompt_text: str) -> bool:

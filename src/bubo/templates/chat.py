@@ -1,10 +1,14 @@
-"""Render Hugging Face chat templates in jinja2's sandbox (``_environment.py``).
+r"""Render Hugging Face chat templates in jinja2's sandbox (``_environment.py``).
 
 A template is compiled once; ``/apply-template``, token counting and
 generation all call :meth:`ChatTemplate.render`, which hands the template what
 llama.cpp does: the messages, tools and special tokens, today's date
 (``date_string``, ``datetime``), and the request's ``chat_template_kwargs``
 over all of them.
+
+Thinking turned off (``enable_thinking`` false) on a template that opens
+``<think>`` whatever it is told (the DeepSeek-R1 distills) is closed after the
+render, as llama.cpp does: the generation prompt then ends ``<think>\n</think>``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from bubo.errors import InvalidRequest
 from ._environment import Clock, TemplateEnvironment, context_variables, local_now, template_reads
 from ._polyfill import adapt, probe
 
-__all__ = ["CHATML", "ChatTemplate"]
+__all__ = ["CHATML", "THINK_CLOSE", "THINK_OPEN", "ChatTemplate"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
 CHATML = (
     "{%- for message in messages -%}"
@@ -121,7 +128,7 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
         }
         try:
-            return self.render_variables(variables) + (continued or "")
+            text = self.render_variables(variables)
         except jinja2.exceptions.TemplateError as error:
             raise InvalidRequest(
                 f"the chat template rejected the messages: {error}", code="template_error", param="messages"
@@ -132,6 +139,16 @@ class ChatTemplate:
                 code="template_error",
                 param="messages",
             ) from error
+        if continued is not None:
+            return text + continued
+        if add_generation_prompt and variables.get("enable_thinking") is False:
+            return _closed_thinking(text)
+        return text
+
+
+def _closed_thinking(text: str) -> str:
+    """*text* with the ``<think>`` it ends in closed (the template opened it though thinking is off)."""
+    return text + THINK_CLOSE if text.rstrip().endswith(THINK_OPEN) else text
 
 
 def _continuation(prompt: ChatPrompt) -> tuple[bool, str | None]:
