@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -298,6 +299,43 @@ def _open_think_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
     )
     yield server
     stop_server(server)
+
+
+@pytest.fixture(name="reasoning_off_server", scope="module")
+def _reasoning_off_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default model behind DeepSeek-R1-Distill's template, which always opens <think>, with --reasoning off."""
+    port = free_port()
+    template = FIXTURES / "llama_cpp_templates" / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
+    server = start_server(
+        [sys.executable, "-m", "bubo", "serve", "--port", str(port), "--reasoning", "off"],
+        port,
+        tmp_path_factory.mktemp("reasoning-off") / "server.log",
+        env={"BUBO_CHAT_TEMPLATE_FILE": str(template)},
+    )
+    yield server
+    stop_server(server)
+
+
+class TestReasoningOff:
+    QUESTION = [{"role": "user", "content": "Name a colour."}]
+
+    def test_the_block_the_template_opens_is_closed(
+        self, reasoning_off_server: Server, sdk: contextlib.ExitStack
+    ) -> None:
+        """The prompt ends <think>\n</think>; both SDKs get the answer as text, with no reasoning."""
+        with httpx.Client(base_url=reasoning_off_server.base_url, timeout=60) as http:
+            prompt = http.post("/apply-template", json={"messages": self.QUESTION}).json()["prompt"]
+        assert prompt.endswith("<think>\n</think>")
+        chat = sdk.enter_context(openai_client(reasoning_off_server)).chat.completions.create(
+            model="bubo", messages=self.QUESTION, max_tokens=16, temperature=0
+        )
+        message = chat.choices[0].message
+        assert message.content
+        assert "reasoning_content" not in (message.model_extra or {})
+        reply = sdk.enter_context(anthropic_client(reasoning_off_server)).messages.create(
+            model="bubo", max_tokens=16, messages=self.QUESTION, extra_body={"temperature": 0}
+        )
+        assert [block.type for block in reply.content] == ["text"]
 
 
 class TestThinkingBudget:

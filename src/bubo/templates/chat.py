@@ -97,7 +97,7 @@ class ChatTemplate:
     @property
     def supports_thinking(self) -> bool:
         """Whether the template knows ``<think>`` reasoning (Qwen3-style ``enable_thinking``)."""
-        return "<think>" in self.source or "enable_thinking" in self.source
+        return THINK_OPEN in self.source or "enable_thinking" in self.source
 
     def render_variables(self, variables: dict[str, Any]) -> str:
         """The template rendered with *variables* over llama.cpp's context (dates, tokens, ``functions``)."""
