@@ -172,6 +172,7 @@ class LoadSettings:
     cache_type_v: KvCacheType = "f16"  # quantized: needs flash attention (refused with --flash-attn off)
     n_gpu_layers: int = -1
     cache_ram: int = attrs.field(default=-1, validator=_auto_or_non_negative)  # MiB; 0: off; -1: auto
+    cache_idle_slots: bool = True  # idle slots leave the unified cache for --cache-ram as requests start
     # LoRA adapters: --lora files (scale 1), then --lora-scaled ones; their ids follow this order
     lora: tuple[Path, ...] = ()
     lora_scaled: tuple[tuple[Path, float], ...] = ()
@@ -685,6 +686,11 @@ OPTIONS: tuple[Option, ...] = (
            f"a quarter of the memory available at start, at most {CACHE_RAM_MAX_MIB}, llama-server's "
            "default; 0: off)",
            "MIB"),
+    Option(("--cache-idle-slots",), ("model", "cache_idle_slots"), _switch,
+           "as requests start, idle slots' sequences move to --cache-ram snapshots and leave the unified "
+           "KV cache, whose cells every prompt token attends over ({default}; needs --kv-unified and "
+           "--cache-ram, as llama-server's)", "on|off",
+           off_flags=("--no-cache-idle-slots",)),
     Option(("--lora",), ("model", "lora"), _lora_files,
            "a LoRA adapter GGUF for the model, applied at scale 1; repeat the flag for several (ids 0, 1, "
            "... in order, --lora ones before --lora-scaled ones)", "FNAME", repeatable=True),

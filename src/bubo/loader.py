@@ -195,6 +195,7 @@ def llama_options(
         cache_type_v=model.cache_type_v,
         n_gpu_layers=model.n_gpu_layers,
         cache_ram_mib=cache_ram_mib,
+        cache_idle_slots=model.cache_idle_slots,
         cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
         cache_disk_mib=model.cache_disk_mib,
         drafting=DraftOptions(

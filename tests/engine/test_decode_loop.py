@@ -97,6 +97,7 @@ class ScriptedSequence:
     read: int = 0
     generated: int = 0
     on_step: Callable[[], None] | None = None
+    on_start: Callable[[], None] | None = None
     close_error: Exception | None = None
     adapters: AdapterSet = ()
 
@@ -109,7 +110,8 @@ class ScriptedSequence:
         return self.prompt - self.read
 
     def start(self) -> None:
-        pass
+        if self.on_start is not None:
+            self.on_start()
 
     def prompt_entry(self, room: int) -> BatchEntry:
         return BatchEntry(self.cache, (1,) * min(room, self.prompt - self.read))  # type: ignore[arg-type]
@@ -140,13 +142,14 @@ class ScriptedSequence:
 class Run:
     """A loop over a scripted context; ``join`` submits sequences and waits for all to end."""
 
-    def __init__(self, n_slots: int = 4, chunk: int = 8) -> None:
+    def __init__(self, n_slots: int = 4, chunk: int = 8, *, park_idle: bool = False) -> None:
         self.context = ScriptedContext(tuple(ScriptedCache(i) for i in range(n_slots)))
         self.lost: list[EngineFailure] = []
         self.loop = DecodeLoop(
             self.context,
             prefill=PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
             drafting=None,
+            park_idle=park_idle,
             on_lost=self.lost.append,
         )  # type: ignore[arg-type]
         self.ended: dict[int, BaseException | None] = {}
@@ -174,6 +177,9 @@ class Run:
     def wait(self) -> None:
         for event in self._done.values():
             assert event.wait(WAIT_S)
+
+    def wait_for(self, slot: int) -> None:
+        assert self._done[slot].wait(WAIT_S)
 
     def generating(self, slot: int) -> ScriptedSequence:
         """A sequence in *slot* that generates until it is failed; returned once it has generated."""
@@ -378,6 +384,55 @@ class TestAFullSharedContext:
         assert run.context.caches[1].evicted == 1
         assert run.ended == {0: None, 1: None}
         assert short.generated == 50
+
+
+class TestIdleSlotsParked:
+    """With ``park_idle`` an admitted generation moves every idle slot's sequence out of the cache."""
+
+    def test_after_the_new_generation_took_its_prefix_and_before_its_first_step(self) -> None:
+        run = Run(park_idle=True)
+        idle = run.context.caches[3]
+        idle.tokens.extend(range(100))  # an idle slot's conversation, perhaps the prefix the new one shares
+        held_at_start: list[int] = []
+        held_at_decode: list[int] = []
+        run.context.fail_once = lambda _: held_at_decode.append(len(idle.tokens))  # type: ignore[func-returns-value]
+        sequence = run.sequence(0, prompt=4, generate=2)
+        sequence.on_start = lambda: held_at_start.append(len(idle.tokens))
+        try:
+            run.submit(sequence)
+            run.wait()
+        finally:
+            run.close()
+        assert held_at_start == [100]
+        assert idle.evicted == 1
+        assert held_at_decode[0] == 0
+        assert run.ended == {0: None}
+
+    def test_never_a_slot_in_use(self) -> None:
+        run = Run(park_idle=True)
+        run.context.caches[2].tokens.extend(range(100))
+        try:
+            streaming = run.generating(1)
+            assert run.context.caches[2].evicted == 1  # parked when the stream was admitted
+            run.submit(run.sequence(0, prompt=4, generate=2))
+            run.wait_for(0)  # the stream goes on
+            assert run.context.caches[1].evicted == 0
+            assert streaming.generated > 0
+            assert not streaming.done
+        finally:
+            run.close()
+        assert (run.context.caches[0].evicted, run.context.caches[3].evicted) == (0, 0)  # they held nothing
+
+    def test_not_without_it(self) -> None:
+        run = Run(park_idle=False)
+        run.context.caches[3].tokens.extend(range(100))
+        try:
+            run.submit(run.sequence(0, prompt=4, generate=2))
+            run.wait()
+        finally:
+            run.close()
+        assert run.context.caches[3].evicted == 0
+        assert len(run.context.caches[3].tokens) == 100
 
 
 def break_(loop: DecodeLoop, method: str, error: BaseException | None = None) -> None:

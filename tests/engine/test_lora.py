@@ -33,9 +33,17 @@ def _adapter(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Path
     return write_lora(tmp_path_factory.mktemp("lora") / "adapter.gguf", model_path)
 
 
-def load(model_path: Path, *lora: LoraFile, n_parallel: int = 2) -> LlamaEngine:
+def load(
+    model_path: Path, *lora: LoraFile, n_parallel: int = 2, cache_idle_slots: bool = True
+) -> LlamaEngine:
     return load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=2048, n_parallel=n_parallel, lora=lora)
+        LlamaOptions(
+            model_path=model_path,
+            n_ctx=2048,
+            n_parallel=n_parallel,
+            lora=lora,
+            cache_idle_slots=cache_idle_slots,
+        )
     )
 
 
@@ -158,8 +166,11 @@ class TestThePromptCache:
     async def test_another_slots_prefix_is_shared_only_under_its_own_adapters(
         self, model_path, adapter
     ) -> None:
-        """A cell computed under one adapter set is not another set's prefix, whichever slot holds it."""
-        engine = load(model_path, LoraFile(adapter, 0.0), n_parallel=2)
+        """A cell computed under one adapter set is not another set's prefix, whichever slot holds it.
+
+        Idle slots stay in the cache here (``--no-cache-idle-slots``), so slot 0's cells are there to share.
+        """
+        engine = load(model_path, LoraFile(adapter, 0.0), n_parallel=2, cache_idle_slots=False)
         long_question = "<|im_start|>system\n" + "You answer questions about mountains. " * 20 + QUESTION
         tokens = prompt_of(engine, long_question)
 

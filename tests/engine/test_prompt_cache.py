@@ -133,6 +133,68 @@ class TestSnapshots:
         assert restored == fresh
 
 
+class TestIdleSlotsLeaveTheUnifiedCache:
+    """With several slots, a request that starts moves the idle slots' sequences to host RAM.
+
+    Every step attends over the unified cache's cells up to the highest one in
+    use, whoever holds them (docs/performance.md, "Idle slots in the unified
+    cache"); llama-server's ``--cache-idle-slots`` does the same.
+    """
+
+    async def test_their_cells_are_freed_and_their_conversation_comes_back_warm(
+        self, model_path: Path, tokenizer
+    ) -> None:
+        a1, b1, a2 = (
+            conversation(tokenizer, "whales"),
+            conversation(tokenizer, "volcanoes"),
+            conversation(tokenizer, "whales", 2),
+        )
+        engine = load(model_path, n_parallel=2)
+        try:
+            await run(engine, a1, slot=0)
+            held_by_a = engine.slots[0].n_cached
+            await run(engine, b1, slot=1)
+            contents = engine.cache_contents()
+            assert engine.slots[0].n_cached == 0
+            assert contents.live_tokens == engine.slots[1].n_cached
+            assert [s.n_tokens for s in contents.snapshots] == [held_by_a]
+            _, finished = await run(engine, a2, slot=0)
+        finally:
+            engine.close()
+        assert finished.stats.cache.restored_bytes > 0
+        assert finished.stats.cached_tokens >= len(a1) - 1
+
+    async def test_a_prefix_an_idle_slot_held_stays_shared_by_the_request_that_took_it(
+        self, model_path: Path, tokenizer
+    ) -> None:
+        a, sub = conversation(tokenizer, "whales"), conversation(tokenizer, "whales", 2)
+        engine = load(model_path, n_parallel=2)
+        try:
+            await run(engine, a, slot=0)
+            _, finished = await run(engine, sub, slot=1)
+            idle, live = engine.slots[0].n_cached, engine.cache_contents().live_tokens
+            held = engine.slots[1].n_cached
+        finally:
+            engine.close()
+        assert finished.stats.cache.shared_tokens >= len(a) - 1
+        assert finished.stats.cache.restored_bytes == 0
+        assert (idle, live) == (0, held)
+
+    async def test_not_with_no_cache_idle_slots(self, model_path: Path, tokenizer) -> None:
+        a, b = conversation(tokenizer, "whales"), conversation(tokenizer, "volcanoes")
+        engine = load(model_path, n_parallel=2, cache_idle_slots=False)
+        try:
+            await run(engine, a, slot=0)
+            await run(engine, b, slot=1)
+            held = (engine.slots[0].n_cached, engine.slots[1].n_cached)
+            contents = engine.cache_contents()
+        finally:
+            engine.close()
+        assert held[0] >= len(a)
+        assert contents.live_tokens > max(held)  # both hold cells (their shared system prompt counts once)
+        assert contents.snapshots == ()
+
+
 @attrs.define
 class DiskDays:
     """What the disk-tier tests share (each model run costs seconds): first days' directories, cold answers."""

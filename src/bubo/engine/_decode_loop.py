@@ -17,6 +17,16 @@ takes the changes at the start of each step, so a generation whose client left
 is let go within one step.  With nothing to decode the loop runs idle jobs
 (warming a slot for its conversation's next turn), then sleeps until woken.
 
+With ``park_idle`` (a unified KV cache with host-RAM snapshots; llama-server's
+``--cache-idle-slots``) the sequences of idle slots leave the cache whenever
+new generations are admitted: each is kept as a snapshot and its cells are
+freed.  In a unified cache every step attends over the cells up to the highest
+one in use, whichever sequence holds them; the cells of idle slots are masked
+out but still cost each prompt token their span (measured in
+docs/performance.md, "Idle slots in the unified cache").  The new generations
+take their prefixes first, so a prefix they share with an idle slot stays in
+place, held by them.
+
 The thread is the only one that touches the context once it runs; it is
 started with the first generation and stopped by :meth:`DecodeLoop.stop`.
 
@@ -156,12 +166,17 @@ class DecodeLoop:
         *,
         prefill: PrefillBudget,
         drafting: DraftPolicy | None,
+        park_idle: bool = False,
         on_lost: Callable[[EngineFailure], None] = _ignore_loss,
     ) -> None:
-        """*on_lost* is called once, on the decode thread, when the loop can serve nothing more."""
+        """*on_lost* is called once, on the decode thread, when the loop can serve nothing more.
+
+        *park_idle*: move idle slots' sequences out of the cache as generations are admitted.
+        """
         self._context = context
         self._prefill = prefill
         self._drafting = drafting
+        self._park_idle = park_idle
         self._on_lost = on_lost
         self._wakeup = threading.Condition()
         self._arrivals: list[_Member] = []  # guarded by _wakeup
@@ -297,6 +312,8 @@ class DecodeLoop:
                 self._run_call(call)
             for member in self._taken_arrivals:
                 self._admit(member)
+            if self._taken_arrivals and self._park_idle:
+                self._park_idle_sequences()
             if job is not None:
                 self._run_idle(job)
                 with self._wakeup:
@@ -378,6 +395,17 @@ class DecodeLoop:
             self._end(member, error)
             return
         self._active.append(member)
+
+    def _park_idle_sequences(self) -> None:
+        """Move every idle slot's sequence to a host-RAM snapshot and free its cells.
+
+        Cells an active generation shares stay (they are its own too); only
+        the idle sequence's hold on them goes.
+        """
+        active = {member.generation.cache.seq_id for member in self._active}
+        for cache in self._context.caches:
+            if cache.seq_id not in active and cache.tokens:
+                cache.evict()
 
     def _step(self) -> None:
         self._drop_cancelled()

@@ -113,6 +113,7 @@ class LlamaOptions:
     n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
     use_mmap: bool = True
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
+    cache_idle_slots: bool = True  # idle slots' sequences go to those snapshots as generations start
     cache_disk_dir: Path | None = None  # prompt-cache snapshot files (a directory per model and settings)
     cache_disk_mib: int = 0  # their byte budget; 0: no disk tier
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
@@ -339,6 +340,12 @@ class LlamaEngine(SlotEngine):
                 target_gap_s=options.prefill_gap_ms / 1000.0,
             ),
             drafting=self._drafting,
+            park_idle=(
+                options.cache_idle_slots
+                and bool(context_params.kv_unified)
+                and n_parallel > 1
+                and snapshots is not None
+            ),
             on_lost=self._loop_lost,
         )
         return context
