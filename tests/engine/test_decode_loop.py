@@ -32,6 +32,7 @@ class ScriptedCache:
     seq_id: int
     tokens: list[int] = attrs.field(factory=list)
     evicted: int = 0
+    parked: int = 0
     shared: int = 0  # of its tokens, those another sequence holds the cells of too
 
     @property
@@ -40,6 +41,10 @@ class ScriptedCache:
 
     def evict(self) -> None:
         self.evicted += 1
+        self.tokens.clear()
+
+    def park(self) -> None:
+        self.parked += 1
         self.tokens.clear()
 
     def clear(self) -> None:
@@ -404,7 +409,7 @@ class TestIdleSlotsParked:
         finally:
             run.close()
         assert held_at_start == [100]
-        assert idle.evicted == 1
+        assert idle.parked == 1
         assert held_at_decode[0] == 0
         assert run.ended == {0: None}
 
@@ -413,15 +418,15 @@ class TestIdleSlotsParked:
         run.context.caches[2].tokens.extend(range(100))
         try:
             streaming = run.generating(1)
-            assert run.context.caches[2].evicted == 1  # parked when the stream was admitted
+            assert run.context.caches[2].parked == 1  # parked when the stream was admitted
             run.submit(run.sequence(0, prompt=4, generate=2))
             run.wait_for(0)  # the stream goes on
-            assert run.context.caches[1].evicted == 0
+            assert run.context.caches[1].parked == 0
             assert streaming.generated > 0
             assert not streaming.done
         finally:
             run.close()
-        assert (run.context.caches[0].evicted, run.context.caches[3].evicted) == (0, 0)  # they held nothing
+        assert (run.context.caches[0].parked, run.context.caches[3].parked) == (0, 0)  # they held nothing
 
     def test_not_without_it(self) -> None:
         run = Run(park_idle=False)
@@ -431,7 +436,7 @@ class TestIdleSlotsParked:
             run.wait()
         finally:
             run.close()
-        assert run.context.caches[3].evicted == 0
+        assert run.context.caches[3].parked == 0
         assert len(run.context.caches[3].tokens) == 100
 
 

@@ -180,6 +180,21 @@ class TestIdleSlotsLeaveTheUnifiedCache:
         assert finished.stats.cache.restored_bytes == 0
         assert (idle, live) == (0, held)
 
+    async def test_one_larger_than_the_whole_snapshot_budget_stays_in_place(
+        self, model_path: Path, tokenizer
+    ) -> None:
+        """A snapshot over budget would be dropped at once: parking it would lose the conversation."""
+        a, b = conversation(tokenizer, "whales"), conversation(tokenizer, "volcanoes")
+        engine = load(model_path, n_parallel=2, cache_ram_mib=1)  # 1 MiB: ~45 tokens of this model
+        try:
+            await run(engine, a, slot=0)
+            held_by_a = engine.slots[0].n_cached
+            await run(engine, b, slot=1)
+            still_held = engine.slots[0].n_cached
+        finally:
+            engine.close()
+        assert still_held == held_by_a >= len(a)
+
     async def test_not_with_no_cache_idle_slots(self, model_path: Path, tokenizer) -> None:
         a, b = conversation(tokenizer, "whales"), conversation(tokenizer, "volcanoes")
         engine = load(model_path, n_parallel=2, cache_idle_slots=False)

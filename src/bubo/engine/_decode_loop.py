@@ -400,12 +400,13 @@ class DecodeLoop:
         """Move every idle slot's sequence to a host-RAM snapshot and free its cells.
 
         Cells an active generation shares stay (they are its own too); only
-        the idle sequence's hold on them goes.
+        the idle sequence's hold on them goes.  A sequence larger than the
+        whole snapshot budget stays in place.
         """
         active = {member.generation.cache.seq_id for member in self._active}
         for cache in self._context.caches:
             if cache.seq_id not in active and cache.tokens:
-                cache.evict()
+                cache.park()
 
     def _step(self) -> None:
         self._drop_cancelled()

@@ -663,6 +663,17 @@ class SequenceCache:
         self._save_live()
         self.clear()
 
+    def park(self) -> None:
+        """Move an idle sequence to a host-RAM snapshot and give its cells up, if host RAM can hold it.
+
+        A sequence larger than the whole snapshot budget stays where it is: parking it would lose it.
+        """
+        if self.store is None:
+            return
+        if int(llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id)) > self.store.budget_bytes:
+            return
+        self.evict()
+
     def discard_uncommitted(self) -> None:
         """Drop whatever lies past the recorded tokens (a failed batch may have written some)."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, len(self.tokens), -1):

@@ -85,6 +85,10 @@ class KvSequence(Protocol):
         """Give the cells up (keeping a snapshot worth one)."""
         ...
 
+    def park(self) -> None:
+        """Idle: give the cells up for a host-RAM snapshot, unless host RAM could not hold one."""
+        ...
+
     def clear(self) -> None:
         """Forget the whole sequence."""
         ...
