@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import trio
+from prefill_chunk import tokens_of
 
 from bubo.config import default_model_path
 from bubo.domain.generation import GenerationRequest, TokenGenerated
@@ -27,11 +28,6 @@ from bubo.domain.sampling import SamplingParams
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def tokens_of(engine: LlamaEngine, n: int, seed: int) -> tuple[int, ...]:
-    text = " ".join(f"item {seed}-{i} is listed here." for i in range(n))
-    return tuple(engine._context.tokenize(text)[:n])  # noqa: SLF001 - a benchmark of the engine itself
 
 
 async def read_s(engine: LlamaEngine, prompt: tuple[int, ...]) -> float:
