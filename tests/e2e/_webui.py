@@ -93,6 +93,11 @@ def _page(profile: BrowserContext, errors: list[str]) -> Page:
 
 def open_page(page: Page, server: Server) -> None:
     page.goto(server.base_url + "/")
+    wait_ready(page)
+
+
+def wait_ready(page: Page) -> None:
+    """Until the page has read /props (it shows the model's context)."""
     expect(page.locator("#model")).to_contain_text("tokens context", timeout=30_000)
 
 
@@ -155,8 +160,8 @@ def store_conversations(page: Page, server: Server, conversations: list[list[dic
         }""",
         conversations,
     )
-    page.reload()
-    open_page(page, server)
+    page.reload()  # one load that reads them: a second navigation would render (and fetch) all again
+    wait_ready(page)
 
 
 def slots(server: Server) -> list[dict[str, Any]]:
