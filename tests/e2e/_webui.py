@@ -134,7 +134,7 @@ def ask(page: Page, text: str) -> None:
         page.press("#draft", "Enter")
 
 
-def store_conversations(page: Page, server: Server, conversations: list[list[dict[str, Any]]]) -> None:
+def store_conversations(page: Page, conversations: list[list[dict[str, Any]]]) -> None:
     """Write conversations (each a list of messages, one path) to the page's IndexedDB, as an earlier visit would."""
     page.evaluate(
         """async (conversations) => {

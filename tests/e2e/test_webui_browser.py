@@ -203,7 +203,7 @@ def test_model_text_never_becomes_live_html(page: Page, server: Server, artifact
         "[out](https://example.invalid/page) [script](javascript:window.pwned='md')"
     )
     messages = [{"role": "user", "content": "<b>not bold</b>"}, {"role": "assistant", "content": hostile}]
-    store_conversations(page, server, [messages])
+    store_conversations(page, [messages])
     content = page.locator("article.assistant .content")
     expect(content.locator("strong")).to_have_text("bold")
     expect(content.locator("pre code")).to_have_text("alert(1)")
@@ -251,7 +251,7 @@ def test_reasoning_and_tool_calls_are_shown(page: Page, server: Server, artifact
         "reasoning": "The user wants the weather.",
         "tool_calls": [call],
     }
-    store_conversations(page, server, [[{"role": "user", "content": "Weather in Paris?"}, answer]])
+    store_conversations(page, [[{"role": "user", "content": "Weather in Paris?"}, answer]])
     article = page.locator("article.assistant")
     reasoning = article.locator("details.reasoning")
     expect(reasoning.locator("summary")).to_have_text("Reasoning")

@@ -124,7 +124,6 @@ class TestRendering:
         open_page(page, server)
         store_conversations(
             page,
-            server,
             [[{"role": "user", "content": "Show me"}, {"role": "assistant", "content": MARKDOWN}]],
         )
         content = page.locator("article.assistant .content")
@@ -420,7 +419,7 @@ class TestStorage:
     ) -> None:
         """Export all writes every conversation with its branches; importing it into an empty profile gives the same export."""
         open_page(page, server)
-        store_conversations(page, server, [
+        store_conversations(page, [
             [{"role": "user", "content": "First"}, {"role": "assistant", "content": "**One**", "finish_reason": "stop"}],
             [{"role": "user", "content": "Second"}, {"role": "assistant", "content": "Two"}],
         ])  # fmt: skip
@@ -574,7 +573,7 @@ class TestAccessibility:
         """Each visible text's colour against its computed background is at least 4.5:1, in the theme chosen and as the system's."""
         page.emulate_media(color_scheme=theme)  # the theme "system" follows it
         open_page(page, server)
-        store_conversations(page, server, [[{"role": "user", "content": "Show me"}, {"role": "assistant", "content": MARKDOWN,
+        store_conversations(page, [[{"role": "user", "content": "Show me"}, {"role": "assistant", "content": MARKDOWN,
             "note": "stopped at the token limit", "finish_reason": "length",
             "stats": {"timings": {"prompt_n": 9, "cache_n": 3, "prompt_ms": 20, "predicted_n": 5, "predicted_per_second": 50}, "ttft_ms": 40}}]])  # fmt: skip
         expect(page.locator("code.hljs[data-language='python']")).to_be_visible()
@@ -636,7 +635,7 @@ class TestStreamFailures:
         open_page(page, server)
         history = [m for i in range(12) for m in ({"role": "user", "content": f"Question {i}"},
                    {"role": "assistant", "content": "A long answer.\n\n" * 12})]  # fmt: skip
-        store_conversations(page, server, [history])
+        store_conversations(page, [history])
         set_setting(page, "max_tokens", "40")
         messages = page.locator("#messages")
         with answered(page):
