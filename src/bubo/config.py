@@ -654,7 +654,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--prefill-chunk",), ("model", "prefill_chunk"), _auto_int,
            "prompt tokens evaluated per decode step beside the running streams' tokens (default {default}: "
            "auto, the whole batch when no stream decodes, else what keeps the streams' gap under "
-           "--prefill-gap-ms)", "auto|N"),
+           "--prefill-gap-ms, and at least half of --ubatch-size)", "auto|N"),
     Option(("--prefill-gap-ms",), ("model", "prefill_gap_ms"), _float,
            "with --prefill-chunk auto: the inter-token gap a prompt read beside decoding streams may "
            "give them (default {default})", "MS"),

@@ -18,7 +18,7 @@ import pytest
 
 from bubo.domain.generation import StopCause
 from bubo.engine._decode_loop import DecodeLoop
-from bubo.engine._prefill_budget import PrefillBudget
+from bubo.engine._prefill_budget import PrefillBudget, attended_cells
 from bubo.engine._protocols import BatchEntry, ContextFull
 from bubo.engine.base import EngineFailure
 from bubo.engine.lora import AdapterSet
@@ -147,12 +147,19 @@ class ScriptedSequence:
 class Run:
     """A loop over a scripted context; ``join`` submits sequences and waits for all to end."""
 
-    def __init__(self, n_slots: int = 4, chunk: int = 8, *, park_idle: bool = False) -> None:
+    def __init__(
+        self,
+        n_slots: int = 4,
+        chunk: int = 8,
+        *,
+        park_idle: bool = False,
+        prefill: PrefillBudget | None = None,
+    ) -> None:
         self.context = ScriptedContext(tuple(ScriptedCache(i) for i in range(n_slots)))
         self.lost: list[EngineFailure] = []
         self.loop = DecodeLoop(
             self.context,
-            prefill=PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
+            prefill=prefill or PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
             drafting=None,
             park_idle=park_idle,
             on_lost=self.lost.append,
@@ -247,6 +254,45 @@ def test_every_step_holds_each_generating_token_and_at_most_a_chunk_of_prompt() 
         for seq in (1, 2):
             read[seq] += batch.get(seq, 0)
     assert run.ended == {0: None, 1: None, 2: None}
+
+
+class RecordingBudget(PrefillBudget):
+    """A fixed chunk that records what each step is measured as."""
+
+    def __init__(self, chunk: int) -> None:
+        super().__init__(fixed=chunk, n_batch=512)
+        self.observed: list[tuple[int, int]] = []  # (tokens, cells attended to) a step
+
+    def observe(self, n_tokens: int, seconds: float, *, cells: int = 0) -> None:
+        self.observed.append((n_tokens, cells))
+        super().observe(n_tokens, seconds, cells=cells)
+
+
+def test_each_step_is_measured_by_its_tokens_and_the_cells_they_attend_to(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the prefill budget fits the step cost to; with debug logging on, one line a step."""
+    budget = RecordingBudget(chunk=8)
+    run = Run(prefill=budget)
+    caplog.set_level(logging.DEBUG, logger="bubo.engine._decode_loop")
+    try:
+        run.submit(run.sequence(0, prompt=12, generate=2))
+        run.wait()
+        run.generating(2)
+        run.submit(run.sequence(1, prompt=3, generate=1))
+        run.wait_for(1)
+    finally:
+        run.close()
+    # slot 0: 8 prompt tokens from position 0, the other 4 from 8, then a token at 12 (its second ends it)
+    assert budget.observed[:3] == [
+        (8, attended_cells(0, 8)),
+        (4, attended_cells(8, 4)),
+        (1, attended_cells(12, 1)),
+    ]
+    steps = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step ")]
+    assert len(steps) == len(budget.observed)
+    assert steps[0].startswith("step 1: 0 stream token(s), 8 prompt token(s) [8], ")
+    assert any(" 1 stream token(s), 3 prompt token(s) [3], " in step for step in steps)
 
 
 def test_a_cancelled_sequence_is_let_go_at_the_next_step() -> None:

@@ -2,7 +2,8 @@
 
 Alone, a prompt is read in the largest batches the context takes.  Beside
 decoding streams every step carries each stream's token, and the prompt's
-chunk is bounded by what keeps the step under the target gap.  Two prompts
+chunk is bounded by what keeps the step under the target gap (and is at least
+half a micro-batch, which reads at close to full speed).  Two prompts
 read together share each step: neither waits for the other to finish.
 """
 
@@ -17,13 +18,13 @@ import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
-from bubo.engine._prefill_budget import MIN_CHUNK
 from bubo.engine._protocols import BatchEntry
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
 pytestmark = pytest.mark.llama
 
 GREEDY = SamplingParams(temperature=0.0)
+UBATCH = 128  # a beside-streams chunk is at least half of it: small enough here to see several
 Step = dict[int, int]  # slot -> tokens it put in the step
 
 
@@ -31,7 +32,13 @@ Step = dict[int, int]  # slot -> tokens it put in the step
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine = load_llama_engine(
         LlamaOptions(
-            model_path=model_path, n_ctx=4096, n_threads=2, n_parallel=4, n_batch=512, prefill_gap_ms=200
+            model_path=model_path,
+            n_ctx=4096,
+            n_threads=2,
+            n_parallel=4,
+            n_batch=512,
+            n_ubatch=UBATCH,
+            prefill_gap_ms=200,
         )
     )
     yield engine
@@ -122,7 +129,7 @@ async def test_beside_streams_every_step_carries_each_stream_and_a_bounded_chunk
     assert all(step[0] == step[1] == step[2] == 1 for step in read)  # every stream's token, every step
     chunks = [step[3] for step in read[:-1]]
     assert len(read) > 2  # read in several chunks, not in one batch that would stall the streams
-    assert all(MIN_CHUNK <= chunk <= 512 - 3 for chunk in chunks)
+    assert all(UBATCH // 2 <= chunk <= 512 - 3 for chunk in chunks)
     assert max(chunks) < len(prompt)
 
 

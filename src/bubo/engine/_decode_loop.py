@@ -49,7 +49,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 import attrs
@@ -58,7 +58,7 @@ from bubo.domain.generation import StopCause
 from bubo.errors import ServiceUnavailable
 
 from ._draft_policy import DraftPolicy
-from ._prefill_budget import PrefillBudget, share_room
+from ._prefill_budget import PrefillBudget, attended_cells, share_room
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
 from .base import EngineFailure
 from .lora import AdapterSet
@@ -414,6 +414,7 @@ class DecodeLoop:
             return
         batch = self._next_batch()
         timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].generation.prefilling
+        cells = _cells_attended(entry for _, entry in batch)
         started = time.perf_counter()
         try:
             self._context.use_adapters(batch[0][0].generation.adapters)
@@ -425,7 +426,9 @@ class DecodeLoop:
             self._decode_failed(failure, [member for member, _ in batch])
             return
         took = time.perf_counter() - started
-        self._prefill.observe(sum(len(entry.tokens) for _, entry in batch), took)
+        self._prefill.observe(sum(len(entry.tokens) for _, entry in batch), took, cells=cells)
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_step(batch, took)
         if timed and self._drafting is not None:  # the drafting policy models one generation's steps
             self._drafting.observe_decode(len(batch[0][1].tokens), took)
         for (member, entry), start in zip(batch, starts, strict=True):
@@ -437,6 +440,16 @@ class DecodeLoop:
             if member.generation.done:
                 self._active.remove(member)
                 self._end(member, None)
+
+    def _log_step(self, batch: list[tuple[_Member, BatchEntry]], took: float) -> None:
+        """One line a step: what it carried and what it cost (the prefill budget's evidence)."""
+        reading = [len(entry.tokens) for member, entry in batch if member.generation.prefilling]
+        streams = sum(len(entry.tokens) for member, entry in batch if not member.generation.prefilling)
+        cost = self._prefill.step_cost()
+        logger.debug(
+            "step %d: %d stream token(s), %d prompt token(s) %s, %.1f ms; fitted: %s",
+            self._steps, streams, sum(reading), reading, took * 1000.0, cost or "none",
+        )  # fmt: skip
 
     def _drop_cancelled(self) -> None:
         for member in [m for m in self._active if m.generation.cancelled]:
@@ -457,17 +470,31 @@ class DecodeLoop:
             for member in members
             if not member.generation.prefilling
         ]
-        n_decoding = sum(len(entry.tokens) for _, entry in batch)
-        room = min(self._prefill.room(len(batch)), self._context.n_batch - n_decoding)
         reading = [member for member in members if member.generation.prefilling]
-        shares = share_room([member.generation.prompt_left for member in reading], room)
-        for member, share in zip(reading, shares, strict=True):
-            if share > 0:
-                batch.append((member, member.generation.prompt_entry(share)))
+        if reading:
+            batch.extend(self._prompt_chunks(reading, streams=[entry for _, entry in batch]))
         self._steps += 1
         for member, _ in batch:
             member.served = self._steps
         return batch
+
+    def _prompt_chunks(
+        self, reading: list[_Member], streams: list[BatchEntry]
+    ) -> list[tuple[_Member, BatchEntry]]:
+        """The prompts' shares of the room the prefill budget gives the step beside *streams*."""
+        n_decoding = sum(len(entry.tokens) for entry in streams)
+        room = self._prefill.room(
+            n_decoding,
+            streams_cells=_cells_attended(streams),
+            prompt_at=len(reading[0].generation.cache.tokens),
+        )
+        room = min(room, self._context.n_batch - n_decoding)
+        shares = share_room([member.generation.prompt_left for member in reading], room)
+        return [
+            (member, member.generation.prompt_entry(share))
+            for member, share in zip(reading, shares, strict=True)
+            if share > 0
+        ]
 
     def _decode_failed(self, failure: EngineFailure, in_batch: list[_Member]) -> None:
         """A fatal failure ends every generation, now and later; another only those in the batch."""
@@ -559,6 +586,11 @@ class DecodeLoop:
     def _end(member: _Member, error: BaseException | None) -> None:
         member.over = True
         member.ended(error)
+
+
+def _cells_attended(entries: Iterable[BatchEntry]) -> int:
+    """The cells the entries' tokens attend to, together (what a step's attention costs by)."""
+    return sum(attended_cells(len(entry.cache.tokens), len(entry.tokens)) for entry in entries)
 
 
 def _refuse(call: _Call, error: EngineFailure) -> None:

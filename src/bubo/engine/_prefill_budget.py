@@ -4,15 +4,30 @@ With no stream decoding, a prompt is read in the largest batches the context
 takes: nobody waits on the step.  Beside decoding streams every step still
 carries each stream's next token, so the step's length is the streams'
 inter-token gap; the prompt's part is then sized from the measured cost of a
-step (a fixed part and a part per token, fitted to recent steps with
-exponential forgetting) so that the step stays under the target gap
-(``--prefill-gap-ms``).  Where the streams' own part of a step (the fixed cost
-and their tokens) is already most of that target, a slow or loaded machine, the
-gap gives way instead of the prompt: the prompt's part is at least nine times
-the streams' part, so reading it beside streams takes at most about 10 % longer
-than alone (without that floor it would fall to a few tokens a step, and the
-newcomer's first token to many times its lone read; measured under load).
-A fixed ``--prefill-chunk N`` takes N tokens a step whoever else runs.
+step so that the step stays under the target gap (``--prefill-gap-ms``).
+
+A step's cost is fitted to recent steps (least squares on the relative
+error, with exponential forgetting) as a fixed part, a part per token, and a
+part per cell attended to: every token attends over the cells of its sequence
+before it, so a token late in a long prompt costs more than an early one (on
+a 2-core CPU, about twice as much 2,400 tokens in).  Without that third part
+the rising cost as a prompt is read looked like a growing fixed part, and the
+steps grew to several times the target as the prompt went on.  The fixed
+part is what a step costs however many tokens it carries (measured: ~35 ms
+on that CPU, close to a three-stream step alone).
+
+Two floors hold whatever the target says; there the gap gives way instead of
+the prompt.  A step carries at least ``min_chunk`` prompt tokens (half of
+llama.cpp's micro-batch, 256 at the default ``--ubatch-size``): smaller
+batches read each token at well under full speed on a CPU (measured on 2
+cores, Qwen2.5-Coder-0.5B, in the server beside three streams: a prompt's
+first 2,026 tokens in chunks of 94-189 took 14.9 s against 11.3 s in one whole
+batch; its first 2,048 in chunks of 256 took 12.2 s against 11.9 s).  Where
+the streams' own part of a step (the fixed part and their tokens) is a large
+part of the step (a slow or loaded machine), the prompt's part is at least
+``PROMPT_OVER_STREAMS`` times the streams' part, so reading it beside streams
+takes at most about 1/``PROMPT_OVER_STREAMS`` longer than alone.  A fixed
+``--prefill-chunk N`` takes N tokens a step whoever else runs.
 
 Several prompts read at once share the step's room: each gets at least an
 even share of half of it, and the rest goes oldest first, so the oldest
@@ -26,68 +41,160 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_GAP_S", "PROMPT_OVER_STREAMS", "PrefillBudget", "share_room"]
+import attrs
+
+__all__ = [
+    "DEFAULT_GAP_S",
+    "DEFAULT_MIN_CHUNK",
+    "PROMPT_OVER_STREAMS",
+    "PrefillBudget",
+    "StepCost",
+    "attended_cells",
+    "share_room",
+]
 
 DEFAULT_GAP_S = 0.5  # the streams' inter-token gap a prompt read beside them may stretch to
-MIN_CHUNK = 16  # prompt tokens a step carries beside streams, however slow steps are: the prompt advances
+DEFAULT_MIN_CHUNK = 256  # prompt tokens a step carries beside streams at least (half the default micro-batch)
 PROMPT_OVER_STREAMS = 9.0  # the prompt's part of a step is at least this many times the streams' part
-FIRST_CHUNK = 64  # beside streams, before any step was measured
 FORGETTING = 0.9  # weight of a step's measurement after each later one
-_MIN_SPREAD = 1e-9
+TIMED_S = 1e-6  # a step measured shorter than this was not seen by the clock: no measurement
+_SINGULAR = 1e-9  # a pivot this small in the scaled system: the steps are too alike to tell the parts apart
+
+
+def attended_cells(position: int, n_tokens: int) -> int:
+    """Cells *n_tokens* tokens placed from *position* on attend to together (each its own and all before)."""
+    return n_tokens * position + n_tokens * (n_tokens + 1) // 2
+
+
+@attrs.frozen
+class StepCost:
+    """A step's seconds: ``fixed + per_token * tokens + per_cell * cells attended to``."""
+
+    fixed: float
+    per_token: float
+    per_cell: float = 0.0
+
+    def of(self, tokens: float, cells: float) -> float:
+        """Seconds a step of *tokens* tokens attending to *cells* cells takes."""
+        return self.fixed + self.per_token * tokens + self.per_cell * cells
+
+    def __str__(self) -> str:
+        per_token_ms, per_cell_us = self.per_token * 1e3, self.per_cell * 1e6
+        return f"{self.fixed * 1e3:.1f} ms + {per_token_ms:.2f} ms/token + {per_cell_us:.2f} us/cell"
 
 
 class PrefillBudget:
     """The prompt tokens each step may carry (decode thread only)."""
 
-    def __init__(self, *, fixed: int | None, n_batch: int, target_gap_s: float = DEFAULT_GAP_S) -> None:
-        """*fixed*: tokens a step, whatever runs (``--prefill-chunk N``); None sizes them (``auto``)."""
+    def __init__(
+        self,
+        *,
+        fixed: int | None,
+        n_batch: int,
+        target_gap_s: float = DEFAULT_GAP_S,
+        min_chunk: int = DEFAULT_MIN_CHUNK,
+    ) -> None:
+        """*fixed*: tokens a step, whatever runs (``--prefill-chunk N``); None sizes them (``auto``).
+
+        *min_chunk*: the fewest prompt tokens a sized step carries beside streams.
+        """
         self._fixed = None if fixed is None else max(1, min(fixed, n_batch))
         self._n_batch = n_batch
         self._target = target_gap_s
-        # weighted sums over recent steps of (tokens n, seconds t): w, w·n, w·n², w·t, w·n·t
-        self._w = self._n = self._nn = self._t = self._nt = 0.0
+        self._min_chunk = max(1, min_chunk)
+        # weighted sums over recent steps of x = (1, tokens, cells) and seconds t: Σw·x·xᵀ, Σw·x·t
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xt = [0.0] * 3
         self._largest = 0  # the most tokens a measured step carried (the fit is not trusted far beyond)
 
-    def room(self, n_decoding: int) -> int:
-        """Prompt tokens the next step may carry beside *n_decoding* streams' tokens."""
+    def room(self, n_decoding: int, *, streams_cells: int = 0, prompt_at: int = 0) -> int:
+        """Prompt tokens the next step may carry beside *n_decoding* streams' tokens.
+
+        *streams_cells*: the cells the streams' tokens attend to; *prompt_at*: the
+        position the prompt being read goes on from.
+        """
         space = self._n_batch - n_decoding
         if self._fixed is not None:
             return min(self._fixed, space)
         if n_decoding == 0:
             return space
+        chunk = self._min_chunk
         cost = self.step_cost()
-        if cost is None:
-            chunk = FIRST_CHUNK
-        else:
-            fixed, per_token = cost
-            within_target = int((self._target - fixed) / per_token) - n_decoding
-            streams_part = fixed / per_token + n_decoding  # in prompt tokens' worth of time
-            chunk = max(within_target, math.ceil(PROMPT_OVER_STREAMS * streams_part))
-            chunk = min(chunk, 2 * max(self._largest, FIRST_CHUNK) - n_decoding)  # the fit is local
-        return max(min(chunk, space), min(MIN_CHUNK, space))
+        if cost is not None:
+            streams = cost.of(n_decoding, streams_cells)
+            # the prompt's part of k tokens: a·k² + b·k, a = per_cell / 2, b = per_token + per_cell·(at + ½)
+            a = cost.per_cell / 2.0
+            b = cost.per_token + cost.per_cell * (prompt_at + 0.5)
+            within_target = math.floor(_root(a, b, streams - self._target))
+            over_streams = math.ceil(_root(a, b, -PROMPT_OVER_STREAMS * streams))
+            sized = min(max(within_target, over_streams), 2 * self._largest - n_decoding)  # the fit is local
+            chunk = max(chunk, sized)
+        return min(chunk, space)
 
-    def observe(self, n_tokens: int, seconds: float) -> None:
-        """A step of *n_tokens* tokens took *seconds*."""
-        keep = FORGETTING
-        self._w = self._w * keep + 1.0
-        self._n = self._n * keep + n_tokens
-        self._nn = self._nn * keep + n_tokens * n_tokens
-        self._t = self._t * keep + seconds
-        self._nt = self._nt * keep + n_tokens * seconds
+    def observe(self, n_tokens: int, seconds: float, *, cells: int = 0) -> None:
+        """A step of *n_tokens* tokens, attending to *cells* cells together, took *seconds*.
+
+        Each step weighs by its relative error (1/seconds²): a streams' 50 ms step
+        tells as much as a lone read's 14 s one, and those small steps pin the
+        fixed part down (by absolute error the long steps decided it alone, and
+        their slight curvature read as a fixed part several times too large).
+        """
+        weight = 1.0 / (seconds * seconds) if seconds >= TIMED_S else 0.0  # shorter: the clock missed it
+        x = (1.0, float(n_tokens), float(cells))
+        for i in range(3):
+            self._xt[i] = self._xt[i] * FORGETTING + weight * x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = self._xx[i][j] * FORGETTING + weight * x[i] * x[j]
         self._largest = max(self._largest, n_tokens)
 
-    def step_cost(self) -> tuple[float, float] | None:
-        """``(fixed seconds, seconds per token)`` of a step as measured so far; None before any."""
-        if self._w == 0.0 or self._n == 0.0:
+    def step_cost(self) -> StepCost | None:
+        """A step's cost as measured so far; None before any step was timed.
+
+        The fullest model the steps so far can tell apart and that makes sense
+        (no cost per token or per cell below zero; a fixed part below zero is
+        noise, read as none): fixed, per token and per cell; else without the
+        cells; else all cost per token, the safe side.
+        """
+        xx, xt = self._xx, self._xt
+        if xx[0][0] == 0.0 or xx[0][1] == 0.0:  # nothing timed (a clock too coarse saw every step as 0 s)
             return None
-        spread = self._w * self._nn - self._n * self._n
-        if spread > _MIN_SPREAD * self._w * self._nn:
-            per_token = (self._w * self._nt - self._n * self._t) / spread
-            if per_token > 0.0:
-                return max(0.0, (self._t - per_token * self._n) / self._w), per_token
-        if self._t <= 0.0:  # a clock too coarse to see the steps: nothing measured yet
+        full = _solve(xx, xt)
+        if full is not None and full[1] > 0.0 and full[2] >= 0.0:
+            return StepCost(max(0.0, full[0]), full[1], full[2])
+        two = _solve([row[:2] for row in xx[:2]], xt[:2])
+        if two is not None and two[1] > 0.0:
+            return StepCost(max(0.0, two[0]), two[1])
+        return StepCost(0.0, xt[0] / xx[0][1])  # steps of one size (or noise): all cost per token
+
+
+def _root(a: float, b: float, c: float) -> float:
+    """The positive root of ``a·k² + b·k + c`` (a ≥ 0, b > 0); 0 where c ≥ 0."""
+    if c >= 0.0:
+        return 0.0
+    if a <= 0.0:
+        return -c / b
+    return (-b + math.sqrt(b * b - 4.0 * a * c)) / (2.0 * a)
+
+
+def _solve(matrix: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | None:
+    """``matrix · x = rhs`` by Gaussian elimination (columns scaled); None where the steps cannot tell."""
+    n = len(rhs)
+    scale = [math.sqrt(matrix[i][i]) or 1.0 for i in range(n)]
+    rows = [[matrix[i][j] / (scale[i] * scale[j]) for j in range(n)] + [rhs[i] / scale[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < _SINGULAR:
             return None
-        return 0.0, self._t / self._n  # steps of one size (or noise): all cost per token, the safe side
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, n):
+            factor = rows[r][col] / rows[col][col]
+            for j in range(col, n + 1):
+                rows[r][j] -= factor * rows[col][j]
+    solution = [0.0] * n
+    for i in reversed(range(n)):
+        known = sum(rows[i][j] * solution[j] for j in range(i + 1, n))
+        solution[i] = (rows[i][n] - known) / rows[i][i]
+    return [solution[i] / scale[i] for i in range(n)]
 
 
 def share_room(needs: Sequence[int], room: int) -> list[int]:

@@ -338,6 +338,7 @@ class LlamaEngine(SlotEngine):
                 fixed=options.prefill_chunk or None,
                 n_batch=context.n_batch,
                 target_gap_s=options.prefill_gap_ms / 1000.0,
+                min_chunk=options.n_ubatch // 2,
             ),
             drafting=self._drafting,
             park_idle=(
