@@ -19,15 +19,15 @@ on that CPU, close to a three-stream step alone).
 Two floors hold whatever the target says; there the gap gives way instead of
 the prompt.  A step carries at least ``min_chunk`` prompt tokens (half of
 llama.cpp's micro-batch, 256 at the default ``--ubatch-size``): smaller
-batches read each token at well under full speed on a CPU (measured on 2
-cores, Qwen2.5-Coder-0.5B, in the server beside three streams: a prompt's
-first 2,026 tokens in chunks of 94-189 took 14.9 s against 11.3 s in one whole
-batch; its first 2,048 in chunks of 256 took 12.2 s against 11.9 s).  Where
-the streams' own part of a step (the fixed part and their tokens) is a large
-part of the step (a slow or loaded machine), the prompt's part is at least
-``PROMPT_OVER_STREAMS`` times the streams' part, so reading it beside streams
-takes at most about 1/``PROMPT_OVER_STREAMS`` longer than alone.  A fixed
-``--prefill-chunk N`` takes N tokens a step whoever else runs.
+batches read each token slower on a CPU (measured in the server on 2 cores,
+Qwen2.5-Coder-0.5B, beside three streams: a prompt's first 2,048 tokens took
+1.07-1.34x the time of one whole batch in the 60-310-token chunks a 500 ms
+target gave, median 1.23 over 9 rounds; in chunks of 256, 1.02-1.24x, median
+1.10 over 6).  Where the streams' own part of a step (the fixed part and their
+tokens) is a large part of the step (a slow or loaded machine), the prompt's
+part is at least ``PROMPT_OVER_STREAMS`` times the streams' part, so reading
+it beside streams takes at most about 1/``PROMPT_OVER_STREAMS`` longer than
+alone.  A fixed ``--prefill-chunk N`` takes N tokens a step whoever else runs.
 
 Several prompts read at once share the step's room: each gets at least an
 even share of half of it, and the rest goes oldest first, so the oldest
