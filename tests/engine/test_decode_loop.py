@@ -262,10 +262,15 @@ class RecordingBudget(PrefillBudget):
     def __init__(self, chunk: int) -> None:
         super().__init__(fixed=chunk, n_batch=512)
         self.observed: list[tuple[int, int]] = []  # (tokens, cells attended to) a step
+        self.asked: list[tuple[int, int, int]] = []  # (streams' tokens, their cells, prompt position)
 
     def observe(self, n_tokens: int, seconds: float, *, cells: int = 0) -> None:
         self.observed.append((n_tokens, cells))
         super().observe(n_tokens, seconds, cells=cells)
+
+    def room(self, n_decoding: int, *, streams_cells: int = 0, prompt_at: int = 0) -> int:
+        self.asked.append((n_decoding, streams_cells, prompt_at))
+        return super().room(n_decoding, streams_cells=streams_cells, prompt_at=prompt_at)
 
 
 def test_each_step_is_measured_by_its_tokens_and_the_cells_they_attend_to(
@@ -278,7 +283,9 @@ def test_each_step_is_measured_by_its_tokens_and_the_cells_they_attend_to(
     try:
         run.submit(run.sequence(0, prompt=12, generate=2))
         run.wait()
-        run.generating(2)
+        stream = run.generating(2)
+        at = len(stream.cache.tokens)
+        run.context.caches[1].tokens.extend([7] * 5)  # a cached prefix: the prompt goes on from 5
         run.submit(run.sequence(1, prompt=3, generate=1))
         run.wait_for(1)
     finally:
@@ -293,6 +300,11 @@ def test_each_step_is_measured_by_its_tokens_and_the_cells_they_attend_to(
     assert len(steps) == len(budget.observed)
     assert steps[0].startswith("step 1: 0 stream token(s), 8 prompt token(s) [8], ")
     assert any(" 1 stream token(s), 3 prompt token(s) [3], " in step for step in steps)
+    # asked for slot 1's chunk beside slot 2's token: the stream's cells and the prompt's position
+    beside = [asked for asked in budget.asked if asked[2] == 5]
+    assert beside
+    assert beside[0][0] == 1
+    assert beside[0][1] >= attended_cells(at, 1)
 
 
 def test_a_cancelled_sequence_is_let_go_at_the_next_step() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from bubo.engine._prefill_budget import (
     PROMPT_OVER_STREAMS,
     PrefillBudget,
     StepCost,
+    _root,
     attended_cells,
     share_room,
 )
@@ -187,3 +190,10 @@ class TestSharing:
 
     def test_room_a_prompt_does_not_need_goes_to_the_next(self) -> None:
         assert share_room([10, 1000], 256) == [10, 246]
+
+
+def test_a_cost_per_cell_far_below_the_cost_per_token_keeps_its_digits() -> None:
+    """The chunk's quadratic, solved where the per-cell part is tiny: the linear answer, not none."""
+    assert _root(1e-25, 1e-3, -0.5) == pytest.approx(500.0)
+    assert _root(0.0, 1e-3, -0.5) == pytest.approx(500.0)
+    assert math.isfinite(_root(0.0, 1e-310, -0.5))  # a cost no clock measures: capped, not infinite

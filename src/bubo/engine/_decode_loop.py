@@ -486,7 +486,7 @@ class DecodeLoop:
         room = self._prefill.room(
             n_decoding,
             streams_cells=_cells_attended(streams),
-            prompt_at=len(reading[0].generation.cache.tokens),
+            prompt_at=max(len(member.generation.cache.tokens) for member in reading),
         )
         room = min(room, self._context.n_batch - n_decoding)
         shares = share_room([member.generation.prompt_left for member in reading], room)

@@ -58,7 +58,8 @@ DEFAULT_MIN_CHUNK = 256  # prompt tokens a step carries beside streams at least 
 PROMPT_OVER_STREAMS = 9.0  # the prompt's part of a step is at least this many times the streams' part
 FORGETTING = 0.9  # weight of a step's measurement after each later one
 TIMED_S = 1e-6  # a step measured shorter than this was not seen by the clock: no measurement
-_SINGULAR = 1e-9  # a pivot this small in the scaled system: the steps are too alike to tell the parts apart
+_NO_LIMIT = float(2**31)  # tokens: more than any batch
+_SINGULAR = 1e-6  # a pivot this small in the scaled system: the steps are too alike to tell the parts apart
 
 
 def attended_cells(position: int, n_tokens: int) -> int:
@@ -111,7 +112,8 @@ class PrefillBudget:
         """Prompt tokens the next step may carry beside *n_decoding* streams' tokens.
 
         *streams_cells*: the cells the streams' tokens attend to; *prompt_at*: the
-        position the prompt being read goes on from.
+        position the prompts being read go on from (the furthest, when several
+        are: its tokens cost the most).
         """
         space = self._n_batch - n_decoding
         if self._fixed is not None:
@@ -168,12 +170,15 @@ class PrefillBudget:
 
 
 def _root(a: float, b: float, c: float) -> float:
-    """The positive root of ``a·k² + b·k + c`` (a ≥ 0, b > 0); 0 where c ≥ 0."""
+    """The positive root of ``a·k² + b·k + c`` (a ≥ 0, b > 0); 0 where c ≥ 0.
+
+    In the form that keeps its digits when ``a`` is tiny beside ``b`` (a fit
+    with almost no cost per cell); a root past any batch is capped.
+    """
     if c >= 0.0:
         return 0.0
-    if a <= 0.0:
-        return -c / b
-    return (-b + math.sqrt(b * b - 4.0 * a * c)) / (2.0 * a)
+    root = -2.0 * c / (b + math.sqrt(b * b - 4.0 * a * c))
+    return root if math.isfinite(root) else _NO_LIMIT
 
 
 def _solve(matrix: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | None:
