@@ -50,6 +50,8 @@ class TestAuto:
     def test_the_chunk_grows_at_most_twice_past_what_was_measured(self) -> None:
         budget = measured(0.001, 0.0001, [3, 40, 3, 40])  # fast: the fit alone would allow thousands
         assert budget.room(3) == 2 * 40 - 3
+        budget.observe(2048, 0.0)  # a step the clock did not see measured nothing, its size included
+        assert budget.room(3) == 2 * 40 - 3
 
     def test_where_the_streams_alone_fill_the_target_the_prompt_still_gets_most_of_the_step(self) -> None:
         """A loaded machine: the streams' step is most of the target, so the gap gives way, not the prompt."""

@@ -3,7 +3,7 @@
 Alone, a prompt is read in the largest batches the context takes.  Beside
 decoding streams every step carries each stream's token, and the prompt's
 chunk is bounded by what keeps the step under the target gap (and is at least
-half a micro-batch, which reads at close to full speed).  Two prompts
+half a micro-batch: smaller chunks read each token slower).  Two prompts
 read together share each step: neither waits for the other to finish.
 """
 

@@ -141,7 +141,9 @@ class PrefillBudget:
         fixed part down (by absolute error the long steps decided it alone, and
         their slight curvature read as a fixed part several times too large).
         """
-        weight = 1.0 / (seconds * seconds) if seconds >= TIMED_S else 0.0  # shorter: the clock missed it
+        if seconds < TIMED_S:  # the clock missed it: no measurement
+            return
+        weight = 1.0 / (seconds * seconds)
         x = (1.0, float(n_tokens), float(cells))
         for i in range(3):
             self._xt[i] = self._xt[i] * FORGETTING + weight * x[i] * seconds
