@@ -357,7 +357,7 @@ ROWS: tuple[Row, ...] = (
     Row("fairness: gap p95 in prefill, s", "fair_gaps_s", NP4, timing.p95),
     Row("fairness: newcomer TTFT, s", "fair_newcomer_ttft_s", NP4, goal=1.1),
     Row("fairness: newcomer prompt, tokens", "fair_newcomer_prompt_tokens", NP4),
-    Row("fairness: newcomer alone TTFT, s", "fair_alone_ttft_s", NP4),
+    Row("fairness: newcomer alone TTFT (mean of before and after), s", "fair_alone_ttft_s", NP4),
     Row("fairness: newcomer / alone", "fair_newcomer_over_alone", NP4, goal=1.1, goal_on_value=True),
     Row("restart: turn 1 TTFT, s", "restart_turn1_ttft_s", "llama-server", server=RESTART),
     Row("restart: turn 2 (warm) TTFT, s", "restart_warm_ttft_s", "llama-server", server=RESTART),
