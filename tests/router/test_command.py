@@ -59,10 +59,16 @@ def test_a_name_or_file_that_looks_like_a_flag_is_still_the_child_s_value() -> N
 def test_the_child_key_replaces_the_router_s_in_the_environment() -> None:
     """The child requires the router's own key, given in its environment (never on its command line).
 
-    The environment also marks it as a router's child: it stops when the router is gone.
+    The environment also marks it as a router's child (it stops when the router is gone) and names the
+    descriptor of the listening socket the router hands it.
     """
-    environment = child_environment({"BUBO_API_KEY": "client-key", "PATH": "/bin"}, "child-key")
-    assert environment == {"BUBO_API_KEY": "child-key", "PATH": "/bin", "BUBO_ROUTER_CHILD": "1"}
+    environment = child_environment({"BUBO_API_KEY": "client-key", "PATH": "/bin"}, "child-key", 7)
+    assert environment == {
+        "BUBO_API_KEY": "child-key",
+        "PATH": "/bin",
+        "BUBO_ROUTER_CHILD": "1",
+        "BUBO_ROUTER_LISTEN_FD": "7",
+    }
 
 
 @pytest.mark.parametrize(

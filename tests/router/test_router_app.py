@@ -8,9 +8,13 @@ runs real ``bubo serve`` children.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
+import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,6 +129,46 @@ async def test_a_child_runs_in_its_own_session(router: QuartTrio) -> None:
     echo = await (await post(router, "/completion", {"model": "a"})).get_json()
     assert os.getsid(echo["pid"]) == echo["pid"]
     assert os.getpgid(echo["pid"]) != os.getpgrp()
+
+
+def _bind(port: int) -> socket.socket:
+    """A socket bound to *port* on loopback as another process would take a free port (address reuse on)."""
+    taker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        taker.bind(("127.0.0.1", port))
+    except OSError:
+        taker.close()
+        raise
+    return taker
+
+
+def _wait_until_dead(pid: int) -> None:
+    """Block (bounded) until *pid* is a zombie: its files are closed, and this trio loop cannot reap it."""
+    deadline = time.monotonic() + WAIT_S
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.01)
+
+
+async def test_a_child_s_port_stays_taken_until_the_router_has_seen_it_exit(router: QuartTrio) -> None:
+    """The router binds each child's socket and hands it over, and holds its copy until the child is reaped.
+
+    So no other local process can take the port while the router may send the child's key and prompts
+    there: not before the child listens, not after it dies and before the router has noticed.
+    """
+    echo = await (await post(router, "/completion", {"model": "a"})).get_json()
+    instance = context(router).registry.get("a").instance
+    assert instance is not None
+    assert echo["argv"][:2] == ["--port", str(instance.port)]
+    os.kill(echo["pid"], signal.SIGKILL)
+    _wait_until_dead(echo["pid"])  # no checkpoint: the router has not reaped it
+    assert not instance.exited.is_set()
+    with pytest.raises(OSError, match="in use") as taken:
+        _bind(instance.port).close()
+    assert taken.value.errno == errno.EADDRINUSE
+    await exited(instance)
+    _bind(instance.port).close()  # once the router has seen the exit, the port is free
 
 
 class TestStatuses:

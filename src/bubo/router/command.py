@@ -2,8 +2,9 @@
 
 A child inherits the router's flags (those that are not the router's own or
 the child's address) and its environment, as llama-server's instances do; it
-listens on 127.0.0.1 only and requires the router's own key, which travels
-in the environment (``BUBO_API_KEY``), never on the command line.
+listens on 127.0.0.1 only, on the socket the router bound for it (``child.py``),
+and requires the router's own key, which travels in the environment
+(``BUBO_API_KEY``), never on the command line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from bubo.config import OPTIONS, Option, serve_flag_values
 from bubo.errors import InvalidRequest
 
 from .catalog import CatalogEntry
-from .child import ROUTER_CHILD_ENV
+from .child import LISTEN_FD_ENV, ROUTER_CHILD_ENV
 
 __all__ = ["CHILD_HOST", "child_command", "child_environment", "extra_args", "inherited_flags"]
 
@@ -131,6 +132,9 @@ def child_command(
     )
 
 
-def child_environment(environ: Mapping[str, str], child_key: str) -> dict[str, str]:
-    """The router's environment with the child's key in place of the router's, and the child's mark."""
-    return {**environ, "BUBO_API_KEY": child_key, ROUTER_CHILD_ENV: "1"}
+def child_environment(environ: Mapping[str, str], child_key: str, listen_fd: int) -> dict[str, str]:
+    """The router's environment with the child's key in place of the router's, and the child's mark.
+
+    It also names the descriptor of the listening socket the router hands the child (``child.py``).
+    """
+    return {**environ, "BUBO_API_KEY": child_key, ROUTER_CHILD_ENV: "1", LISTEN_FD_ENV: str(listen_fd)}
