@@ -25,7 +25,8 @@ import trio.testing
 from quart_trio import QuartTrio
 from tests._listener import Listener
 
-from bubo.config import load_settings
+from bubo.config import default_model_path, load_settings
+from bubo.model import read_model_card
 from bubo.router import create_router_app, drain
 from bubo.router.catalog import CatalogEntry
 from bubo.router.context import ROUTER_KEY, RouterContext
@@ -224,6 +225,48 @@ class TestStatuses:
             await settled(context(app).registry.get("a"))
             echo = await (await post(app, "/completion", {"model": "a"})).get_json()
             assert echo["argv"][-2:] == ["--ctx-size=512", "--temp=0.1"]
+
+    async def test_extra_args_refuse_what_is_no_tuning_flag_and_load_nothing(self, tmp_path: Path) -> None:
+        """A flag that names a file (here one /props would show) is a 400 naming it; no child starts."""
+        async for app in make_router(tmp_path, "a", router__models_allow_extra_args="on"):
+            secret = tmp_path / "secret.jinja"
+            secret.write_text("{{ 'secret' }}")
+            response = await post(
+                app,
+                "/models/load",
+                {"model": "a", "extra_args": ["--temp", "0.1", f"--chat-template-file={secret}"]},
+            )
+            assert response.status_code == 400
+            error = (await response.get_json())["error"]
+            assert (error["param"], error["code"]) == ("extra_args[2]", "invalid_request")
+            assert "--chat-template-file" in error["message"]
+            assert context(app).registry.get("a").instance is None
+
+    async def test_extra_args_ask_for_at_most_the_model_s_trained_context(self, tmp_path: Path) -> None:
+        """--ctx-size in extra_args is capped by the model file's trained context (its card)."""
+        folder = tmp_path / "real"
+        folder.mkdir()
+        (folder / "a.gguf").symlink_to(default_model_path())
+        trained = read_model_card(default_model_path()).context_length
+        app = create_router_app(
+            load_settings(
+                {"router__models_dir": str(folder), "router__models_allow_extra_args": "on"}, environ={}
+            ),
+            environ=dict(os.environ),
+            command=stand_in,
+        )
+        async with app.test_app() as test_app:
+            over = await post(
+                test_app, "/models/load", {"model": "a", "extra_args": ["-c", str(trained + 1)]}
+            )
+            assert over.status_code == 400
+            assert (await over.get_json())["error"]["param"] == "extra_args[0]"
+            assert context(test_app).registry.get("a").instance is None
+            within = await post(test_app, "/models/load", {"model": "a", "extra_args": ["-c", str(trained)]})
+            assert within.status_code == 200
+            await settled(context(test_app).registry.get("a"))
+            echo = await (await post(test_app, "/completion", {"model": "a"})).get_json()
+            assert echo["argv"][-2:] == ["-c", str(trained)]
 
 
 class TestForwarding:

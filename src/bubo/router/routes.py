@@ -100,7 +100,8 @@ async def load() -> Response:
                 code="extra_args_not_allowed",
                 param="extra_args",
             )
-        extra = extra_args(body["extra_args"])
+        card = router.cards.get(record.name)
+        extra = extra_args(body["extra_args"], trained_context=card.context_length if card else 0)
     if record.running or router.supervisor.queued(record):
         state = record.state.value if record.running else "waiting to load"
         raise InvalidRequest(
