@@ -327,6 +327,18 @@ class TestForwarding:
         assert response.status_code == 401
         assert context(router).registry.get("a").instance is None
 
+    async def test_no_static_folder_is_served(
+        self, router: QuartTrio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """GET /static/... is 404, even with a static/ folder where Quart's default would serve one."""
+        root = tmp_path / "root"
+        (root / "static").mkdir(parents=True)
+        (root / "static" / "secret.txt").write_text("secret")
+        monkeypatch.setattr(router.app, "root_path", str(root))  # type: ignore[attr-defined]
+        response = await router.test_client().get("/static/secret.txt", headers=AUTH)
+        assert response.status_code == 404
+        assert context(router).registry.get("a").instance is None
+
     async def test_the_chat_page_is_the_router_s_own(self, router: QuartTrio) -> None:
         """/ and its files are served by the router, without the key, and load no model."""
         page = await router.test_client().get("/", headers={"Accept": "text/html"})

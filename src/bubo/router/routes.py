@@ -205,7 +205,7 @@ def forwarding_blueprint(rules: Iterable[Rule]) -> Blueprint:
     methods: dict[str, set[str]] = {}
     for rule in rules:
         own = rule.rule in OWN_PATHS or rule.endpoint.startswith(webui.blueprint.name + ".")
-        if rule.endpoint != "static" and not own:
+        if not own:
             methods.setdefault(rule.rule, set()).update((rule.methods or set()) - {"HEAD", "OPTIONS"})
     forwarding = Blueprint("router_forward", __name__)
     for index, (path, allowed) in enumerate(sorted(methods.items())):
