@@ -327,6 +327,27 @@ class TestForwarding:
         assert response.status_code == 401
         assert context(router).registry.get("a").instance is None
 
+    async def test_debug_routes_are_forwarded_for_loopback_clients_only(self, router: QuartTrio) -> None:
+        """/debug/* from another machine is the 404 of no such path, and reaches (and loads) no child.
+
+        A child sees every request coming from the router's loopback address, so the router checks its
+        own client's.
+        """
+        client = router.test_client()
+        for peer in (("192.0.2.7", 50000), ("::ffff:192.0.2.7", 50000), None):
+            far = await client.get("/debug/settings?model=a", headers=AUTH, scope_base={"client": peer})
+            assert far.status_code == 404
+            assert (await far.get_json())["error"]["code"] == "not_found"
+            prompt = await client.post(
+                "/debug/prompt", json={"model": "a"}, headers=AUTH, scope_base={"client": peer}
+            )
+            assert prompt.status_code == 404
+        assert context(router).registry.get("a").instance is None
+        for peer in (("127.0.0.1", 50000), ("::1", 50000)):
+            near = await client.get("/debug/settings?model=a", headers=AUTH, scope_base={"client": peer})
+            assert near.status_code == 200
+            assert (await near.get_json())["path"] == "/debug/settings"
+
     async def test_no_static_folder_is_served(
         self, router: QuartTrio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
