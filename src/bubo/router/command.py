@@ -161,8 +161,8 @@ def _not_allowed(argument: str, option: Option, param: str) -> InvalidRequest:
 
 def _check_context(arguments: list[str], text: str | list[str], trained_context: int) -> None:
     """``--ctx-size`` within 0 … *trained_context* (only 0 when the trained context is unknown)."""
-    at = max(i for i, item in enumerate(arguments) if _CTX_SIZE.key in (_parsed(item) or {}))
-    param = f"extra_args[{at}]"
+    at = max((i for i, item in enumerate(arguments) if _CTX_SIZE.key in (_parsed(item) or {})), default=None)
+    param = "extra_args" if at is None else f"extra_args[{at}]"
     try:
         tokens = _CTX_SIZE.parse(text)
     except ValueError as error:
