@@ -39,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "transport": {"api", "errors"},
     "server": {"domain", "errors", "api", "config", "loader", "model", "service"},
-    "router": {"errors", "api", "config", "model", "server", "service"},
+    "router": {"domain", "errors", "api", "config", "model", "server", "service"},
     "_logging": set(),
     "app": {"_logging", "config", "router", "server"},
     "cli": {"_logging", "config", "domain", "errors", "router", "server", "transport"},

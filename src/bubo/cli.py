@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import trio
 
@@ -18,7 +19,7 @@ from bubo._logging import configure_logging
 from bubo.config import ConfigError, Settings, add_flags, flag_values, load_settings
 from bubo.domain.addresses import is_loopback
 
-__all__ = ["main", "warn_if_exposed"]
+__all__ = ["main", "serve_binds", "warn_if_exposed"]
 
 logger = logging.getLogger("bubo")
 
@@ -79,6 +80,21 @@ def warn_if_exposed(settings: Settings) -> None:
         )
 
 
+def serve_binds(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """Hypercorn's binds: each ``--host`` on ``--port``, or for a router's child the socket it was handed.
+
+    Raises:
+        ConfigError: a router's child without its socket (``bubo.router.child``).
+
+    """
+    from bubo.router.child import inherited_listener  # noqa: PLC0415 - imported when serving
+
+    listener = inherited_listener(environ)
+    if listener is not None:
+        return [f"fd://{listener}"]
+    return [_bind(host, settings.server.port) for host in settings.server.hosts]
+
+
 def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -99,7 +115,7 @@ async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
     else:
         app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
-    config.bind = [_bind(host, settings.server.port) for host in settings.server.hosts]
+    config.bind = serve_binds(settings, os.environ)
     config.accesslog = logging.getLogger("hypercorn.access")
     config.access_log_format = ACCESS_LOG_FORMAT
     config.errorlog = logging.getLogger("hypercorn.error")

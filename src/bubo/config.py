@@ -858,7 +858,8 @@ OPTIONS: tuple[Option, ...] = (
            "request",
            "on|off", off_flags=("--no-models-autoload",)),
     Option(("--models-allow-extra-args",), ("router", "models_allow_extra_args"), _switch,
-           "router mode: let POST /models/load pass extra_args to the model's child process ({default})",
+           "router mode: let POST /models/load pass extra_args to the model's child process, tuning flags "
+           "only (docs/router.md) ({default})",
            "on|off"),
     Option(("--models-load-timeout",), ("router", "models_load_timeout"), _float,
            "router mode: seconds a child may take to load its model and answer /ready ({default})", "S"),

@@ -87,7 +87,7 @@ def create_app(
     on_load_failure: Callable[[], None] = _terminate_process,
 ) -> QuartTrio:
     """The Quart-trio app serving *settings*' model."""
-    app = QuartTrio("bubo")
+    app = QuartTrio("bubo", static_folder=None)  # no /static/ route: the chat page's files are webui.py's
     app.config.update(
         RESPONSE_TIMEOUT=60,  # non-streaming bodies; SSE responses set their own None
         BODY_TIMEOUT=60,

@@ -180,3 +180,20 @@ class TestApiKey:
             assert (await client.post("/v1/chat/completions", json={})).status_code == 401
             models = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
             assert models.status_code == 200
+
+
+async def test_no_static_folder_is_served(make_app, tmp_path, monkeypatch) -> None:
+    """GET /static/... is 404, even with a static/ folder where Quart's default would serve one.
+
+    The page's files are served by webui.py, from the package, on purpose; nothing else is.
+    """
+    root = tmp_path / "root"
+    (root / "static").mkdir(parents=True)
+    (root / "static" / "secret.txt").write_text("secret")
+    app = make_app({})
+    monkeypatch.setattr(app, "root_path", str(root))
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        response = await test_app.test_client().get("/static/secret.txt")
+        assert response.status_code == 404
+        assert (await test_app.test_client().get("/webui/app.js")).status_code == 200

@@ -255,3 +255,34 @@ def test_a_preset_file_names_configures_and_preloads_a_model(tmp_path: Path) -> 
         assert counted["input_tokens"] == chat.usage.prompt_tokens  # type: ignore[union-attr]
     finally:
         assert stop_server(router) == 0
+
+
+def test_extra_args_load_tuning_flags_and_never_a_file(tmp_path: Path) -> None:
+    """--models-allow-extra-args: a template file named in extra_args is a 400 and loads nothing (its
+    content never reaches /props); a context within the model's trained one reaches the real child."""
+    secret = tmp_path / "secret.jinja"
+    secret.write_text("{{ 'the secret in this file' }}")
+    router = start_router(tmp_path, "--models-allow-extra-args")
+    try:
+        refused = httpx.post(
+            f"{router.base_url}/models/load",
+            json={"model": "smollm2", "extra_args": ["-c", "256", f"--chat-template-file={secret}"]},
+            timeout=10,
+        )
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["param"] == "extra_args[2]"
+        assert "--chat-template-file" in error["message"]
+        assert statuses(router)["smollm2"] == {"value": "unloaded"}
+        loaded = httpx.post(
+            f"{router.base_url}/models/load",
+            json={"model": "smollm2", "extra_args": ["-c", "256"]},
+            timeout=10,
+        )
+        assert loaded.json() == {"success": True}
+        wait_for(router, lambda s: s["smollm2"]["value"] == "loaded")
+        props = httpx.get(f"{router.base_url}/props", params={"model": "smollm2"}, timeout=10).json()
+        assert props["default_generation_settings"]["n_ctx"] == 256
+        assert "the secret in this file" not in props["chat_template"]
+    finally:
+        assert stop_server(router) == 0

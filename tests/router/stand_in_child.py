@@ -1,6 +1,7 @@
 """A stand-in for a model's child ``bubo serve``: the router's side of the contract, without a model.
 
-Run as ``python stand_in_child.py --port N --served-model-name NAME [...]``.  It
+Run as ``python stand_in_child.py --port N --served-model-name NAME [...]``, with
+the listening socket the router bound (on port N) in ``BUBO_ROUTER_LISTEN_FD``.  It
 answers ``/ready`` and ``/v1/models``, requires ``BUBO_API_KEY``, echoes every
 other request as JSON, and on request streams (server-sent events, or NDJSON
 under ``/api/``; waiting for a gate file, noting when its client leaves) or dies (exit status 3) before or while it answers, between
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -37,8 +39,10 @@ KEY = os.environ["BUBO_API_KEY"]
 class Server(ThreadingHTTPServer):
     """Counts the answers in progress (idle keep-alive connections do not count)."""
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, bind_and_activate: bool
+    ) -> None:
+        super().__init__(address, handler, bind_and_activate=bind_and_activate)
         self.active = 0
         self.answering = threading.Condition()
 
@@ -167,7 +171,10 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     if NAME.startswith("broken"):
         raise SystemExit(DIE_STATUS)
-    server = Server(("127.0.0.1", int(_arg("--port"))), Handler)
+    server = Server(("127.0.0.1", int(_arg("--port"))), Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = socket.socket(fileno=int(os.environ["BUBO_ROUTER_LISTEN_FD"]))  # bound by the router
+    server.server_address = server.socket.getsockname()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
     with server.answering:  # on SIGTERM, answers in progress finish (as bubo serve drains)

@@ -8,9 +8,13 @@ runs real ``bubo serve`` children.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
+import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,8 @@ import trio.testing
 from quart_trio import QuartTrio
 from tests._listener import Listener
 
-from bubo.config import load_settings
+from bubo.config import default_model_path, load_settings
+from bubo.model import read_model_card
 from bubo.router import create_router_app, drain
 from bubo.router.catalog import CatalogEntry
 from bubo.router.context import ROUTER_KEY, RouterContext
@@ -127,6 +132,46 @@ async def test_a_child_runs_in_its_own_session(router: QuartTrio) -> None:
     assert os.getpgid(echo["pid"]) != os.getpgrp()
 
 
+def _bind(port: int) -> socket.socket:
+    """A socket bound to *port* on loopback as another process would take a free port (address reuse on)."""
+    taker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        taker.bind(("127.0.0.1", port))
+    except OSError:
+        taker.close()
+        raise
+    return taker
+
+
+def _wait_until_dead(pid: int) -> None:
+    """Block (bounded) until *pid* is a zombie: its files are closed, and this trio loop cannot reap it."""
+    deadline = time.monotonic() + WAIT_S
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.01)
+
+
+async def test_a_child_s_port_stays_taken_until_the_router_has_seen_it_exit(router: QuartTrio) -> None:
+    """The router binds each child's socket and hands it over, and holds its copy until the child is reaped.
+
+    So no other local process can take the port while the router may send the child's key and prompts
+    there: not before the child listens, not after it dies and before the router has noticed.
+    """
+    echo = await (await post(router, "/completion", {"model": "a"})).get_json()
+    instance = context(router).registry.get("a").instance
+    assert instance is not None
+    assert echo["argv"][:2] == ["--port", str(instance.port)]
+    os.kill(echo["pid"], signal.SIGKILL)
+    _wait_until_dead(echo["pid"])  # no checkpoint: the router has not reaped it
+    assert not instance.exited.is_set()
+    with pytest.raises(OSError, match="in use") as taken:
+        _bind(instance.port).close()
+    assert taken.value.errno == errno.EADDRINUSE
+    await exited(instance)
+    _bind(instance.port).close()  # once the router has seen the exit, the port is free
+
+
 class TestStatuses:
     async def test_unloaded_loading_loaded_unloaded(self, router: QuartTrio) -> None:
         """/models follows a model through POST /models/load and POST /models/unload."""
@@ -180,6 +225,48 @@ class TestStatuses:
             await settled(context(app).registry.get("a"))
             echo = await (await post(app, "/completion", {"model": "a"})).get_json()
             assert echo["argv"][-2:] == ["--ctx-size=512", "--temp=0.1"]
+
+    async def test_extra_args_refuse_what_is_no_tuning_flag_and_load_nothing(self, tmp_path: Path) -> None:
+        """A flag that names a file (here one /props would show) is a 400 naming it; no child starts."""
+        async for app in make_router(tmp_path, "a", router__models_allow_extra_args="on"):
+            secret = tmp_path / "secret.jinja"
+            secret.write_text("{{ 'secret' }}")
+            response = await post(
+                app,
+                "/models/load",
+                {"model": "a", "extra_args": ["--temp", "0.1", f"--chat-template-file={secret}"]},
+            )
+            assert response.status_code == 400
+            error = (await response.get_json())["error"]
+            assert (error["param"], error["code"]) == ("extra_args[2]", "invalid_request")
+            assert "--chat-template-file" in error["message"]
+            assert context(app).registry.get("a").instance is None
+
+    async def test_extra_args_ask_for_at_most_the_model_s_trained_context(self, tmp_path: Path) -> None:
+        """--ctx-size in extra_args is capped by the model file's trained context (its card)."""
+        folder = tmp_path / "real"
+        folder.mkdir()
+        (folder / "a.gguf").symlink_to(default_model_path())
+        trained = read_model_card(default_model_path()).context_length
+        app = create_router_app(
+            load_settings(
+                {"router__models_dir": str(folder), "router__models_allow_extra_args": "on"}, environ={}
+            ),
+            environ=dict(os.environ),
+            command=stand_in,
+        )
+        async with app.test_app() as test_app:
+            over = await post(
+                test_app, "/models/load", {"model": "a", "extra_args": ["-c", str(trained + 1)]}
+            )
+            assert over.status_code == 400
+            assert (await over.get_json())["error"]["param"] == "extra_args[0]"
+            assert context(test_app).registry.get("a").instance is None
+            within = await post(test_app, "/models/load", {"model": "a", "extra_args": ["-c", str(trained)]})
+            assert within.status_code == 200
+            await settled(context(test_app).registry.get("a"))
+            echo = await (await post(test_app, "/completion", {"model": "a"})).get_json()
+            assert echo["argv"][-2:] == ["-c", str(trained)]
 
 
 class TestForwarding:
@@ -238,6 +325,39 @@ class TestForwarding:
         """Without the router's key: 401 before anything is forwarded or loaded."""
         response = await router.test_client().post("/v1/chat/completions", json={"model": "a"})
         assert response.status_code == 401
+        assert context(router).registry.get("a").instance is None
+
+    async def test_debug_routes_are_forwarded_for_loopback_clients_only(self, router: QuartTrio) -> None:
+        """/debug/* from another machine is the 404 of no such path, and reaches (and loads) no child.
+
+        A child sees every request coming from the router's loopback address, so the router checks its
+        own client's.
+        """
+        client = router.test_client()
+        for peer in (("192.0.2.7", 50000), ("::ffff:192.0.2.7", 50000), None):
+            far = await client.get("/debug/settings?model=a", headers=AUTH, scope_base={"client": peer})
+            assert far.status_code == 404
+            assert (await far.get_json())["error"]["code"] == "not_found"
+            prompt = await client.post(
+                "/debug/prompt", json={"model": "a"}, headers=AUTH, scope_base={"client": peer}
+            )
+            assert prompt.status_code == 404
+        assert context(router).registry.get("a").instance is None
+        for peer in (("127.0.0.1", 50000), ("::1", 50000)):
+            near = await client.get("/debug/settings?model=a", headers=AUTH, scope_base={"client": peer})
+            assert near.status_code == 200
+            assert (await near.get_json())["path"] == "/debug/settings"
+
+    async def test_no_static_folder_is_served(
+        self, router: QuartTrio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """GET /static/... is 404, even with a static/ folder where Quart's default would serve one."""
+        root = tmp_path / "root"
+        (root / "static").mkdir(parents=True)
+        (root / "static" / "secret.txt").write_text("secret")
+        monkeypatch.setattr(router.app, "root_path", str(root))  # type: ignore[attr-defined]
+        response = await router.test_client().get("/static/secret.txt", headers=AUTH)
+        assert response.status_code == 404
         assert context(router).registry.get("a").instance is None
 
     async def test_the_chat_page_is_the_router_s_own(self, router: QuartTrio) -> None:

@@ -64,7 +64,9 @@ def create_router_app(
         f", presets {settings.router.models_preset}" if settings.router.models_preset else "",
         ", ".join(e.name for e in entries) or "none",
     )
-    app = QuartTrio("bubo-router")
+    # No /static/ route: Quart's default folder would be ./static of the working directory here (the
+    # name is no module's); the chat page's files are api/webui.py's.
+    app = QuartTrio("bubo-router", static_folder=None)
     app.config.update(
         RESPONSE_TIMEOUT=60,  # the router's own responses; forwarded ones set None
         BODY_TIMEOUT=60,

@@ -21,7 +21,8 @@ from bubo.api._context import INLINE_BODY_BYTES, api_context, request_id
 from bubo.api._converter import parse_json_object
 from bubo.api._json import json_response
 from bubo.api.anthropic import PATH_PREFIX as ANTHROPIC_PREFIX
-from bubo.errors import BuboError, InvalidRequest, ServiceUnavailable
+from bubo.domain.addresses import is_loopback
+from bubo.errors import BuboError, InvalidRequest, NotFound, ServiceUnavailable
 
 from . import ollama as router_ollama
 from .command import extra_args
@@ -33,6 +34,7 @@ __all__ = ["OWN_PATHS", "blueprint", "forwarding_blueprint"]
 
 blueprint = Blueprint("router", __name__)
 
+DEBUG_PREFIX = "/debug"  # --debug-hooks' routes (api/debug.py): forwarded for loopback clients only
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})  # OpenAI's Responses API streams
 # A request its child dropped waits this long for the child's exit, to say how it ended.
 EXIT_NOTICE_S = 2.0
@@ -100,7 +102,8 @@ async def load() -> Response:
                 code="extra_args_not_allowed",
                 param="extra_args",
             )
-        extra = extra_args(body["extra_args"])
+        card = router.cards.get(record.name)
+        extra = extra_args(body["extra_args"], trained_context=card.context_length if card else 0)
     if record.running or router.supervisor.queued(record):
         state = record.state.value if record.running else "waiting to load"
         raise InvalidRequest(
@@ -141,8 +144,15 @@ async def props() -> Response:
 
 
 async def forward_request(**_path: Any) -> Response:
-    """Forward the request to the child of the model it names (loading it first when allowed)."""
+    """Forward the request to the child of the model it names (loading it first when allowed).
+
+    ``/debug/*`` goes only to a client on this machine: a child sees the router's own loopback
+    address as every request's, so its own check (api/debug.py) cannot tell; without, it is the
+    404 of a path that does not exist, as the child answers without ``--debug-hooks``.
+    """
     router = router_context()
+    if _under(request.path, DEBUG_PREFIX) and not _from_loopback():
+        raise NotFound(f"no such endpoint: {request.method} {request.path}")
     _check_open(router)
     body = b""
     if request.method == "POST":
@@ -204,7 +214,7 @@ def forwarding_blueprint(rules: Iterable[Rule]) -> Blueprint:
     methods: dict[str, set[str]] = {}
     for rule in rules:
         own = rule.rule in OWN_PATHS or rule.endpoint.startswith(webui.blueprint.name + ".")
-        if rule.endpoint != "static" and not own:
+        if not own:
             methods.setdefault(rule.rule, set()).update((rule.methods or set()) - {"HEAD", "OPTIONS"})
     forwarding = Blueprint("router_forward", __name__)
     for index, (path, allowed) in enumerate(sorted(methods.items())):
@@ -225,6 +235,12 @@ async def _failure(router: RouterContext, instance: Instance) -> BuboError:
     else:
         why = "closed the connection before it answered"
     return ServiceUnavailable(f"model {instance.model!r} {why}; send the request again", code="not_ready")
+
+
+def _from_loopback() -> bool:
+    """Whether the router's own client (the ASGI scope's peer) is on this machine."""
+    client = request.scope.get("client")
+    return client is not None and is_loopback(client[0])
 
 
 def _under(path: str, prefix: str) -> bool:

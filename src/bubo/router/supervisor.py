@@ -2,7 +2,8 @@
 
 The :class:`Supervisor` owns a nursery tied to the app's lifespan; each
 instance runs in it as ``trio.run_process`` (the process is reaped there, its
-exit code recorded), beside a task that polls the child's ``/ready`` until it
+exit code recorded) on a loopback socket the supervisor binds and hands to it
+(``child.py``), beside a task that polls the child's ``/ready`` until it
 answers 200 or the load timeout passes.  Stopping an instance cancels its
 scope: ``run_process`` then delivers SIGTERM (SIGKILL to one still loading)
 and SIGKILL after the grace period.  Nothing outlives the nursery.
@@ -234,7 +235,8 @@ class Supervisor:
     def _spawn(self, record: ModelRecord, extra: Sequence[str]) -> Instance:
         """Start a child for *record* now."""
         assert self._nursery is not None  # run() started before serving
-        port = _free_port()
+        listener = _listening_socket()
+        port: int = listener.getsockname()[1]
         instance = Instance(
             model=record.name,
             port=port,
@@ -242,7 +244,7 @@ class Supervisor:
             stop_timeout=record.entry.stop_timeout,
         )
         record.start(instance, trio.current_time())
-        self._nursery.start_soon(self._supervise, record, instance)
+        self._nursery.start_soon(self._supervise, record, instance, listener)
         logger.info("loading model %s on port %d", record.name, port)
         return instance
 
@@ -269,9 +271,13 @@ class Supervisor:
         if self._closed:
             raise ServiceUnavailable("the server is shutting down", code="not_ready")
 
-    async def _supervise(self, record: ModelRecord, instance: Instance) -> None:
-        """Run *instance*'s process until it exits or is stopped; record how it ended."""
-        environ = child_environment(self._config.environ, self._config.child_key)
+    async def _supervise(self, record: ModelRecord, instance: Instance, listener: socket.socket) -> None:
+        """Run *instance*'s process on *listener* until it exits or is stopped; record how it ended.
+
+        The child gets *listener* open (``child.py``); the router's copy is closed only once the
+        process has been reaped, so its port stays taken while the router may still send to it.
+        """
+        environ = child_environment(self._config.environ, self._config.child_key, listener.fileno())
         process: trio.Process | None = None
         try:
             with instance.scope:
@@ -285,6 +291,7 @@ class Supervisor:
                             # Its own session: a Ctrl-C at the terminal (the process group's SIGINT)
                             # is the router's, whose drain then signals each child once.
                             start_new_session=True,
+                            pass_fds=(listener.fileno(),),  # its listening socket, at the same number
                             check=False,
                             deliver_cancel=partial(self._stop_process, instance),
                             task_status=task_status,
@@ -300,6 +307,7 @@ class Supervisor:
                         instance.pid = process.pid
                         nursery.start_soon(self._watch_ready, instance)
         finally:  # also when the app's nursery is cancelled: run_process has reaped the process by now
+            listener.close()
             self._finish(record, instance, process)
 
     def _finish(self, record: ModelRecord, instance: Instance, process: trio.Process | None) -> None:
@@ -371,9 +379,16 @@ class _Ticket:
     granted: trio.Event = attrs.field(factory=trio.Event)
 
 
-def _free_port() -> int:
-    """A free loopback port for a child (llama-server's way: bind port 0, read it, close)."""
-    with socket.socket() as probe:
-        probe.bind((CHILD_HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
+def _listening_socket() -> socket.socket:
+    """A loopback socket on a port the kernel picks, listening: the child serves on it (``child.py``)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As Hypercorn sets it on every socket it serves (the child's included): connections of a dead
+        # child left closing do not hold the port; while this one listens, nobody else can bind it.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((CHILD_HOST, 0))
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    return listener
