@@ -549,7 +549,9 @@ class LlamaEngine(SlotEngine):
             _post(trio_token, _deliver, send, event)  # FIFO, before the generation's end
 
         await self._read_from_disk(slot, request)
-        generation = Generation(self._setup, slot, request, emit=emit)
+        make = functools.partial(Generation, self._setup, slot, request, emit=emit)
+        # its stop strings' automaton is built with it: in a worker thread, off the event loop
+        generation = await trio.to_thread.run_sync(make) if request.stop else make()
         ended = trio.Event()
         failures: list[BaseException] = []
 
