@@ -23,13 +23,15 @@ CHARACTER_OVERRUN = 3
 
 
 class StopAutomaton:
-    """A request's stop strings as one Aho-Corasick automaton (immutable once built; shared by no one else).
+    """A request's stop strings as one Aho-Corasick automaton (never changed once built).
 
     Each node (an index) is a prefix of some stop string: ``goto`` its children
     by character, ``fail`` the node of its longest proper suffix that is also a
     prefix, ``depth`` its length and ``match`` the longest stop string that ends
-    it (None: none does).  Node 0 is the empty prefix.  The construction follows the failure links
-    breadth-first, which takes time linear in the stop strings' total length.
+    it (None: none does).  Node 0 is the empty prefix.  The construction sets
+    the failure links breadth-first, which takes time linear in the stop
+    strings' total length.  Matchers keep their own state, so one automaton
+    may serve several.
     """
 
     def __init__(self, stops: Iterable[str]) -> None:
