@@ -188,6 +188,9 @@ class LoadSettings:
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: Pooling | None = None  # embeddings: None: the model's own
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
+    max_unread_mib: int = attrs.field(
+        default=16, validator=_positive
+    )  # a stream's unread events; past: ended
     cache_reuse: int = attrs.field(default=0, validator=_non_negative)  # shortest cached run moved; 0: off
 
     def __attrs_post_init__(self) -> None:
@@ -756,6 +759,10 @@ OPTIONS: tuple[Option, ...] = (
            "a generation that reaches the end of its context drops the oldest half of its tokens after "
            "the request's n_keep and goes on, reported as truncated ({default}: it stops there)", "on|off",
            off_flags=("--no-context-shift",)),
+    Option(("--max-unread-mib",), ("model", "max_unread_mib"), _int,
+           "what one request's events its client has not read yet may hold, estimated, in MiB ({default}); "
+           "past it the generation is ended with 503 stream_not_read, so a client that stops reading "
+           "cannot grow the server's memory", "MIB"),
     Option(("--cache-reuse",), ("model", "cache_reuse"), _int,
            "after a prompt's changed middle, move each cached run of at least N tokens the prompt "
            "repeats into place by KV shifting instead of evaluating it again ({default}: off; a moved run "

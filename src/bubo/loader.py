@@ -209,6 +209,7 @@ def llama_options(
         embeddings=model.embeddings,
         pooling=model.pooling,
         context_shift=model.context_shift,
+        max_unread_mib=model.max_unread_mib,
         cache_reuse=model.cache_reuse,
         lora=lora,
     )

@@ -34,6 +34,8 @@ HOSTILE = [
     ("/tokenize", json.dumps({"content": "\ud800"}), "content"),
     ("/apply-template", json.dumps({"messages": [{"role": "user", "content": "\udfff"}]}), "messages[0].content"),
     ("/completion", json.dumps({"prompt": "hi", "stop": ["\ud800"], "n_predict": 4}), "stop[0]"),
+    ("/v1/completions", json.dumps({"model": "bubo", "prompt": "hi", "stop": [f"s{i}" for i in range(100_000)]}),
+     "stop"),
     (CHAT, json.dumps(chat(messages=[USER, assistant_call("[" * 100_000)])),
      "messages[1].tool_calls[0].function.arguments"),
     (CHAT, json.dumps(chat(temperature=0.5)).replace("0.5", "1e309"), "temperature"),

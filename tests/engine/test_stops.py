@@ -1,14 +1,15 @@
-"""StopMatcher: stop strings across token boundaries; held-back prefixes."""
+"""StopMatcher: stop strings across token boundaries; held-back prefixes; the cost of many stop strings."""
 
 from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bubo.engine import StopMatcher
-from bubo.engine._stops import CHARACTER_OVERRUN, GeneratedText
+from bubo.engine._stops import CHARACTER_OVERRUN, GeneratedText, StopAutomaton
 
 
 class TestStopMatcher:
@@ -73,6 +74,104 @@ class TestStopMatcher:
             assert released == text
         else:
             assert text.startswith(released + matched)
+
+
+class NaiveMatcher:
+    """The matcher before the automaton, kept as the oracle: every stop string searched for every piece."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> str:
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        pending = self._held + text
+        first: tuple[int, int, str] | None = None  # (end, start, stop)
+        for stop in self._stops:
+            start = pending.find(stop)
+            if start != -1 and (first is None or (start + len(stop), start) < first[:2]):
+                first = (start + len(stop), start, stop)
+        if first is not None:
+            _, start, self.matched = first
+            self._held = ""
+            return pending[:start]
+        keep = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(pending)), keep, -1):
+                if pending.endswith(stop[:size]):
+                    keep = size
+                    break
+        self._held = pending[len(pending) - keep :] if keep else ""
+        return pending[: len(pending) - keep]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def _feed_all(matcher: StopMatcher | NaiveMatcher, pieces: list[str]) -> list[str]:
+    released = [matcher.feed(piece) for piece in pieces]
+    if matcher.matched is None:
+        released.append(matcher.flush())
+    return released
+
+
+class TestAutomaton:
+    @given(
+        pieces=st.lists(st.text(alphabet="abc\n", max_size=6), max_size=12),
+        stops=st.lists(st.text(alphabet="abc\n", max_size=5), max_size=6),
+    )
+    def test_same_as_the_naive_matcher(self, pieces: list[str], stops: list[str]) -> None:
+        """Piece by piece, the automaton releases and holds exactly what searching every stop string did."""
+        automaton, naive = StopMatcher(tuple(stops)), NaiveMatcher(tuple(stops))
+        assert _feed_all(automaton, pieces) == _feed_all(naive, pieces)
+        assert automaton.matched == naive.matched
+
+    def test_one_automaton_serves_many_requests(self) -> None:
+        """An automaton keeps no state of a match: matchers built on it do not see each other's text."""
+        automaton = StopAutomaton(("END", "", "END"))
+        assert automaton.stops == ("END",)
+        first, second = StopMatcher(automaton), StopMatcher(automaton)
+        assert first.feed("the EN") == "the "
+        assert second.feed("D") == "D"
+        assert first.feed("D") == ""
+        assert (first.matched, second.matched) == ("END", None)
+
+    def test_steps_a_character_do_not_grow_with_the_stop_strings(self) -> None:
+        """Ten thousand stop strings cost each character what one does; the naive search read them all."""
+        text = "the quick brown fox jumps over the lazy dog. " * 40
+        pieces = [text[at : at + 3] for at in range(0, len(text), 3)]  # three characters a token
+        steps = {}
+        for count in (1, 10_000):
+            stops = tuple(f"~{index}~" for index in range(count))  # none occurs in the text
+            matcher = StopMatcher(stops)
+            assert "".join(_feed_all(matcher, pieces)) == text
+            steps[count] = matcher.steps
+        assert steps[1] == steps[10_000] == len(text)
+
+    def test_steps_stay_linear_on_text_that_keeps_almost_matching(self) -> None:
+        """Stop strings that the text keeps starting (a, aa, …, then b) cost at most two steps a character."""
+        stops = tuple("a" * size + "b" for size in range(1, 500))
+        for repeats in (1_000, 4_000):
+            matcher = StopMatcher(stops)
+            released = _feed_all(matcher, ["a"] * repeats + ["c"])
+            assert "".join(released) == "a" * repeats + "c"
+            assert matcher.steps <= 2 * (repeats + 1)
+
+    @pytest.mark.parametrize("count", [16, 64, 256])
+    def test_building_is_linear_in_the_stop_strings_total_length(self, count: int) -> None:
+        """The failure links cost at most twice the stop strings' total length, even for nested ones."""
+        for stops in (
+            tuple("a" * size for size in range(1, count + 1)),  # each a prefix and a suffix of the next
+            tuple("ab" * size + "c" for size in range(count)),
+            tuple(f"{index:x}" * 7 for index in range(count)),
+        ):
+            total = sum(len(stop) for stop in stops)
+            assert StopAutomaton(stops).build_steps <= 2 * total
 
 
 OWL = "\N{OWL}".encode()  # f0 9f a6 89

@@ -7,8 +7,11 @@ from pathlib import Path
 import attrs
 import pytest
 
+from bubo.engine import ModelInfo
+from bubo.engine.fake import fake_model_info
 from bubo.errors import InsufficientMemory, InsufficientMemoryPermanent, MemoryPressure
 from bubo.model import KV_CACHE_TYPES, KvCacheSize, kv_bytes_per_token
+from bubo.service.generation import most_new_tokens
 from bubo.service.memory import WORKING_MARGIN_BYTES, MemoryGuard, MemoryReading, SystemMemory
 
 MIB = 1024 * 1024
@@ -50,6 +53,34 @@ class TestGuard:
         with pytest.raises(InsufficientMemoryPermanent) as raised:
             guard(available_mib=900, limit_mib=1000).admit(2000)
         assert (raised.value.status, raised.value.headers) == (507, {})
+
+    def test_the_answers_log_probabilities_count(self) -> None:
+        """What fits as state alone is refused once its log-probabilities are counted, and says so."""
+        guard(available_mib=500, limit_mib=1000).admit(300, output_bytes=100 * MIB)
+        with pytest.raises(InsufficientMemory):
+            guard(available_mib=500, limit_mib=1000).admit(300, output_bytes=300 * MIB)
+        with pytest.raises(InsufficientMemoryPermanent) as raised:
+            guard(available_mib=500, limit_mib=1000).admit(300, output_bytes=800 * MIB)
+        assert "800 MiB of log-probabilities" in raised.value.message
+        assert "n_probs" in raised.value.message
+
+
+class TestMostNewTokens:
+    def info(self, *, shift: bool, n_ctx: int = 2048, n_ctx_train: int = 8192) -> ModelInfo:
+        return attrs.evolve(fake_model_info(n_ctx), n_ctx_train=n_ctx_train, context_shift=shift)
+
+    def test_the_context_ends_a_generation_without_shift(self) -> None:
+        assert most_new_tokens(self.info(shift=False), 48, -1) == 2000
+        assert most_new_tokens(self.info(shift=False), 48, 5000) == 2000
+        assert most_new_tokens(self.info(shift=False), 48, 16) == 16
+
+    def test_no_limit_under_shift_ends_at_the_training_context(self) -> None:
+        """As llama-server caps n_predict -1 (the engine's EndPolicy ends it there)."""
+        assert most_new_tokens(self.info(shift=True), 48, -1) == 8192 - 48
+        assert most_new_tokens(self.info(shift=True, n_ctx_train=1024), 48, -1) == 1024 - 48
+
+    def test_a_limit_under_shift_is_the_limit(self) -> None:
+        assert most_new_tokens(self.info(shift=True), 48, 100_000) == 100_000
 
 
 class TestSystemMemory:

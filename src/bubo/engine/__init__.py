@@ -4,6 +4,8 @@
 tests; it never imports ``llama_cpp``.
 """
 
+from ._backlog import StreamNotRead as StreamNotRead
+from ._backlog import logprob_bytes as logprob_bytes
 from ._stops import StopMatcher as StopMatcher
 from .base import CacheContents as CacheContents
 from .base import EmbeddingModel as EmbeddingModel

@@ -151,6 +151,7 @@ class ModelInfo:
     n_batch: int = 2048  # tokens one llama_decode takes (the context's --batch-size)
     fim: FimTokens | None = None  # None: the vocabulary has no fill-in-the-middle tokens
     draft_model: str | None = None  # the draft model's path (--model-draft); None: none is loaded
+    context_shift: bool = False  # generations go on past the context's end (--context-shift)
 
 
 @attrs.frozen(kw_only=True)

@@ -9,8 +9,9 @@ slot given back.
 
 Events are handed to trio without waiting (``TrioToken.run_sync_soon``): a
 blocking round trip per token would cost every step a wake-up of the event
-loop.  The channel is therefore unbounded, but a generation's events are
-bounded by its context length, and the decode never waits for a slow client.
+loop, and the decode never waits for a slow client.  The channel itself is
+therefore unbounded; the events its client has not read are counted instead
+(:mod:`._backlog`), and past their bound the generation is ended.
 
 Each slot's KV sequence keeps its previous request's tokens; a new request
 evaluates only what follows the longest common prefix (or a snapshot's, from
@@ -38,6 +39,7 @@ from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec, 
 from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
 
+from ._backlog import BACKLOG_BYTES, MIB, EventBacklog, backlog_limit
 from ._context import LlamaContext, token_piece
 from ._decode_loop import DecodeLoop
 from ._disk_cache import DiskTier, kv_identity
@@ -127,6 +129,7 @@ class LlamaOptions:
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
     )
     context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
+    max_unread_mib: int = BACKLOG_BYTES // MIB  # what a request's unread events may hold before it is ended
     cache_reuse: int = 0  # after a changed middle, move cached runs of at least this many tokens (0: off)
     # LoRA adapters, by id, with their first global scales; each was checked against the model before
     # (bubo.model.check_lora_adapter: llama.cpp must never see one that does not fit)
@@ -226,7 +229,7 @@ def _route_llama_logs() -> None:
 class LlamaEngine(SlotEngine):
     """A loaded model with one context and ``n_parallel`` slots."""
 
-    channel_buffer = math.inf  # events are bounded by the context; see the module's docstring
+    channel_buffer = math.inf  # the unread events are bounded by _backlog instead; see the module's docstring
     release_wait_s = RELEASE_WAIT_S
 
     can_sleep = True
@@ -234,6 +237,7 @@ class LlamaEngine(SlotEngine):
     def __init__(self, model: object, options: LlamaOptions, adapters: Sequence[object] = ()) -> None:
         """*adapters*: the LoRA adapters loaded for *model*, one for each of ``options.lora``."""
         self._options = options
+        self.backlog_bytes = options.max_unread_mib * MIB  # a request's unread events; past it it is ended
         self._model: object | None = model
         self._adapters = tuple(adapters)  # freed by llama.cpp with the model, so loaded again with it
         self._totals = EngineCounters()
@@ -272,6 +276,7 @@ class LlamaEngine(SlotEngine):
                 n_batch=context.n_batch,
                 fim=_fim_tokens(vocab),
                 draft_model=None if self._draft is None else str(self._draft.path),
+                context_shift=options.context_shift,
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
@@ -545,11 +550,19 @@ class LlamaEngine(SlotEngine):
     ) -> None:
         trio_token = self._trio_token = trio.lowlevel.current_trio_token()
 
+        def let_go() -> None:  # on the trio thread: the client left too many events unread
+            generation.cancelled = True
+            self._loop.wake()
+
+        backlog = EventBacklog(send, limit=backlog_limit(request.n_probs, self.backlog_bytes), end=let_go)
+
         def emit(event: EngineEvent) -> None:  # on the decode thread
-            _post(trio_token, _deliver, send, event)  # FIFO, before the generation's end
+            _post(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
         await self._read_from_disk(slot, request)
-        generation = Generation(self._setup, slot, request, emit=emit)
+        make = functools.partial(Generation, self._setup, slot, request, emit=emit)
+        # its stop strings' automaton is built with it: in a worker thread, off the event loop
+        generation = await trio.to_thread.run_sync(make) if request.stop else make()
         ended = trio.Event()
         failures: list[BaseException] = []
 
@@ -574,6 +587,8 @@ class LlamaEngine(SlotEngine):
                 await self._wait_released(ended)
         if failures:
             raise failures[0]
+        if backlog.overflowed and not generation.done:
+            raise backlog.error()
 
     async def _wait_released(self, ended: trio.Event) -> None:
         """Wait (shielded, at most :attr:`release_wait_s`) for the thread to let go of a cancelled generation.
@@ -771,12 +786,6 @@ def _post(trio_token: trio.lowlevel.TrioToken, function: Callable[..., object], 
     """Run *function* on the trio thread soon; a run that has ended hears nothing."""
     with contextlib.suppress(trio.RunFinishedError):
         trio_token.run_sync_soon(function, *args)
-
-
-def _deliver(send: trio.MemorySendChannel[EngineEvent], event: EngineEvent) -> None:
-    """Put *event* in the (unbounded) channel, on the trio thread; a consumer that left drops it."""
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        send.send_nowait(event)
 
 
 def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) -> DiskTier | None:

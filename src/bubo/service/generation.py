@@ -37,7 +37,7 @@ from bubo.domain.output import (
 )
 from bubo.domain.requests import CompletionRequest, GenerationOptions, OutputFormat
 from bubo.domain.sampling import BANNED, SamplingParams
-from bubo.engine import EngineFailure, GrammarRejected, request_scales
+from bubo.engine import EngineFailure, GrammarRejected, ModelInfo, logprob_bytes, request_scales
 from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
 from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
@@ -52,6 +52,7 @@ __all__ = [
     "bias_chars",
     "collect",
     "generation_request",
+    "most_new_tokens",
     "open_output",
     "prepare_completion",
     "schema_grammar",
@@ -143,7 +144,11 @@ def generation_request(
         raise ContextOverflow(n_prompt_tokens=n_prompt, n_ctx=n_ctx, param=prompt_param)
     max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
     if runtime.memory_guard is not None:
-        runtime.memory_guard.admit(min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx)
+        runtime.memory_guard.admit(
+            min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx,
+            output_bytes=most_new_tokens(runtime.engine.info, n_prompt, max_tokens)
+            * logprob_bytes(options.n_probs),
+        )
     sampling = _sampling(runtime, options)
     runtime.engine.prepare_sampling(sampling)  # on this worker thread, not the decode thread
     return GenerationRequest(
@@ -162,6 +167,19 @@ def generation_request(
         speculative=runtime.defaults.speculative.with_overrides(options.speculative),
         lora=_lora(runtime, options),
     )
+
+
+def most_new_tokens(info: ModelInfo, n_prompt: int, max_tokens: int) -> int:
+    """The most tokens a generation after *n_prompt* prompt tokens may produce (*max_tokens* -1: no limit).
+
+    Without context shift the context's end ends it.  With it, a generation
+    without a limit is ended at the model's training context (the engine's
+    ``EndPolicy``, as llama-server caps ``n_predict`` -1), else it runs to its limit.
+    """
+    if max_tokens >= 0:
+        return max_tokens if info.context_shift else max(0, min(max_tokens, info.n_ctx - n_prompt))
+    end = info.n_ctx_train if info.context_shift else min(info.n_ctx, info.n_ctx_train)
+    return max(1, end - n_prompt)
 
 
 def _lora(runtime: Runtime, options: GenerationOptions) -> tuple[float, ...] | None:

@@ -8,7 +8,9 @@ A request's need is estimated from the model: the KV state of its tokens
 (prompt and new tokens, at the model's bytes per token: what the host-RAM
 snapshot of the conversation holds once it leaves the slot; the slot's own KV
 cache is allocated with the context, at load) plus the working buffers of one
-decode step (logits for every drafted position) and a fixed margin.  What the machine
+decode step (logits for every drafted position), a fixed margin, and the
+log-probabilities its answer may carry (``n_probs`` alternatives for every
+token it may generate: a non-streaming answer holds them all until it is sent).  What the machine
 can give is read from the system: ``MemAvailable`` in ``/proc/meminfo``,
 bounded by a cgroup memory limit when the process runs under one (containers),
 whose usage counts only what cannot be reclaimed.
@@ -136,8 +138,10 @@ class MemoryGuard:
         """The estimated memory one generation of *n_tokens* (prompt and output) needs."""
         return n_tokens * self.kv_bytes_per_token + self.step_bytes + WORKING_MARGIN_BYTES
 
-    def admit(self, n_tokens: int) -> None:
+    def admit(self, n_tokens: int, *, output_bytes: int = 0) -> None:
         """Check a generation of *n_tokens* against what the machine can give.
+
+        *output_bytes* is what its answer may hold besides the text (its log-probabilities).
 
         Raises:
             InsufficientMemoryPermanent: it needs more than the machine could ever give.
@@ -146,9 +150,11 @@ class MemoryGuard:
 
         """
         self._check(
-            self.need_bytes(n_tokens),
-            what=f"({n_tokens} tokens of state)",
-            advice="shorten the prompt or max_tokens",
+            self.need_bytes(n_tokens) + output_bytes,
+            what=f"({n_tokens} tokens of state"
+            + (f", {_mib(output_bytes)} MiB of log-probabilities)" if output_bytes else ")"),
+            advice="shorten the prompt or max_tokens"
+            + (", or ask for fewer n_probs" if output_bytes else ""),
         )
 
     def admit_bytes(self, need_bytes: int, *, reserved_bytes: int = 0) -> None:

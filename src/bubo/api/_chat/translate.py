@@ -14,6 +14,7 @@ from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._omitted import Omissions
+from bubo.api._stops import stop_strings
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
 from bubo.domain.sampling import LogitBias, SamplingOverrides
@@ -197,10 +198,13 @@ def top_logprobs(value: int | None, param: str) -> int:
 
 
 def stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    """``stop`` as a tuple of strings."""
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+    """``stop`` as a tuple of strings, within the bounds every dialect shares (``api/_stops.py``).
+
+    Raises:
+        InvalidRequest: too many stop strings or characters; ``param`` ``stop``.
+
+    """
+    return stop_strings(stop, "stop")
 
 
 def sampling(body: SamplingFields) -> SamplingOverrides:

@@ -12,6 +12,7 @@ from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_value_depth
 from bubo.api._numbers import check_sampling, check_token_limit
 from bubo.api._omitted import Omissions
+from bubo.api._stops import stop_strings
 from bubo.domain.generation import GenerationStats, StopCause
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
@@ -61,7 +62,7 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
             sampling=check_sampling(
                 SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
             ),
-            stop=tuple(body.stop_sequences or ()),
+            stop=stop_strings(body.stop_sequences, "stop_sequences"),
             lora=lora_scales(body.lora),
         ),
     )

@@ -9,6 +9,7 @@ from typing import Any
 from bubo.api._constraints import output_constraint
 from bubo.api._llama_fields import lora_scales
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
+from bubo.api._stops import stop_strings
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.output import Done
@@ -123,7 +124,7 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
     if body.n_indent is not None and body.n_indent < 0:
         raise InvalidRequest("n_indent must not be negative", param="n_indent")
     _check_response_fields(body.response_fields or [])
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    stop = stop_strings(body.stop, "stop")
     output_format, grammar = output_constraint(grammar=body.grammar, json_schema=body.json_schema)
     return CompletionRequest(
         prompt=prompt,

@@ -20,6 +20,7 @@ import attrs
 
 from bubo.api._converter import INT64_MAX, INT64_MIN
 from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._stops import stop_strings
 from bubo.domain.requests import GenerationOptions, ReasoningControl
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest
@@ -86,7 +87,7 @@ def generation_options(options: Mapping[str, Any] | None, *, n_probs: int | None
     given = {key: value for key, value in (options or {}).items() if value is not None}
     sampling = _sampling(given)
     max_tokens = _num_predict(given.pop("num_predict", None))
-    stop = tuple(_typed("stop", given.pop("stop"), list)) if "stop" in given else ()
+    stop = stop_strings(_typed("stop", given.pop("stop"), list), "options.stop") if "stop" in given else ()
     n_keep = _typed("num_keep", given.pop("num_keep"), int) if "num_keep" in given else None
     if n_keep is not None and n_keep < -1:
         raise InvalidRequest("option 'num_keep' must be -1 (all) or more", param="options.num_keep")
