@@ -52,6 +52,6 @@ async def lora_adapters() -> Response:
 async def set_lora_adapters() -> Response:
     """Set the global scales: ``[{"id": 0, "scale": 0.5}, ...]``; the adapters not listed get 0."""
     runtime = require_runtime()
-    entries = lora_scales(await structured_array(LoraEntry)) or ()
+    entries = lora_scales(await structured_array(runtime, LoraEntry)) or ()
     runtime.engine.set_lora_scales(request_scales(entries, len(runtime.engine.lora_adapters), ""))
     return json_response(LoraScalesSet())
