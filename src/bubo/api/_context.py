@@ -70,13 +70,15 @@ def require_runtime() -> Runtime:
     return api_context().state.require_runtime()
 
 
-async def json_body(runtime: Runtime) -> dict[str, Any]:
-    """The request body as a JSON object (400 ``parse_error`` otherwise), whatever its content type.
+async def json_body(runtime: Runtime, translate: Callable[[dict[str, Any]], D]) -> D:
+    """*translate* of the request body, a JSON object (400 ``parse_error`` otherwise), any content type.
 
-    Parsed in one of the runtime's workers, as :func:`read_body` parses.
+    Parsed and translated in one of the runtime's workers, as :func:`read_body`
+    does; only what *translate* keeps comes back to the event loop (a large
+    body is freed in the worker too).
     """
     raw = await _raw_body()
-    return await runtime.workers.run(lambda: parse_json_object(raw), need_bytes=_parse_bytes(raw))
+    return await runtime.workers.run(lambda: translate(parse_json_object(raw)), need_bytes=_parse_bytes(raw))
 
 
 async def read_body(
@@ -120,17 +122,18 @@ async def structured_body(
     return body
 
 
-async def structured_array(runtime: Runtime, item: type[W]) -> list[W]:
-    """The request body, a JSON array, structured as a list of *item* (400 naming the bad field otherwise).
+async def structured_array(runtime: Runtime, item: type[W], translate: Callable[[list[W]], D]) -> D:
+    """*translate* of the request body, a JSON array structured as a list of *item* (400 naming the field).
 
-    Parsed in one of the runtime's workers, as :func:`read_body` parses (``POST /lora-adapters``).
+    Parsed, structured and translated in one of the runtime's workers, as
+    :func:`read_body` does (``POST /lora-adapters``).
     """
     raw = await _raw_body()
     converter = api_context().converter
 
-    def parse() -> list[W]:
+    def parse() -> D:
         data = parse_json(raw, list, "a JSON array")
-        return structure(converter, data, list[item])  # type: ignore[valid-type] # a runtime type
+        return translate(structure(converter, data, list[item]))  # type: ignore[valid-type] # a runtime type
 
     return await runtime.workers.run(parse, need_bytes=_parse_bytes(raw))
 
