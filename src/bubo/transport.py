@@ -10,7 +10,7 @@ server's own nursery, so it has no answer to two things a public server needs:
   place of a connection that holds no running request: one idle between
   requests, else one still uploading its request body (a client holding many
   slow uploads cannot fill the cap), else one still sending its first request
-  (:meth:`ConnectionLimiter.handle`).  When every connection has a request
+  (:class:`ConnectionLimiter`).  When every connection has a request
   running, with its body in, the newcomer gets a plain 503
   ``too_many_connections`` and is closed.
 - **One connection's failure stays its own.**  ``worker_serve`` runs each
@@ -39,7 +39,7 @@ import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import cast
+from typing import Literal, cast
 
 import attrs
 import trio
@@ -99,9 +99,9 @@ def raise_open_file_limit() -> int:
 # never does (Hypercorn notices only at the keep-alive timeout).
 FRESH_GRACE_S = 1.0
 
-# What an open connection holds (ConnectionStatistics); and which make room at the cap, first to last.
-IDLE, FRESH, UPLOADING, BUSY = "idle", "fresh", "uploading", "busy"
-_ROOM_ORDER = {IDLE: 0, UPLOADING: 1, FRESH: 2}
+# What an open connection holds (ConnectionStatistics), and which make room at the cap, first to last.
+Holding = Literal["idle", "fresh", "uploading", "busy"]
+_ROOM_ORDER: dict[Holding, int] = {"idle": 0, "uploading": 1, "fresh": 2}
 
 
 @attrs.define(eq=False)
@@ -111,22 +111,21 @@ class _Connection:
     requests: int = 0  # in the app now (HTTP/2 runs several at once)
     uploading: int = 0  # of those, the ones whose body has not all arrived
     served: bool = False  # a request of it has finished (an idle one is between keep-alive requests)
-    since: float = attrs.field(
-        factory=trio.current_time
-    )  # opened, last idle, or began uploading (trio's clock)
+    # when it opened, last went idle, or began uploading (trio's clock)
+    since: float = attrs.field(factory=trio.current_time)
 
-    def state(self) -> str:
-        """:data:`IDLE`, :data:`FRESH`, :data:`UPLOADING` (every request's body arriving) or :data:`BUSY`."""
+    def holding(self) -> Holding:
+        """What it holds: ``uploading`` when every request of it still receives its body."""
         if self.requests == 0:
-            return IDLE if self.served else FRESH
-        return UPLOADING if self.uploading == self.requests else BUSY
+            return "idle" if self.served else "fresh"
+        return "uploading" if self.uploading == self.requests else "busy"
 
     def room_rank(self, now: float) -> int | None:
         """How soon this connection makes room for a newcomer (lower: sooner); None: it never does."""
-        state = self.state()
-        if state == FRESH and now - self.since >= FRESH_GRACE_S:
-            state = IDLE
-        return _ROOM_ORDER.get(state)
+        holding = self.holding()
+        if holding == "fresh" and now - self.since >= FRESH_GRACE_S:
+            holding = "idle"
+        return _ROOM_ORDER.get(holding)
 
 
 @attrs.frozen
@@ -194,9 +193,9 @@ class ConnectionLimiter:
 
     def statistics(self) -> ConnectionStatistics:
         """How many open connections are in each state (which ones could make room)."""
-        held = Counter(c.state() for c in self._open.values())
+        held = Counter(c.holding() for c in self._open.values())
         return ConnectionStatistics(
-            idle=held[IDLE], uploading=held[UPLOADING], fresh=held[FRESH], busy=held[BUSY]
+            idle=held["idle"], uploading=held["uploading"], fresh=held["fresh"], busy=held["busy"]
         )
 
     def track(self, app: ASGIFramework) -> ASGIFramework:
