@@ -594,8 +594,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--max-queue",), ("server", "max_queue"), _int,
            "requests that may wait for a slot ({default}); more get 503 queue_full with Retry-After", "N"),
     Option(("--cpu-jobs",), ("server", "cpu_jobs"), _int,
-           "heavy request jobs (parsing large bodies, rendering, tokenizing) run at once in worker "
-           "threads ({default}); the others wait their turn", "N"),
+           "request jobs (parsing and translating every body, rendering, tokenizing) run at once in "
+           "worker threads ({default}); the others wait their turn", "N"),
     Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
            "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled ({default})",
            "S"),

@@ -7,8 +7,12 @@ server's own nursery, so it has no answer to two things a public server needs:
   process runs out, nobody can connect, ``/health`` included.  Here at most
   ``max_connections`` are open (kept below the descriptor limit, which is
   raised toward its hard limit at start).  At the cap a newcomer takes the
-  place of the connection idle longest; when every connection has a request
-  running, it gets a plain 503 ``too_many_connections`` and is closed.
+  place of a connection that holds no running request: one idle between
+  requests, else one still uploading its request body (a client holding many
+  slow uploads cannot fill the cap), else one still sending its first request
+  (:class:`ConnectionLimiter`).  When every connection has a request
+  running, with its body in, the newcomer gets a plain 503
+  ``too_many_connections`` and is closed.
 - **One connection's failure stays its own.**  ``worker_serve`` runs each
   connection's ``TCPServer`` in one handler nursery (``trio.serve_listeners``),
   and ``TCPServer.run`` catches only ``OSError``: anything else its protocol
@@ -32,9 +36,10 @@ from __future__ import annotations
 
 import logging
 import resource
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import cast
+from typing import Literal, cast
 
 import attrs
 import trio
@@ -46,6 +51,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import (
     ASGIFramework,
     ASGIReceiveCallable,
+    ASGIReceiveEvent,
     ASGISendCallable,
     ConnectionState,
     LifespanState,
@@ -56,7 +62,7 @@ from hypercorn.utils import repr_socket_addr
 from bubo.api._transport import error_body
 from bubo.errors import ServiceUnavailable
 
-__all__ = ["FD_RESERVE", "ConnectionLimiter", "raise_open_file_limit", "serve"]
+__all__ = ["FD_RESERVE", "ConnectionLimiter", "ConnectionStatistics", "raise_open_file_limit", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,23 +94,75 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+# A new connection's time to send its first request before its place at the cap counts as idle: a
+# client sends its headers at once (on loopback, within a millisecond), a closed or forgotten socket
+# never does (Hypercorn notices only at the keep-alive timeout).
+FRESH_GRACE_S = 1.0
+
+# What an open connection holds (ConnectionStatistics), and which make room at the cap, first to last.
+Holding = Literal["idle", "fresh", "uploading", "busy"]
+_ROOM_ORDER: dict[Holding, int] = {"idle": 0, "uploading": 1, "fresh": 2}
+
+
 @attrs.define(eq=False)
 class _Connection:
     key: tuple[object, ...]  # the client's (address, port), as in the ASGI scope
     stream: trio.SocketStream
     requests: int = 0  # in the app now (HTTP/2 runs several at once)
-    idle_since: float = attrs.field(factory=trio.current_time)
+    uploading: int = 0  # of those, the ones whose body has not all arrived
+    served: bool = False  # a request of it has finished (an idle one is between keep-alive requests)
+    # when it opened, last went idle, or began uploading (trio's clock)
+    since: float = attrs.field(factory=trio.current_time)
+
+    def holding(self) -> Holding:
+        """What it holds: ``uploading`` when every request of it still receives its body."""
+        if self.requests == 0:
+            return "idle" if self.served else "fresh"
+        return "uploading" if self.uploading == self.requests else "busy"
+
+    def room_rank(self, now: float) -> int | None:
+        """How soon this connection makes room for a newcomer (lower: sooner); None: it never does."""
+        holding = self.holding()
+        if holding == "fresh" and now - self.since >= FRESH_GRACE_S:
+            holding = "idle"
+        return _ROOM_ORDER.get(holding)
+
+
+@attrs.frozen
+class ConnectionStatistics:
+    """The open connections by what they hold (:meth:`ConnectionLimiter.statistics`)."""
+
+    idle: int  # between keep-alive requests
+    uploading: int  # every request of it still receiving its body
+    fresh: int  # no whole request yet
+    busy: int  # a request running with its body in: never closed to make room
 
 
 @attrs.define
 class ConnectionLimiter:
-    """At most *cap* connections open; at the cap an idle one makes room, else the new one gets 503.
+    """At most *cap* connections open; at the cap one holding no running request makes room, else 503.
 
-    A connection is idle while none of its requests is in the app: fresh, between
-    keep-alive requests, or still sending its headers.  The one idle longest is
-    closed for the newcomer (as a keep-alive timeout would close it), so clients
-    that merely hold connections cannot lock out new ones, ``/health`` included.
-    Only when every connection has a request running is the newcomer refused.
+    A newcomer at the cap takes the place of, in this order:
+
+    1. a connection idle between keep-alive requests (as a keep-alive timeout
+       would close it), or open :data:`FRESH_GRACE_S` and more without a
+       whole request;
+    2. one whose requests are all still receiving their bodies: a slow upload
+       costs the server nothing yet, and its client can send it again, while
+       one client holding the cap with uploads that trickle in would otherwise
+       lock everyone out, ``/health`` included;
+    3. one opened less than :data:`FRESH_GRACE_S` ago that has not sent a
+       whole request yet, last: a client that just connected, ``/health``'s
+       included, is one of these, and a stream of newcomers must not push it
+       out before its headers arrive.
+
+    Within each, the connections of the client address holding the most go
+    first, then the one longest in that state.  A local attacker and the
+    user's own agents both come from 127.0.0.1, so no per-address cap could
+    tell them apart: what keeps ``/health`` answering is that holding a
+    connection without a running request buys no place at the cap.  Only when
+    every connection has a request running, its body in, is the newcomer
+    refused; those are bounded by the slots and ``--max-queue``.
     """
 
     cap: int
@@ -133,8 +191,15 @@ class ConnectionLimiter:
         """Connections being served now."""
         return len(self._open)
 
+    def statistics(self) -> ConnectionStatistics:
+        """How many open connections are in each state (which ones could make room)."""
+        held = Counter(c.holding() for c in self._open.values())
+        return ConnectionStatistics(
+            idle=held["idle"], uploading=held["uploading"], fresh=held["fresh"], busy=held["busy"]
+        )
+
     def track(self, app: ASGIFramework) -> ASGIFramework:
-        """*app*, counting each connection's requests in it (which connections are idle)."""
+        """*app*, counting each connection's requests in it and those still receiving their bodies."""
 
         async def tracked(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
             client = scope.get("client")
@@ -143,25 +208,41 @@ class ConnectionLimiter:
                 await app(scope, receive, send)
                 return
             connection.requests += 1
+            connection.uploading += 1
+            if connection.uploading == 1:
+                connection.since = trio.current_time()
+            body_in = False
+
+            async def receive_tracked() -> ASGIReceiveEvent:
+                nonlocal body_in
+                message = await receive()
+                if not body_in and (message["type"] == "http.disconnect" or not message.get("more_body")):
+                    body_in = True
+                    connection.uploading -= 1
+                return message
+
             try:
-                await app(scope, receive, send)
+                await app(scope, receive_tracked, send)
             finally:
+                if not body_in:
+                    connection.uploading -= 1
                 connection.requests -= 1
-                connection.idle_since = trio.current_time()
+                connection.served = True
+                connection.since = trio.current_time()
 
         return tracked
 
     async def handle(
         self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
     ) -> None:
-        """Serve *stream* within the cap (closing the longest-idle connection if need be), or refuse it."""
+        """Serve *stream* within the cap (closing one with no running request if need be), or refuse it."""
         try:
             key = tuple(stream.socket.getpeername()[:2])
         except OSError:
             return  # the client is already gone
         making_room = None
         if len(self._open) >= self.cap:
-            making_room = self._longest_idle()
+            making_room = self._making_room()
             if making_room is None:
                 await self._refuse(stream)
                 return
@@ -178,9 +259,16 @@ class ConnectionLimiter:
             if len(self._open) < self.cap:
                 self._warned = False
 
-    def _longest_idle(self) -> _Connection | None:
-        idle = [c for c in self._open.values() if c.requests == 0]
-        return min(idle, key=lambda c: c.idle_since, default=None)
+    def _making_room(self) -> _Connection | None:
+        """The connection to close for a newcomer (see the class's docstring), or None: all are busy."""
+        held = Counter(key[0] for key in self._open)
+        now = trio.current_time()
+        ranks = {
+            c: (room, -held[c.key[0]], c.since)
+            for c in self._open.values()
+            if (room := c.room_rank(now)) is not None
+        }
+        return min(ranks, key=ranks.__getitem__, default=None)
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         if not self._warned:

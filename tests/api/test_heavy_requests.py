@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -11,10 +12,16 @@ import pytest
 import trio
 from quart_trio import QuartTrio
 
+from bubo.api import _context as api_context
+from bubo.api._chat import translate as chat_translate
+from bubo.api.anthropic import translate as anthropic_translate
 from bubo.api.llamacpp.routes import MAX_TOKENS
+from bubo.api.responses import translate as responses_translate
 from bubo.config import Settings
 from bubo.errors import InsufficientMemory
 from bubo.server import create_app
+from bubo.service import chat as service_chat
+from bubo.service import generation as service_generation
 from bubo.service.memory import MemoryGuard, MemoryReading
 from bubo.service.work import Workers
 from bubo.tokenizer import HFTokenizer
@@ -122,6 +129,75 @@ class TestOffTheEventLoop:
         assert health.status_code == 200
         assert answered_while_held
         assert statuses == [200]
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+SMALL_BODIES = [
+    pytest.param("/v1/chat/completions", CHAT, id="chat"),
+    pytest.param(
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}},
+        id="chat-schema",
+    ),
+    pytest.param("/v1/completions", {"model": "bubo", "prompt": "Hi", "max_tokens": 1}, id="completions"),
+    pytest.param(
+        "/completion", {"prompt": "Hi", "n_predict": 1, "json_schema": SCHEMA}, id="completion-schema"
+    ),
+    pytest.param("/v1/messages", {**CHAT, "max_tokens": 1}, id="messages"),
+    pytest.param("/v1/responses", {"model": "bubo", "input": "Hi", "max_output_tokens": 1}, id="responses"),
+    pytest.param("/api/chat", {**CHAT, "stream": False}, id="ollama-chat"),
+    pytest.param("/apply-template", CHAT, id="apply-template"),
+    pytest.param("/lora-adapters", [], id="lora-adapters"),
+    pytest.param("/slots/0?action=restore", {"filename": "none.bin"}, id="slots"),
+]
+
+
+class TestEveryBodyOffTheEventLoop:
+    @pytest.fixture(name="slot_app")
+    async def _slot_app(
+        self, settings: Settings, make_runtime: RuntimeFactory, tmp_path: Path
+    ) -> AsyncIterator[QuartTrio]:
+        """The app with ``--slot-save-path`` (so that ``/slots`` reads its body)."""
+        runtime = attrs.evolve(make_runtime(), slot_save_path=tmp_path)
+        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            yield test_app  # type: ignore[misc]
+
+    @pytest.fixture(name="threads")
+    def _threads(self, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+        """The thread of each parse, structuring, translation and schema check a request runs."""
+        seen: list[str] = []
+
+        def noted(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                seen.append(threading.current_thread().name)
+                return fn(*args, **kwargs)
+
+            return run
+
+        for module, name in [
+            (api_context, "parse_json"),
+            (api_context, "parse_json_object"),
+            (api_context, "structure"),
+            (chat_translate, "chat_request"),
+            (anthropic_translate, "messages_request"),
+            (responses_translate, "responses_request"),
+            (service_chat, "check_schema"),
+            (service_generation, "check_schema"),
+        ]:
+            monkeypatch.setattr(module, name, noted(getattr(module, name)))
+        return seen
+
+    @pytest.mark.parametrize(("path", "body"), SMALL_BODIES)
+    async def test_a_small_body_is_parsed_and_translated_in_a_worker(
+        self, slot_app, threads: list[str], path: str, body: Any
+    ) -> None:
+        """Not one step of reading a body runs on the event loop's thread, whatever its size and route."""
+        response = await slot_app.test_client().post(path, json=body)
+        assert response.status_code < 500, await response.get_data()
+        assert threads
+        assert threading.main_thread().name not in threads
 
 
 class TestWorkers:

@@ -332,16 +332,32 @@ class TestConnections:
 
 @pytest.fixture(name="capped", scope="module")
 def _capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``bubo serve --max-connections 32`` with idle connections kept for a minute."""
+    """``bubo serve --max-connections 32`` with idle connections kept for a minute, one slot."""
     port = free_port()
-    flags = ("--max-connections", "32", "--keep-alive-timeout", "60")
+    flags = ("--max-connections", "32", "--keep-alive-timeout", "60", "--parallel", "1")
     server = start_server(_bubo_serve(port, *flags), port, tmp_path_factory.mktemp("capped") / "capped.log")
     yield server
     stop_server(server)
 
 
 def request_running(server: Server) -> socket.socket:
-    """A connection whose request is in the app: headers in (100 Continue seen), the body never sent."""
+    """A connection whose request runs with its body in: a streamed /completion, its answer begun.
+
+    With one slot, the first generates and the others wait for it; the client reads no further.
+    """
+    sock = connect(server)
+    body = json.dumps({"prompt": "Count to one thousand.", "n_predict": 512, "stream": True}).encode()
+    sock.sendall(
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    sock.settimeout(WAIT_S)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def upload_begun(server: Server) -> socket.socket:
+    """A connection whose request is in the app (100 Continue seen), its body never sent."""
     sock = connect(server)
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -377,6 +393,21 @@ class TestConnectionCap:
             assert len(closed_among(held, 9)) == 9
         finally:
             for sock in held:
+                sock.close()
+
+    def test_uploads_that_never_end_make_room(self, capped: Server) -> None:
+        """32 requests waiting for their bodies hold the cap: a newcomer takes the place of the first.
+
+        (Connections an earlier test left may hold places too: then uploads make room for uploads,
+        always the one begun first.)
+        """
+        uploads = [upload_begun(capped) for _ in range(32)]
+        try:
+            assert_serving(capped)  # a 33rd connection
+            closed = closed_among(uploads, 1)
+            assert set(closed) == set(uploads[: len(closed)])
+        finally:
+            for sock in uploads:
                 sock.close()
 
     def test_excess_is_refused_when_every_connection_is_busy(self, capped: Server) -> None:

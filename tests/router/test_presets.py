@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
+import trio
 from quart_trio import QuartTrio
 
 from bubo.config import ConfigError, load_settings
-from bubo.router.catalog import build_catalog
+from bubo.router.catalog import CatalogEntry, build_catalog
 from bubo.router.command import child_command
 from bubo.router.presets import Preset, read_presets
 
@@ -108,6 +110,34 @@ async def _ids(app: QuartTrio, query: str = "") -> dict[str, dict]:
     return {m["id"]: m for m in (await response.get_json())["data"]}
 
 
+async def _health_during_a_held_reload(app: QuartTrio) -> tuple[bool, set[str]]:
+    """Whether /health answered while a reload's scan was held, and the models the reload listed."""
+    router = context(app)
+    scan = router.catalog
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def held_scan() -> tuple[CatalogEntry, ...]:
+        started.set()
+        release.wait(timeout=10)  # on the event loop this freezes the test for 10 s, then fails it
+        finished.set()
+        return scan()
+
+    router.catalog = held_scan
+    listed: list[set[str]] = []
+
+    async def reload() -> None:
+        listed.append(set(await _ids(app, "?reload=1")))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reload)
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(started.wait, 30)
+        health = await app.test_client().get("/health", headers=AUTH)
+        answered_while_held = health.status_code == 200 and not finished.is_set()
+        release.set()
+    return answered_while_held, listed[0]
+
+
 class TestRouter:
     async def test_aliases_route_and_show(self, tmp_path: Path) -> None:
         """A request may name a model by its alias; /models lists aliases and tags."""
@@ -143,6 +173,14 @@ class TestRouter:
             assert response.status_code == 400
             assert "nonsense" in (await response.get_json())["error"]["message"]
             assert set(await _ids(app)) == {"a"}
+
+    async def test_a_reload_reads_the_directory_off_the_event_loop(self, tmp_path: Path) -> None:
+        """/health answers while a reload's scan is held; the reload then lists what the scan found."""
+        async for app in make_router(tmp_path, "a"):
+            (tmp_path / "models" / "b.gguf").write_bytes(b"GGUF")
+            answered_while_held, listed = await _health_during_a_held_reload(app)
+            assert answered_while_held
+            assert listed == {"a", "b"}
 
     async def test_load_on_startup(self, tmp_path: Path) -> None:
         preset = tmp_path / "models.ini"

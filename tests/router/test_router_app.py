@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -25,9 +26,10 @@ import trio.testing
 from quart_trio import QuartTrio
 from tests._listener import Listener
 
+from bubo.api._converter import parse_json_object
 from bubo.config import default_model_path, load_settings
 from bubo.model import read_model_card
-from bubo.router import create_router_app, drain
+from bubo.router import create_router_app, drain, routes
 from bubo.router.catalog import CatalogEntry
 from bubo.router.context import ROUTER_KEY, RouterContext
 from bubo.router.registry import Instance, ModelRecord
@@ -206,6 +208,22 @@ class TestStatuses:
         await post(router, "/models/load", {"model": "a"})
         again = await post(router, "/models/load", {"model": "a"})
         assert (await again.get_json())["error"]["code"] == "model_already_loaded"
+
+    async def test_bodies_are_parsed_off_the_event_loop(
+        self, router: QuartTrio, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The router reads a body's ``model`` in a worker thread, small bodies too (issue 36 §3)."""
+        threads: list[str] = []
+
+        def noted(body: bytes) -> dict[str, Any]:
+            threads.append(threading.current_thread().name)
+            return parse_json_object(body)
+
+        monkeypatch.setattr(routes, "parse_json_object", noted)
+        await post(router, "/models/unload", {"model": "a"})
+        await post(router, "/v1/chat/completions", {"model": "zzz", "messages": []})
+        assert len(threads) == 2
+        assert threading.main_thread().name not in threads
 
     async def test_a_model_that_cannot_load_is_failed_with_its_exit_code(self, router: QuartTrio) -> None:
         """A child that exits while loading: 503 model_failed, and unloaded/failed/exit_code in /models."""

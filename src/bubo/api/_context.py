@@ -22,18 +22,17 @@ __all__ = [
     "ApiContext",
     "api_context",
     "json_body",
+    "read_body",
     "request_id",
     "request_timeline",
     "require_runtime",
     "structured_body",
 ]
 
-T = TypeVar("T")
+W = TypeVar("W")  # a wire model
+D = TypeVar("D")  # what a route translates it to
 
 EXTENSION_KEY = "bubo"
-# Bodies up to this size are parsed on the event loop (a thread hop costs more than they do);
-# larger ones in a worker (json.loads of 256 KiB: about 2 ms).
-INLINE_BODY_BYTES = 256 * 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -71,42 +70,81 @@ def require_runtime() -> Runtime:
     return api_context().state.require_runtime()
 
 
-async def json_body() -> dict[str, Any]:
-    """The request body as a JSON object (400 ``parse_error`` otherwise), whatever its content type."""
-    return parse_json_object(await _raw_body())
+async def json_body(runtime: Runtime, translate: Callable[[dict[str, Any]], D]) -> D:
+    """*translate* of the request body, a JSON object (400 ``parse_error`` otherwise), any content type.
+
+    Parsed and translated in one of the runtime's workers, as :func:`read_body`
+    does; only what *translate* keeps comes back to the event loop (a large
+    body is freed in the worker too).
+    """
+    raw = await _raw_body()
+    return await runtime.workers.run(lambda: translate(parse_json_object(raw)), need_bytes=_parse_bytes(raw))
 
 
-async def structured_body(
-    runtime: Runtime, cls: type[T], precheck: Callable[[dict[str, Any]], None] | None = None
-) -> T:
-    """The request body structured as *cls* by the app's converter (400 naming the field otherwise).
+async def read_body(
+    runtime: Runtime,
+    cls: type[W],
+    translate: Callable[[W], D],
+    precheck: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[W, D]:
+    """The request body structured as *cls* by the app's converter, and *translate* of it.
 
-    A large body is parsed in one of the runtime's workers, admitted against
-    memory first, so that it does not freeze the event loop.  *precheck* sees
-    the parsed JSON before it is structured (a size limit that should not wait
-    for millions of values to be checked one by one).
+    Parsing, structuring and *translate* (wire to domain: a route's
+    ``translate.chat_request``) run as one job in one of the runtime's
+    workers, admitted against memory first, whatever the body's size: on the
+    event loop a body's cost, however small each piece looks, is every other
+    request's wait (``/health`` included).  *precheck* sees the parsed JSON
+    before it is structured (a size limit that should not wait for millions of
+    values to be checked one by one).
+
+    Raises:
+        InvalidRequest: the body is not a JSON object, or a field is wrong (naming its path).
+
     """
     raw = await _raw_body()
     converter = api_context().converter
 
-    def parse() -> T:
+    def parse() -> tuple[W, D]:
         data = parse_json_object(raw)
         if precheck is not None:
             precheck(data)
-        return structure(converter, data, cls)
+        body = structure(converter, data, cls)
+        return body, translate(body)
 
-    if len(raw) <= INLINE_BODY_BYTES:
-        return parse()
-    return await runtime.workers.run(parse, need_bytes=len(raw) * PARSE_BYTES_PER_BYTE)
+    return await runtime.workers.run(parse, need_bytes=_parse_bytes(raw))
 
 
-async def structured_array(item: type[T]) -> list[T]:
-    """The request body, a JSON array, structured as a list of *item* (400 naming the bad field otherwise).
+async def structured_body(
+    runtime: Runtime, cls: type[W], precheck: Callable[[dict[str, Any]], None] | None = None
+) -> W:
+    """The request body structured as *cls* (400 naming the field otherwise), as :func:`read_body` parses."""
+    body, _ = await read_body(runtime, cls, _as_is, precheck)
+    return body
 
-    For small bodies only (``POST /lora-adapters``): it is parsed on the event loop.
+
+async def structured_array(runtime: Runtime, item: type[W], translate: Callable[[list[W]], D]) -> D:
+    """*translate* of the request body, a JSON array structured as a list of *item* (400 naming the field).
+
+    Parsed, structured and translated in one of the runtime's workers, as
+    :func:`read_body` does (``POST /lora-adapters``).
     """
-    data = parse_json(await _raw_body(), list, "a JSON array")
-    return structure(api_context().converter, data, list[item])  # type: ignore[valid-type] # a runtime type
+    raw = await _raw_body()
+    converter = api_context().converter
+
+    def parse() -> D:
+        data = parse_json(raw, list, "a JSON array")
+        return translate(structure(converter, data, list[item]))  # type: ignore[valid-type] # a runtime type
+
+    return await runtime.workers.run(parse, need_bytes=_parse_bytes(raw))
+
+
+def _as_is(body: W) -> W:
+    return body
+
+
+def _parse_bytes(raw: bytes) -> int:
+    """The memory a parse of *raw* is admitted with (its objects, and the wire and domain models)."""
+    return len(raw) * PARSE_BYTES_PER_BYTE
 
 
 async def _raw_body() -> bytes:

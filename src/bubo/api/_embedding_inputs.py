@@ -26,7 +26,7 @@ def embedding_inputs(value: object, param: str, *, max_tokens: int) -> list[Embe
     """The inputs of *value* (400, naming the bad element, for what is none of the shapes).
 
     A list of token ids longer than *max_tokens* (one embedding's batch) is refused before its ids
-    are looked at: the body may hold millions, and this runs on the event loop.
+    are looked at: the body may hold millions (this runs in a worker, with the body's parse).
     """
     if isinstance(value, list):
         if not value:

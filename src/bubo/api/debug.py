@@ -20,7 +20,7 @@ from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
 from ._chat import translate as chat_translate
 from ._chat import wire as chat_wire
-from ._context import api_context, require_runtime, structured_body
+from ._context import api_context, read_body, require_runtime
 from ._json import json_response
 
 __all__ = ["blueprint"]
@@ -40,8 +40,7 @@ async def _only_when_enabled_on_loopback() -> None:
 async def prompt() -> Response:
     """A chat-completions body rendered and tokenized exactly as generation would, with each token's text."""
     runtime = require_runtime()
-    body = await structured_body(runtime, chat_wire.ChatCompletionRequest)
-    chat = chat_translate.chat_request(body)
+    _, chat = await read_body(runtime, chat_wire.ChatCompletionRequest, chat_translate.chat_request)
     tokenizer = runtime.tokenizer
 
     def render() -> dict[str, Any]:

@@ -22,7 +22,9 @@ from bubo.api import _root, webui
 from bubo.api._context import EXTENSION_KEY, ApiContext
 from bubo.config import Settings
 from bubo.server import create_app, install_edge, package_version
+from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import ServerState
+from bubo.service.work import Workers
 
 from . import ollama
 from .catalog import load_catalog
@@ -108,6 +110,7 @@ def create_router_app(
         cards=ollama.read_cards(entries),
         cards_of=ollama.read_cards,
         catalog=lambda: load_catalog(settings.router),
+        workers=Workers(max_jobs=settings.server.cpu_jobs, guard=_body_guard(settings)),
     )
     app.extensions[ROUTER_KEY] = router
     app.register_blueprint(blueprint)
@@ -133,6 +136,18 @@ def create_router_app(
         await client.aclose()
 
     return app
+
+
+def _body_guard(settings: Settings) -> MemoryGuard | None:
+    """What admits the router's body parses against memory (``--memory-guard``; the router holds no model)."""
+    if not settings.server.memory_guard:
+        return None
+    return MemoryGuard(
+        probe=SystemMemory(),
+        kv_bytes_per_token=0,
+        step_bytes=0,
+        low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
+    )
 
 
 async def drain(app: QuartTrio, grace_s: float) -> None:

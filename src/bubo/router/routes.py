@@ -17,12 +17,13 @@ from quart import Blueprint, Response, request
 from werkzeug.routing import Rule
 
 from bubo.api import ollama, webui
-from bubo.api._context import INLINE_BODY_BYTES, api_context, request_id
+from bubo.api._context import api_context, request_id
 from bubo.api._converter import parse_json_object
 from bubo.api._json import json_response
 from bubo.api.anthropic import PATH_PREFIX as ANTHROPIC_PREFIX
 from bubo.domain.addresses import is_loopback
 from bubo.errors import BuboError, InvalidRequest, NotFound, ServiceUnavailable
+from bubo.service.work import PARSE_BYTES_PER_BYTE
 
 from . import ollama as router_ollama
 from .command import extra_args
@@ -82,7 +83,7 @@ async def models() -> Response:
     """Every model with its ``status`` (llama-server's shape); ``?reload=1`` reads the catalog again."""
     router = router_context()
     if request.args.get("reload", "0") not in ("0", "false", ""):
-        router.reload()
+        await router.reload()
     data = [record.describe(router.created) for record in router.registry.listed()]
     return json_response({"data": data, "object": "list"})
 
@@ -284,10 +285,13 @@ async def _json_body() -> dict[str, Any]:
 
 
 async def _parse(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object (400 ``parse_error`` otherwise); a large one parsed in a worker thread."""
-    if len(body) <= INLINE_BODY_BYTES:
-        return parse_json_object(body)
-    return await trio.to_thread.run_sync(parse_json_object, body)
+    """The body as a JSON object (400 ``parse_error`` otherwise), parsed by the router's workers.
+
+    Whatever its size, off the event loop and admitted against memory, as the single-model app parses.
+    """
+    return await router_context().workers.run(
+        lambda: parse_json_object(body), need_bytes=len(body) * PARSE_BYTES_PER_BYTE
+    )
 
 
 async def _record_of_body(router: RouterContext, body: bytes) -> ModelRecord:

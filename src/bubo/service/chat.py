@@ -82,22 +82,23 @@ async def prepare_chat(
     *prefix* are token ids placed before the rendered prompt (Ollama's ``context``: an
     earlier exchange the client sends back); the context check counts them.
     """
-    checked_schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
     prompt = _with_thinking_variables(runtime, request)  # offers no tools when tool_choice is "none"
 
-    def render_and_check() -> tuple[RenderedPrompt, GenerationRequest]:
+    def render_and_check() -> tuple[_CheckedSchemas, RenderedPrompt, GenerationRequest]:
+        schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
         rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
         if prefix:
             rendered = attrs.evolve(rendered, tokens=(*prefix, *rendered.tokens))
-        checked = generation_request(runtime, rendered, request.options, prompt_param="messages")
-        return rendered, attrs.evolve(
-            checked,
+        checked = attrs.evolve(
+            generation_request(runtime, rendered, request.options, prompt_param="messages"),
             cache_tags=cache_tags(runtime, prompt),
             continuation=tuple(runtime.tokenizer.encode(runtime.template.end_of_turn)),
         )
+        return schemas, rendered, checked
 
     need_bytes = (prompt_chars(prompt) + bias_chars(request.options)) * PREPARE_BYTES_PER_CHAR
-    rendered, checked = await runtime.workers.run(render_and_check, need_bytes=need_bytes)
+    # schemas are checked (their normal form, their references bundled) in the worker too: off the event loop
+    checked_schemas, rendered, checked = await runtime.workers.run(render_and_check, need_bytes=need_bytes)
     inside = starts_inside_thinking(rendered.text)
     may_think = runtime.template.supports_thinking
     thinking = inside or may_think

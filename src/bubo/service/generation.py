@@ -72,26 +72,30 @@ class PreparedGeneration:
 
 
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
-    """Tokenize and check a raw-prompt request (off the event loop, by the workers); compile its grammar."""
-    planned: tuple[GrammarSpec, str] | None = None
-    checked: OutputFormat | None = None  # the answer is checked against its schema once it ends
-    if request.grammar is not None:
-        check_request_grammar(request.grammar.rules, request.grammar.param)
-        planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
-    elif request.output_format is not None:
-        output = request.output_format
-        checked = attrs.evolve(output, schema=check_schema(output.schema, output.param))
-        planned = output_grammar(checked.schema, starts_inside=False, may_think=False), output.param
+    """Check, tokenize and plan a raw-prompt request by the workers (off the event loop); compile its grammar.
 
-    def prepare() -> PreparedGeneration:
+    The grammar or schema is checked in the same job, before the prompt is tokenized.
+    """
+
+    def prepare() -> tuple[PreparedGeneration, tuple[GrammarSpec, str] | None, OutputFormat | None]:
+        planned: tuple[GrammarSpec, str] | None = None
+        checked: OutputFormat | None = None  # the answer is checked against its schema once it ends
+        if request.grammar is not None:
+            check_request_grammar(request.grammar.rules, request.grammar.param)
+            planned = GrammarSpec(rules=request.grammar.rules), request.grammar.param
+        elif request.output_format is not None:
+            output = request.output_format
+            checked = attrs.evolve(output, schema=check_schema(output.schema, output.param))
+            planned = output_grammar(checked.schema, starts_inside=False, may_think=False), output.param
         rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
-        return PreparedGeneration(
+        prepared = PreparedGeneration(
             prompt=rendered,
             request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
         )
+        return prepared, planned, checked
 
     chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
-    prepared = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
+    prepared, planned, checked = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
     plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
     return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)

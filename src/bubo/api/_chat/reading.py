@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from bubo.api._context import structured_body
+from bubo.api._context import read_body
 from bubo.domain.requests import ChatRequest
 from bubo.service.chat import prompt_chars
 from bubo.service.runtime import Runtime
@@ -31,10 +31,14 @@ async def chat_request_without_model(runtime: Runtime) -> ChatRequest:
         NotFound: it names a model not served here.
 
     """
-    body = await structured_body(runtime, wire.ChatCompletionRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    return translate.chat_request(body)
+
+    def translated(body: wire.ChatCompletionRequest) -> ChatRequest:
+        if body.model is not None:
+            runtime.check_model(body.model)
+        return translate.chat_request(body)
+
+    _, chat = await read_body(runtime, wire.ChatCompletionRequest, translated)
+    return chat
 
 
 async def on_the_prompt(runtime: Runtime, chat: ChatRequest, job: Callable[[], T]) -> T:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from bubo.api._context import request_id, request_timeline, require_runtime, structured_body
+from bubo.api._context import read_body, request_id, request_timeline, require_runtime
 from bubo.api._json import json_response
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
+from bubo.domain.requests import ChatRequest
 from bubo.errors import InvalidRequest
 from bubo.service.chat import count_chat_request, prepare_chat, prompt_chars
 from bubo.service.generation import collect, open_output
@@ -33,9 +34,12 @@ blueprint = Blueprint("anthropic", __name__)
 async def messages() -> Response:
     """Messages, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, wire.MessagesRequest)
-    runtime.check_model(body.model)
-    chat = translate.messages_request(body)
+
+    def translated(body: wire.MessagesRequest) -> ChatRequest:
+        runtime.check_model(body.model)
+        return translate.messages_request(body)
+
+    body, chat = await read_body(runtime, wire.MessagesRequest, translated)
     report_omitted(chat.omitted)
     prepared = await prepare_chat(runtime, chat)
     message_id = new_id("msg_")
@@ -57,11 +61,14 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     """The prompt's token count as generation would see it; no generation, no context limit."""
     runtime = require_runtime()
-    body = await structured_body(runtime, wire.CountTokensRequest)
-    runtime.check_model(body.model)
-    if body.stream:
-        raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
-    chat = translate.count_request(body)
+
+    def translated(body: wire.CountTokensRequest) -> ChatRequest:
+        runtime.check_model(body.model)
+        if body.stream:
+            raise InvalidRequest("count_tokens does not stream; drop stream: true", param="stream")
+        return translate.count_request(body)
+
+    _, chat = await read_body(runtime, wire.CountTokensRequest, translated)
     report_omitted(chat.omitted)
     n_tokens = await runtime.workers.run(
         lambda: count_chat_request(runtime, chat),

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 from quart import Response
 
-from bubo.api._context import require_runtime, structured_body
+from bubo.api._context import read_body, require_runtime
 from bubo.api._embedding_inputs import embedding_inputs
 from bubo.api._json import dumps
 from bubo.errors import InvalidRequest
@@ -17,6 +17,7 @@ from bubo.service.embeddings import (
     ANSWER_BYTES_PER_FLOAT,
     EUCLIDEAN,
     Embedded,
+    EmbeddingInput,
     embed,
     normalize,
     require_embedder,
@@ -51,13 +52,16 @@ async def embedding() -> Response:
     """A list of ``{index, embedding}``, one per input."""
     runtime = require_runtime()
     embedder = require_embedder(runtime)
-    body = await structured_body(runtime, EmbeddingRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    value, param = (body.input, "input") if body.input is not None else (body.content, "content")
-    if value is None:
-        raise InvalidRequest("content (or input) is required", code="missing_input", param="content")
-    inputs = embedding_inputs(value, param, max_tokens=embedder.n_tokens)
+
+    def translated(body: EmbeddingRequest) -> tuple[list[EmbeddingInput], str]:
+        if body.model is not None:
+            runtime.check_model(body.model)
+        value, param = (body.input, "input") if body.input is not None else (body.content, "content")
+        if value is None:
+            raise InvalidRequest("content (or input) is required", code="missing_input", param="content")
+        return embedding_inputs(value, param, max_tokens=embedder.n_tokens), param
+
+    body, (inputs, param) = await read_body(runtime, EmbeddingRequest, translated)
     results = await embed(runtime, inputs, param=param)
     mode = EUCLIDEAN if body.embd_normalize is None else body.embd_normalize
     n_floats = sum(result.vectors.size for result in results)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 from quart import Response
 
-from bubo.api._context import require_runtime, structured_body
+from bubo.api._context import read_body, require_runtime
+from bubo.domain.requests import CompletionRequest
 from bubo.errors import InvalidRequest, NotImplementedOnThisModel
 from bubo.service.generation import prepare_completion
 from bubo.service.infill import ExtraChunk, InfillParts, chunk_chars, infill_tokens
@@ -45,16 +46,22 @@ async def infill() -> Response:
             "(prefix, suffix and middle); use a code model trained for FIM, such as Qwen2.5-Coder"
         )
     fim = info.fim
-    body = await structured_body(runtime, InfillRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    parts = _parts(body)
-    check_id_slot(runtime, body.id_slot)
+
+    def translated(body: InfillRequest) -> InfillParts:
+        if body.model is not None:
+            runtime.check_model(body.model)
+        parts = _parts(body)
+        check_id_slot(runtime, body.id_slot)
+        return parts
+
+    body, parts = await read_body(runtime, InfillRequest, translated)
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens
     if n_predict is None:
         n_predict = runtime.defaults.n_predict
-    tokens = await runtime.workers.run(
-        lambda: infill_tokens(
+
+    def prompt_request() -> tuple[InfillRequest, CompletionRequest]:
+        """The prompt's tokens around the gap, and the completion of them (a job for the workers)."""
+        tokens = infill_tokens(
             runtime.tokenizer,
             fim,
             parts,
@@ -62,11 +69,14 @@ async def infill() -> Response:
             n_ctx=info.n_ctx,
             n_predict=max(0, n_predict),
             spm=runtime.spm_infill,
-        ),
-        need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR,
+        )
+        completion = attrs.evolve(body, prompt=list[int | str | list[int | str] | wire.PromptObject](tokens))
+        return completion, translate.completion_request(completion, tuple(tokens))
+
+    completion, request = await runtime.workers.run(
+        prompt_request, need_bytes=chunk_chars(parts) * PREPARE_BYTES_PER_CHAR
     )
-    completion = attrs.evolve(body, prompt=list[int | str | list[int | str] | wire.PromptObject](tokens))
-    prepared = await prepare_completion(runtime, translate.completion_request(completion, tuple(tokens)))
+    prepared = await prepare_completion(runtime, request)
     return await answer_completion(runtime, completion, [prepared])
 
 

@@ -52,6 +52,10 @@ async def lora_adapters() -> Response:
 async def set_lora_adapters() -> Response:
     """Set the global scales: ``[{"id": 0, "scale": 0.5}, ...]``; the adapters not listed get 0."""
     runtime = require_runtime()
-    entries = lora_scales(await structured_array(LoraEntry)) or ()
-    runtime.engine.set_lora_scales(request_scales(entries, len(runtime.engine.lora_adapters), ""))
+    n_adapters = len(runtime.engine.lora_adapters)
+
+    def scales(entries: list[LoraEntry]) -> tuple[float, ...]:
+        return request_scales(lora_scales(entries) or (), n_adapters, "")
+
+    runtime.engine.set_lora_scales(await structured_array(runtime, LoraEntry, scales))
     return json_response(LoraScalesSet())

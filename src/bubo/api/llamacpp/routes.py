@@ -11,13 +11,14 @@ import trio
 from quart import Blueprint, Response, request
 
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
-from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
+from bubo.api._context import api_context, read_body, request_timeline, require_runtime, structured_body
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame, sse_response
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import Completion, Done, OutputEvent, TextDelta
+from bubo.domain.requests import CompletionRequest
 from bubo.errors import BuboError, InvalidRequest, NotImplementedOnThisModel
 from bubo.service.chat import render_chat_request
 from bubo.service.generation import PreparedGeneration, collect, open_output, prepare_completion
@@ -225,18 +226,20 @@ def _final(result: wire.CompletionResult, fields: list[str] | None) -> dict[str,
 async def completion() -> Response:
     """Raw-prompt completion; needs no model.  Several prompts are answered side by side, in order."""
     runtime = require_runtime()
-    body = await structured_body(runtime, wire.CompletionRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    check_id_slot(runtime, body.id_slot)
-    prompts = translate.prompts(body)
-    if len(prompts) > MAX_PROMPTS:
-        raise InvalidRequest(
-            f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt"
-        )
-    prepared = [
-        await prepare_completion(runtime, translate.completion_request(body, prompt)) for prompt in prompts
-    ]
+
+    def translated(body: wire.CompletionRequest) -> list[CompletionRequest]:
+        if body.model is not None:
+            runtime.check_model(body.model)
+        check_id_slot(runtime, body.id_slot)
+        prompts = translate.prompts(body)
+        if len(prompts) > MAX_PROMPTS:
+            raise InvalidRequest(
+                f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt"
+            )
+        return [translate.completion_request(body, prompt) for prompt in prompts]
+
+    body, requests = await read_body(runtime, wire.CompletionRequest, translated)
+    prepared = [await prepare_completion(runtime, one) for one in requests]
     return await answer_completion(runtime, body, prepared)
 
 

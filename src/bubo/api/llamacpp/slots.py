@@ -79,8 +79,7 @@ async def slot_action(id_slot: str) -> Response:
         return json_response(SlotErased(id_slot=slot_id, n_erased=n_erased))
     if action not in ("save", "restore"):
         raise InvalidRequest("action must be save, restore or erase", param="action")
-    body = await json_body()
-    path = slot_path(directory, body.get("filename"))
+    path = await json_body(runtime, lambda body: slot_path(directory, body.get("filename")))
     if action == "save":
         saved = await save_slot(runtime, slot_id, path)
         elapsed = round((time.perf_counter() - started) * 1000, 3)

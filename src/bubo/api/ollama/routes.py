@@ -238,7 +238,9 @@ async def chat() -> Response:
         generation_options(body.options)
         return unload_answer("chat", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
-    prepared = await prepare_chat(runtime, translate.chat_request(body))
+    # Translated by the workers (off the event loop), after the model and keep_alive, as Ollama orders them.
+    chat = await runtime.workers.run(functools.partial(translate.chat_request, body))
+    prepared = await prepare_chat(runtime, chat)
     chunks = ChatChunks(
         model=model, received=request_timeline().received, top_logprobs=bool(body.top_logprobs)
     )
@@ -271,10 +273,12 @@ async def generate() -> Response:
     if body.suffix:
         prepared = await _infill(runtime, body, model, context)
     elif body.raw:
-        prepared = await prepare_completion(runtime, translate.raw_request(body, (body.prompt,)))
+        raw = await runtime.workers.run(functools.partial(translate.raw_request, body, (body.prompt,)))
+        prepared = await prepare_completion(runtime, raw)
         with_context = False  # Ollama leaves context out of raw answers
     else:
-        prepared = await prepare_chat(runtime, translate.generate_chat_request(body), prefix=context)
+        chat = await runtime.workers.run(functools.partial(translate.generate_chat_request, body))
+        prepared = await prepare_chat(runtime, chat, prefix=context)
     chunks = GenerateChunks(
         model=model,
         received=request_timeline().received,
@@ -301,7 +305,7 @@ async def _infill(
             code="infill_not_supported",
             param="suffix",
         )
-    request_ = translate.raw_request(body, ())
+    request_ = await runtime.workers.run(functools.partial(translate.raw_request, body, ()))
     n_predict = request_.options.max_tokens
     budget = runtime.defaults.n_predict if n_predict is None else n_predict
     parts = InfillParts(prefix=body.prompt or "", suffix=body.suffix or "")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import attrs
 from quart import Response
 
-from bubo.api._context import require_runtime, structured_body
+from bubo.api._context import read_body, require_runtime
 from bubo.api._embedding_inputs import embedding_inputs
 from bubo.api._json import dumps, unstructure
 from bubo.errors import InvalidRequest
@@ -18,6 +18,7 @@ from bubo.service.embeddings import (
     ANSWER_BYTES_PER_FLOAT,
     EUCLIDEAN,
     Embedded,
+    EmbeddingInput,
     embed,
     normalize,
     require_embedder,
@@ -71,12 +72,15 @@ async def embeddings() -> Response:
     """Pooled, Euclidean-normalized vectors, as llama-server's ``/v1/embeddings``."""
     runtime = require_runtime()
     embedder = require_embedder(runtime)
-    body = await structured_body(runtime, EmbeddingRequest)
-    if body.model is not None:
-        runtime.check_model(body.model)
-    if body.input is None:
-        raise InvalidRequest("input is required", code="missing_input", param="input")
-    inputs = embedding_inputs(body.input, "input", max_tokens=embedder.n_tokens)
+
+    def translated(body: EmbeddingRequest) -> list[EmbeddingInput]:
+        if body.model is not None:
+            runtime.check_model(body.model)
+        if body.input is None:
+            raise InvalidRequest("input is required", code="missing_input", param="input")
+        return embedding_inputs(body.input, "input", max_tokens=embedder.n_tokens)
+
+    body, inputs = await read_body(runtime, EmbeddingRequest, translated)
     if embedder.pooling == "none":
         raise InvalidRequest(
             "the server pools no embeddings (--pooling none gives a vector per token, which /v1/embeddings "

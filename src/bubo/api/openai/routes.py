@@ -9,11 +9,12 @@ from quart import Blueprint, Response
 from bubo.api._chat import translate as chat_translate
 from bubo.api._chat import wire as chat_wire
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
-from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
+from bubo.api._context import api_context, read_body, request_timeline, require_runtime
 from bubo.api._json import json_response
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
+from bubo.domain.requests import ChatRequest, CompletionRequest
 from bubo.model import ALIAS
 from bubo.service.chat import count_chat_request, prepare_chat
 from bubo.service.generation import collect, open_output, prepare_completion
@@ -38,9 +39,12 @@ def _identity(model: str, prefix: str) -> StreamIdentity:
 async def chat_completions() -> Response:
     """Chat, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, chat_wire.ChatCompletionRequest)
-    runtime.check_model(body.model)
-    chat = chat_translate.chat_request(body)
+
+    def translated(body: chat_wire.ChatCompletionRequest) -> ChatRequest:
+        runtime.check_model(body.model)
+        return chat_translate.chat_request(body)
+
+    body, chat = await read_body(runtime, chat_wire.ChatCompletionRequest, translated)
     report_omitted(chat.omitted)
     prepared = await prepare_chat(runtime, chat)
     identity = _identity(body.model or runtime.model_id, "chatcmpl-")
@@ -88,9 +92,13 @@ async def chat_input_tokens() -> Response:
 async def completions() -> Response:
     """Legacy text completion, streaming or not."""
     runtime = require_runtime()
-    body = await structured_body(runtime, wire.CompletionRequest)
-    runtime.check_model(body.model)
-    prepared = await prepare_completion(runtime, translate.completion_request(body))
+
+    def translated(body: wire.CompletionRequest) -> CompletionRequest:
+        runtime.check_model(body.model)
+        return translate.completion_request(body)
+
+    body, completion_request = await read_body(runtime, wire.CompletionRequest, translated)
+    prepared = await prepare_completion(runtime, completion_request)
     identity = _identity(body.model or runtime.model_id, "cmpl-")
     logprobs = body.logprobs is not None
     if body.stream:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import trio
 from quart import Blueprint, Response
 
-from bubo.api._context import api_context, request_timeline, require_runtime, structured_body
+from bubo.api._context import api_context, read_body, request_timeline, require_runtime
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
@@ -40,15 +41,20 @@ async def create() -> Response:
     """A response, streaming or not; stored for continuation unless ``store`` is false."""
     runtime = require_runtime()
     store = api_context().responses
-    body = await structured_body(runtime, wire.ResponsesRequest)
-    runtime.check_model(body.model)
-    previous: tuple[Message, ...] = ()
-    if body.previous_response_id is not None:
-        stored = store.get(body.previous_response_id)
-        if stored is None:
-            raise _not_stored(body.previous_response_id, "previous_response_id")
-        previous = stored.conversation
-    conversation = translate.responses_request(api_context().converter, body, previous)
+    converter = api_context().converter
+
+    def translated(body: wire.ResponsesRequest) -> translate.Conversation:
+        """The conversation (in a worker: the store is read on the event loop, where it is kept)."""
+        runtime.check_model(body.model)
+        previous: tuple[Message, ...] = ()
+        if body.previous_response_id is not None:
+            stored = trio.from_thread.run_sync(store.get, body.previous_response_id)
+            if stored is None:
+                raise _not_stored(body.previous_response_id, "previous_response_id")
+            previous = stored.conversation
+        return translate.responses_request(converter, body, previous)
+
+    body, conversation = await read_body(runtime, wire.ResponsesRequest, translated)
     report_omitted(conversation.request.omitted)
     prepared = await prepare_chat(runtime, conversation.request)
     response_id = new_id("resp_")
