@@ -51,6 +51,8 @@ class TestCommit:
         )
         assert store.read_record("fox.bin") == record
         assert oct(store.record_path("fox.bin").stat().st_mode & 0o777) == oct(0o600)
+        assert oct(store.path("fox.bin").stat().st_mode & 0o777) == oct(0o600)
+        assert oct(store.directory.stat().st_mode & 0o777) == oct(0o700)
 
     def test_a_second_save_replaces_both(self, store) -> None:
         save(store, "fox.bin", b"first")

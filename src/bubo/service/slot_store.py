@@ -116,8 +116,10 @@ class SlotRecord:
         n_tokens, size_bytes = value.get("n_tokens"), value.get("size_bytes")
         if not (isinstance(fingerprint, str) and isinstance(model, str) and isinstance(sha256, str)):
             raise TypeError("a field is not a string")
-        if not all(type(count) is int and count >= 0 for count in (n_tokens, size_bytes)):
-            raise ValueError("a count is not a whole number")
+        if not (type(n_tokens) is int and type(size_bytes) is int):
+            raise TypeError("a count is not a whole number")
+        if n_tokens < 0 or size_bytes < 0:
+            raise ValueError("a count is negative")
         return cls(
             fingerprint=fingerprint,
             model=model,
@@ -229,6 +231,7 @@ class SlotFileStore:
             SlotQuotaExceeded: the directory has no room for it (*written* is deleted).
 
         """
+        written.chmod(0o600)  # llama.cpp creates it as the umask says: only this user reads KV states
         size, sha256 = _digest(written)
         record = SlotRecord(
             fingerprint=fingerprint,
