@@ -178,6 +178,8 @@ class LoadSettings:
     lora_scaled: tuple[tuple[Path, float], ...] = ()
     lora_init_without_apply: bool = False  # every adapter starts at scale 0 (POST /lora-adapters sets them)
     cache_disk_mib: int = attrs.field(default=0, validator=_non_negative)  # MiB of snapshot files; 0: off
+    # another model's (or settings') snapshot directory unused this long is deleted
+    cache_disk_max_age_days: float = attrs.field(default=7.0, validator=_above_zero)
     draft_ngram_min: int = attrs.field(default=2, validator=_positive)
     draft_policy: DraftMode = "measured"  # measured: draft where it pays; always: as llama-server
     model_draft: Path | None = None  # a draft model drafts instead of prompt lookup
@@ -263,6 +265,8 @@ class ServingSettings:
     tool_call_parser: str = "auto"  # auto: chosen from the chat template; else a registered parser's name
     spm_infill: bool = False  # /infill puts the suffix before the prefix (SPM order)
     slot_save_path: Path | None = None  # where POST /slots/{id}?action=save|restore keeps files
+    slot_save_max_mib: int = attrs.field(default=16384, validator=_positive)  # the directory's byte quota
+    slot_save_max_files: int = attrs.field(default=256, validator=_positive)  # and its file quota
 
 
 @attrs.frozen(kw_only=True)
@@ -704,8 +708,11 @@ OPTIONS: tuple[Option, ...] = (
            "load the LoRA adapters at scale 0: none applies until POST /lora-adapters or a request's "
            "lora sets a scale ({default})", "on|off"),
     Option(("--cache-disk-mib",), ("model", "cache_disk_mib"), _int,
-           "MiB of disk for prompt-cache snapshot files in --cache-dir/prompts, kept across restarts "
-           "({default}: off, the default)", "MIB"),
+           "MiB of disk for prompt-cache snapshot files in --cache-dir/prompts, kept across restarts; one "
+           "budget over every model's files there ({default}: off, the default)", "MIB"),
+    Option(("--cache-disk-max-age-days",), ("model", "cache_disk_max_age_days"), _float,
+           "prompt-cache files of another model or other KV settings unused for this many days are "
+           "deleted ({default})", "DAYS"),
     Option(("--draft-max", "--draft", "--draft-n"), ("generation", "speculative", "n_max"), _count,
            "speculative decoding: most tokens drafted per step, by the draft model (--model-draft) or "
            "else by prompt lookup ({default}; 0: off); a request's speculative.n_max may ask for fewer", "N"),
@@ -754,6 +761,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--slot-save-path",), ("serving", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),
+    Option(("--slot-save-max-mib",), ("serving", "slot_save_max_mib"), _int,
+           "the most MiB the --slot-save-path directory may hold; a save past it answers 507 ({default})",
+           "MIB"),
+    Option(("--slot-save-max-files",), ("serving", "slot_save_max_files"), _int,
+           "the most slot files the --slot-save-path directory may hold; a save past it answers 507 "
+           "({default})", "N"),
     # context shift
     Option(("--context-shift",), ("model", "context_shift"), _switch,
            "a generation that reaches the end of its context drops the oldest half of its tokens after "

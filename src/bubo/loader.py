@@ -34,6 +34,7 @@ from bubo.service.generation import schema_grammar
 from bubo.service.idle import IdleSleeper
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import ChatDefaults, Runtime
+from bubo.service.slot_store import SlotFileStore
 from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -140,7 +141,15 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         max_queue=settings.server.max_queue,
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
         spm_infill=serving.spm_infill,
-        slot_save_path=serving.slot_save_path,
+        slot_files=(
+            SlotFileStore(
+                directory=serving.slot_save_path,
+                max_bytes=serving.slot_save_max_mib << 20,
+                max_files=serving.slot_save_max_files,
+            )
+            if serving.slot_save_path is not None
+            else None
+        ),
         aliases=aliases,
         tags=serving.tags,
         any_model_name=serving.model_names == "any",
@@ -198,6 +207,7 @@ def llama_options(
         cache_idle_slots=model.cache_idle_slots,
         cache_disk_dir=settings.cache_dir / "prompts" if settings.cache_dir is not None else None,
         cache_disk_mib=model.cache_disk_mib,
+        cache_disk_max_age_days=model.cache_disk_max_age_days,
         drafting=DraftOptions(
             draft_max=settings.generation.speculative.n_max,
             ngram_min=model.draft_ngram_min,

@@ -1,4 +1,4 @@
-"""POST /slots/{id}?action=save|restore|erase over the fake engine: fields, confinement, errors."""
+"""POST /slots/{id}?action=save|restore|erase over the fake engine: fields, confinement, records, quota."""
 
 from __future__ import annotations
 
@@ -7,17 +7,25 @@ import json
 import attrs
 import pytest
 import trio
-from dirty_equals import IsNumber
+from dirty_equals import IsList, IsNumber
 from tests.conftest import wait_until_ready
 
 from bubo.engine.fake import FakeEngine, fake_model_info
+from bubo.engine.lora import LoraAdapter
 from bubo.server import create_app
-from bubo.service.slot_files import model_identity, save_slot
+from bubo.service.slot_files import save_slot
+from bubo.service.slot_store import SlotFileStore, SlotRecord
+
+MIB = 1 << 20
 
 
 @pytest.fixture(name="slot_dir")
 def _slot_dir(tmp_path):
     return tmp_path / "slots"
+
+
+def _store(slot_dir, *, max_bytes: int = 64 * MIB, max_files: int = 16) -> SlotFileStore:
+    return SlotFileStore(directory=slot_dir, max_bytes=max_bytes, max_files=max_files)
 
 
 async def _serve(settings, runtime):
@@ -26,7 +34,7 @@ async def _serve(settings, runtime):
 
 @pytest.fixture(name="slot_app")
 async def _slot_app(settings, make_runtime, slot_dir):
-    runtime = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
+    runtime = attrs.evolve(make_runtime(), slot_files=_store(slot_dir))
     app = await _serve(settings, runtime)
     async with app.test_app() as test_app:
         await wait_until_ready(app)
@@ -117,17 +125,17 @@ class TestErrors:
         assert response.status_code == 400
         assert (await response.get_json())["error"]["param"] == "filename"
 
-    async def test_file_of_another_model(self, settings, make_runtime, slot_dir) -> None:
-        """A file saved by another model is refused with 400 slot_file_model_mismatch; the slot is untouched."""
-        other = attrs.evolve(fake_model_info(), description="other 7B", n_embd=4096)
-        saver = attrs.evolve(make_runtime(), engine=FakeEngine(info=other), slot_save_path=slot_dir)
+    async def test_file_of_another_model_of_the_same_shape(self, settings, make_runtime, slot_dir) -> None:
+        """A file another model saved (same shape, other weights: a fine-tune) is 400 slot_file_model_mismatch."""
+        other = attrs.evolve(fake_model_info(), description="other 1M", state_identity="f" * 64)
+        saver = attrs.evolve(make_runtime(), engine=FakeEngine(info=other), slot_files=_store(slot_dir))
         app = await _serve(settings, saver)
         async with app.test_app() as client_app:
             await wait_until_ready(app)
             client = client_app.test_client()
             await _complete(client, "hello there")
             assert (await client.post("/slots/0?action=save", json={"filename": "o.bin"})).status_code == 200
-        loader = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
+        loader = attrs.evolve(make_runtime(), slot_files=_store(slot_dir))
         app = await _serve(settings, loader)
         async with app.test_app() as client_app:
             await wait_until_ready(app)
@@ -136,8 +144,9 @@ class TestErrors:
             )
         assert response.status_code == 400
         error = (await response.get_json())["error"]
-        assert error["code"] == "slot_file_model_mismatch"
-        assert "other 7B" in error["message"]
+        assert (error["code"], error["param"]) == ("slot_file_model_mismatch", "filename")
+        assert "other 1M" in error["message"]
+        assert loader.engine._kv == {}
 
     async def test_file_without_record(self, slot_app, slot_dir) -> None:
         """A file this server did not save (no model record beside it) is refused."""
@@ -149,14 +158,118 @@ class TestErrors:
         assert response.status_code == 400
         assert (await response.get_json())["error"]["code"] == "slot_file_invalid"
 
+    async def test_record_of_an_older_bubo(self, slot_app, slot_dir, fake_engine) -> None:
+        """A record without a checksum (Bubo's first format) is refused: the file is saved again instead."""
+        slot_dir.mkdir()
+        (slot_dir / "old.bin").write_text(json.dumps({"fake_slot": [1, 2]}))
+        old = {"model": {"description": fake_engine.info.description}, "n_tokens": 2}
+        (slot_dir / "old.bin.bubo.json").write_text(json.dumps(old))
+        response = await slot_app.test_client().post("/slots/0?action=restore", json={"filename": "old.bin"})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["code"] == "slot_file_invalid"
+
+    @pytest.mark.parametrize("spoil", ["truncate", "alter", "extend"])
+    async def test_tampered_file(self, slot_app, slot_dir, fake_engine, spoil) -> None:
+        """A state file cut short, altered or grown after its save is 400 slot_file_corrupt, never loaded."""
+        client = slot_app.test_client()
+        await _complete(client, "The quick brown fox jumps over the lazy dog")
+        assert (await client.post("/slots/0?action=save", json={"filename": "fox.bin"})).status_code == 200
+        await client.post("/slots/0?action=erase")
+        state = slot_dir / "fox.bin"
+        data = state.read_bytes()
+        state.write_bytes(
+            {
+                "truncate": data[: len(data) // 2],
+                "alter": data.replace(b"[", b"[9", 1),
+                "extend": data + b" ",
+            }[spoil]
+        )
+        response = await client.post("/slots/0?action=restore", json={"filename": "fox.bin"})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("slot_file_corrupt", "filename")
+        assert fake_engine._kv == {}
+        assert [p.name for p in slot_dir.iterdir()] == IsList(
+            "fox.bin", "fox.bin.bubo.json", check_order=False
+        )
+
+
+class TestAdapters:
+    @pytest.fixture(name="lora_app")
+    async def _lora_app(self, settings, make_runtime, slot_dir, script):
+        engine = FakeEngine(script=script, lora=[LoraAdapter(id=0, path="/adapters/style.gguf", scale=1.0)])
+        runtime = attrs.evolve(make_runtime(), engine=engine, slot_files=_store(slot_dir))
+        app = await _serve(settings, runtime)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            yield test_app
+
+    async def test_restore_under_another_adapter_set(self, lora_app, slot_dir) -> None:
+        """The record names the adapter set; restoring under another is 400 slot_file_adapter_mismatch."""
+        client = lora_app.test_client()
+        await _complete(client, "The quick brown fox")
+        assert (await client.post("/slots/0?action=save", json={"filename": "fox.bin"})).status_code == 200
+        record = SlotRecord.from_json((slot_dir / "fox.bin.bubo.json").read_text())
+        assert record.adapters == ((0, 1.0),)
+        assert (await client.post("/lora-adapters", json=[{"id": 0, "scale": 0.5}])).status_code == 200
+        response = await client.post("/slots/0?action=restore", json={"filename": "fox.bin"})
+        assert response.status_code == 400
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("slot_file_adapter_mismatch", "filename")
+        assert "adapter 0 at 1" in error["message"]
+        assert "adapter 0 at 0.5" in error["message"]
+        assert (await client.post("/lora-adapters", json=[{"id": 0, "scale": 1.0}])).status_code == 200
+        response = await client.post("/slots/0?action=restore", json={"filename": "fox.bin"})
+        assert response.status_code == 200
+
+
+class TestQuota:
+    async def _app(self, settings, make_runtime, store):
+        return await _serve(settings, attrs.evolve(make_runtime(), slot_files=store))
+
+    async def test_file_quota(self, settings, make_runtime, slot_dir) -> None:
+        """Past --slot-save-max-files a new name is 507 slot_quota_exceeded; saving over a kept name is not."""
+        app = await self._app(settings, make_runtime, _store(slot_dir, max_files=2))
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            client = test_app.test_client()
+            await _complete(client, "The quick brown fox")
+            for name in ("a.bin", "b.bin"):
+                assert (await client.post("/slots/0?action=save", json={"filename": name})).status_code == 200
+            response = await client.post("/slots/0?action=save", json={"filename": "c.bin"})
+            assert response.status_code == 507
+            error = (await response.get_json())["error"]
+            assert (error["code"], error["type"], error["param"]) == (
+                "slot_quota_exceeded", "server_error", "filename"
+            )  # fmt: skip
+            assert "--slot-save-max-files" in error["message"]
+            assert (await client.post("/slots/0?action=save", json={"filename": "a.bin"})).status_code == 200
+        assert sorted(p.name for p in slot_dir.iterdir()) == [
+            "a.bin", "a.bin.bubo.json", "b.bin", "b.bin.bubo.json"
+        ]  # fmt: skip
+
+    async def test_byte_quota(self, settings, make_runtime, slot_dir) -> None:
+        """A save whose file would pass --slot-save-max-mib is 507 and leaves nothing behind."""
+        app = await self._app(settings, make_runtime, _store(slot_dir, max_bytes=64))
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            client = test_app.test_client()
+            await _complete(client, "The quick brown fox jumps over the lazy dog")
+            response = await client.post("/slots/0?action=save", json={"filename": "fox.bin"})
+            assert response.status_code == 507
+            error = (await response.get_json())["error"]
+            assert error["code"] == "slot_quota_exceeded"
+            assert "--slot-save-max-mib" in error["message"]
+        assert list(slot_dir.iterdir()) == []
+
 
 class TestSaveWhileTheClientLeaves:
     async def test_the_state_and_its_record_are_written_together(
         self, make_runtime, fake_engine, slot_dir, tokenizer
     ) -> None:
-        """A client gone while the engine writes the state: the record of that state is still written."""
-        runtime = attrs.evolve(make_runtime(), slot_save_path=slot_dir)
-        path = slot_dir / "fox.bin"
+        """A client gone while the engine writes the state: the state and its record still take the name."""
+        store = _store(slot_dir)
+        runtime = attrs.evolve(make_runtime(), slot_files=store)
         slot_dir.mkdir()
         (slot_dir / "fox.bin.bubo.json").write_text(json.dumps({"model": {}, "n_tokens": 999}))
         fake_engine._kv[0] = tuple(tokenizer.encode("The quick brown fox"))
@@ -169,6 +282,11 @@ class TestSaveWhileTheClientLeaves:
 
         fake_engine._save_slot = save_then_client_leaves
         with trio.CancelScope() as scope:
-            await save_slot(runtime, 0, path)
-        record = json.loads((slot_dir / "fox.bin.bubo.json").read_text())
-        assert record == {"model": model_identity(fake_engine.info), "n_tokens": len(fake_engine._kv[0])}
+            await save_slot(runtime, store, 0, slot_dir / "fox.bin")
+        record = SlotRecord.from_json((slot_dir / "fox.bin.bubo.json").read_text())
+        assert (record.fingerprint, record.n_tokens) == (
+            fake_engine.info.state_identity,
+            len(fake_engine._kv[0]),
+        )
+        assert record.size_bytes == (slot_dir / "fox.bin").stat().st_size
+        assert sorted(p.name for p in slot_dir.iterdir()) == ["fox.bin", "fox.bin.bubo.json"]

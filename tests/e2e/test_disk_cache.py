@@ -9,7 +9,9 @@ file, behind the API key like every route.
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +101,36 @@ def test_an_agent_turn_after_a_restart_reads_only_its_new_message(tmp_path: Path
         cold = ask(server, turn2)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
     assert restored.choices[0].message.content == cold.choices[0].message.content
+
+
+def test_a_kv_type_change_shares_the_budget_and_leaves_no_directory_behind(tmp_path: Path) -> None:
+    """f16, then ``-ctk q8_0``, then f16 again: one budget over both directories, the unused one pruned."""
+    cache_dir = tmp_path / "cache"
+    prompts = cache_dir / "prompts"
+    turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a large ocean."}]
+    with serving(tmp_path, "f16", "--cache-dir", str(cache_dir), "--cache-disk-mib", "64") as server:
+        ask(server, turn)
+    (f16,) = prompts.iterdir()
+    (f16_file,) = f16.glob("*.kvc")
+    f16_bytes = f16_file.stat().st_size
+
+    two_days_ago = time.time() - 2 * 86400
+    for path in (f16_file, f16):
+        os.utime(path, (two_days_ago, two_days_ago))
+    q8 = ("--cache-dir", str(cache_dir), "--cache-disk-mib", "64", "-ctk", "q8_0")
+    with serving(tmp_path, "q8_0", *q8, "--cache-disk-max-age-days", "1") as server:
+        assert not f16.exists()  # pruned at start: unused for two days
+        ask(server, turn)
+    (q8_dir,) = prompts.iterdir()
+    (q8_file,) = q8_dir.glob("*.kvc")
+    q8_bytes = q8_file.stat().st_size
+    assert q8_bytes < f16_bytes
+
+    budget_mib = -(-f16_bytes // (1 << 20))  # the f16 file fits alone, not beside the q8_0 one
+    assert f16_bytes + q8_bytes > budget_mib << 20
+    with serving(
+        tmp_path, "f16-again", "--cache-dir", str(cache_dir), "--cache-disk-mib", str(budget_mib)
+    ) as server:
+        ask(server, turn)
+    assert not q8_file.exists()  # the tree's least recently used file, though another identity's
+    assert len(list(f16.glob("*.kvc"))) == 1  # the f16 identity's directory again, made anew

@@ -102,6 +102,43 @@ def final_timings(stream: str) -> dict:
     return next(c["timings"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"])
 
 
+def stored_records(page: Page) -> dict[str, list[dict]]:
+    """Every conversation and message in the page's IndexedDB, each list sorted by id."""
+    return dict(
+        page.evaluate(
+            """async () => {
+              const db = await new Promise((resolve) => { const r = indexedDB.open('bubo', 1); r.onsuccess = () => resolve(r.result); });
+              const all = (store) => new Promise((resolve) => { const r = db.transaction(store).objectStore(store).getAll(); r.onsuccess = () => resolve(r.result); });
+              const records = { conversations: await all('conversations'), messages: await all('messages') };
+              db.close();
+              return records;
+            }"""
+        )
+    )
+
+
+def with_ids_by_position(export: dict) -> dict:
+    """*export* with every id (and every link to one) replaced by its position: imports give fresh ids."""
+    position: dict[str, str] = {}
+    for conversation in export["conversations"]:
+        position.setdefault(conversation["id"], f"c{len(position)}")
+        for message in conversation["messages"]:
+            position.setdefault(message["id"], f"m{len(position)}")
+
+    def renamed(record: dict) -> dict:
+        return {
+            k: position.get(v, v) if k in ("id", "parent", "leaf", "conversation") else v
+            for k, v in record.items()
+        }
+
+    return {
+        **export,
+        "conversations": [
+            {**renamed(c), "messages": [renamed(m) for m in c["messages"]]} for c in export["conversations"]
+        ],
+    }
+
+
 def stored_answer(page: Page) -> str:
     """The text of the newest answer as the page stored it (its Markdown source)."""
     return str(
@@ -441,13 +478,69 @@ class TestStorage:
             again = tmp_path / "again.json"
             again_info.value.save_as(again)
             imported = json.loads(again.read_text())
-            assert imported == original
+            assert with_ids_by_position(imported) == with_ids_by_position(original)
+            assert not {c["id"] for c in imported["conversations"]} & {
+                c["id"] for c in original["conversations"]
+            }
             other.click("#conversations li:has-text('First') .open")
             expect(other.locator("article.assistant .content strong")).to_have_text("One")
             other.set_input_files("#import-file", exported)  # again: new ids, nothing overwritten
             expect(other.locator("#conversations li")).to_have_count(5)
         finally:
             fresh.close()
+
+    def test_an_import_never_touches_another_conversation(
+        self, page: Page, server: Server, tmp_path: Path
+    ) -> None:
+        """A file reusing a stored conversation's ids (its own, or only its messages') imports under fresh ids.
+
+        Both stored and imported conversations are whole afterwards; a crafted loop of parents opens.
+        """
+        open_page(page, server)
+        store_conversations(
+            page,
+            [[{"role": "user", "content": "Kept question"}, {"role": "assistant", "content": "Kept answer"}]],
+        )
+        before = stored_records(page)
+        crafted = {"format": "bubo.conversations", "version": 1, "conversations": [
+            {"id": "c0", "title": "Same id", "leaf": "m0-1", "system": "", "created": 5, "updated": 300, "messages": [
+                {"id": "m0-0", "role": "user", "content": "Same question", "parent": None, "created": 1},
+                {"id": "m0-1", "role": "assistant", "content": "Same answer", "parent": "m0-0", "created": 2},
+            ]},
+            {"id": "c-new", "title": "Loop", "leaf": "m0-1", "system": "", "created": 6, "updated": 200, "messages": [
+                {"id": "m0-0", "role": "user", "content": "Loop question", "parent": "m0-1", "created": 1},
+                {"id": "m0-1", "role": "assistant", "content": "Loop answer", "parent": "m0-0", "created": 2},
+            ]},
+        ]}  # fmt: skip
+        path = tmp_path / "crafted.json"
+        path.write_text(json.dumps(crafted))
+        page.set_input_files("#import-file", path)
+        expect(page.locator("#announce")).to_have_text("Imported 2 conversations.")
+        after = stored_records(page)
+        assert [c for c in after["conversations"] if c["id"] == "c0"] == [
+            c for c in before["conversations"] if c["id"] == "c0"
+        ]
+        assert [m for m in after["messages"] if m["conversation"] == "c0"] == before["messages"]
+        earlier = {c["id"] for c in before["conversations"]}  # c0 and the page's empty new chat
+        new = [c for c in after["conversations"] if c["id"] not in earlier]
+        assert sorted(c["title"] for c in new) == ["Loop", "Same id"]
+        assert not {c["id"] for c in new} & {"c0", "c-new"}
+        messages = [m for m in after["messages"] if m["conversation"] != "c0"]
+        assert len(messages) == 4
+        assert not {m["id"] for m in messages} & {"m0-0", "m0-1"}
+        for conversation in new:
+            own = {m["id"] for m in messages if m["conversation"] == conversation["id"]}
+            assert len(own) == 2
+            assert conversation["leaf"] in own
+            assert all(
+                m["parent"] in own | {None} for m in messages if m["conversation"] == conversation["id"]
+            )
+        page.click("#conversations li:has-text('Same id') .open")
+        expect(page.locator("article .content")).to_have_text(["Same question", "Same answer"])
+        page.click("#conversations li:has-text('Loop') .open")  # the link closing the loop was cut: a root
+        expect(page.locator("article .content")).to_have_text(["Loop answer"])
+        page.click("#conversations li:has-text('Kept question') .open")
+        expect(page.locator("article .content")).to_have_text(["Kept question", "Kept answer"])
 
     def test_a_full_storage_quota_is_an_error_and_keeps_the_message(self, page: Page, server: Server) -> None:
         """With the storage full, sending says so, sends nothing, and leaves the typed text in the box; then it goes."""

@@ -7,19 +7,35 @@ import os
 import re
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from bubo.engine._disk_cache import MAGIC, WRITER_THREAD_NAME, DiskTier, kv_identity
+from bubo.engine._disk_cache import MAGIC, STALE_TEMPORARY_S, WRITER_THREAD_NAME, DiskTier, kv_identity
 
 IDENTITY = "a" * 64
 OTHER = "b" * 64
 MIB = 1 << 20
 
 
-def tier(directory: Path, *, identity: str = IDENTITY, budget: int = MIB) -> DiskTier:
-    return DiskTier(directory, identity=identity, budget_bytes=budget)
+DAY = 86400.0
+
+
+def tier(
+    directory: Path, *, identity: str = IDENTITY, budget: int = MIB, max_age_s: float = 7 * DAY
+) -> DiskTier:
+    return DiskTier(directory, identity=identity, budget_bytes=budget, max_age_s=max_age_s)
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make *path* look last used *seconds* ago."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def kvc_names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.kvc"))
 
 
 def put(disk: DiskTier, tokens: list[int], payload: bytes) -> None:
@@ -164,6 +180,112 @@ class TestBudget:
         assert list(disk.directory.iterdir()) == []
 
 
+class TestOneBudgetOverTheTree:
+    """Every identity's directory under the one budget; unused ones pruned; another server tolerated."""
+
+    def written(self, directory: Path, identity: str, firsts: list[int], size: int = 1000) -> DiskTier:
+        disk = tier(directory, identity=identity)
+        for first in firsts:
+            put(disk, [first, 1, 2], b"p" * size)
+        disk.close()
+        return disk
+
+    def test_other_identities_files_count_and_go_least_recently_used_first(self, tmp_path: Path) -> None:
+        """A new model's files and an old model's share the budget; the oldest use goes, whichever's it is."""
+        old = self.written(tmp_path, OTHER, [10, 20, 30])
+        one = old.entries()[0].size_bytes
+        disk = tier(tmp_path, budget=3 * one)
+        assert len(kvc_names(old.directory)) == 3
+        put(disk, [40, 1, 2], b"p" * 1000)
+        assert len(kvc_names(old.directory)) == 2
+        put(disk, [50, 1, 2], b"p" * 1000)
+        put(disk, [60, 1, 2], b"p" * 1000)
+        assert kvc_names(old.directory) == []
+        assert sorted(e.tokens[0] for e in disk.entries()) == [40, 50, 60]
+        put(disk, [70, 1, 2], b"p" * 1000)
+        assert sorted(e.tokens[0] for e in disk.entries()) == [50, 60, 70]
+
+    def test_a_start_holds_the_whole_tree_to_the_budget(self, tmp_path: Path) -> None:
+        """Starting with one file's budget over two old identities' six files leaves the newest one."""
+        first = self.written(tmp_path, OTHER, [10, 20, 30])
+        second = self.written(tmp_path, "c" * 64, [40, 50, 60])
+        one = first.entries()[0].size_bytes
+        disk = tier(tmp_path, budget=one)
+        assert disk.entries() == []
+        assert kvc_names(first.directory) == []
+        assert len(kvc_names(second.directory)) == 1
+        assert second.directory.exists()
+
+    def test_an_unused_identity_directory_is_pruned(self, tmp_path: Path) -> None:
+        """Another identity's directory unused for max_age_s goes whole: its files, old leftovers, itself."""
+        stale = self.written(tmp_path, OTHER, [10, 20])
+        recent = self.written(tmp_path, "c" * 64, [30])
+        leftover = stale.directory / ".x.1.tmp"
+        leftover.write_bytes(b"cut short")
+        for path in [*stale.directory.iterdir(), stale.directory]:
+            age(path, 8 * DAY)
+        for path in [*recent.directory.iterdir(), recent.directory]:
+            age(path, 6 * DAY)
+        unrelated = tmp_path / "not-an-identity"
+        unrelated.mkdir()
+        age(unrelated, 30 * DAY)
+        tier(tmp_path)
+        assert not stale.directory.exists()
+        assert len(kvc_names(recent.directory)) == 1
+        assert unrelated.exists()
+
+    def test_a_pruned_directory_with_foreign_files_is_kept(self, tmp_path: Path) -> None:
+        """Only snapshot files are deleted: a directory holding anything else stays, emptied of them."""
+        stale = self.written(tmp_path, OTHER, [10])
+        (stale.directory / "notes.txt").write_text("not Bubo's")
+        for path in [*stale.directory.iterdir(), stale.directory]:
+            age(path, 8 * DAY)
+        tier(tmp_path)
+        assert sorted(p.name for p in stale.directory.iterdir()) == ["notes.txt"]
+
+    def test_a_use_keeps_a_directory(self, tmp_path: Path) -> None:
+        """A directory is as recent as its newest file: a read (its time set) keeps the whole directory."""
+        old = self.written(tmp_path, OTHER, [10, 20])
+        for path in [*old.directory.iterdir(), old.directory]:
+            age(path, 8 * DAY)
+        os.utime(next(old.directory.glob("*.kvc")))  # the other server restored it just now
+        tier(tmp_path)
+        assert len(kvc_names(old.directory)) == 2
+
+    def test_another_servers_writes_in_progress_are_left_alone(self, tmp_path: Path) -> None:
+        """A temporary file in another identity's directory is neither counted nor deleted."""
+        other = self.written(tmp_path, OTHER, [10])
+        in_progress = other.directory / ".abc.999.tmp"
+        in_progress.write_bytes(b"w" * 5000)
+        one = other.entries()[0].size_bytes
+        disk = tier(tmp_path, budget=2 * one)
+        put(disk, [20, 1, 2], b"p" * 1000)
+        assert in_progress.exists()
+        assert len(kvc_names(other.directory)) == 1
+
+    def test_files_another_server_deleted_are_forgotten(self, tmp_path: Path) -> None:
+        """A running tier whose files vanish (another server's eviction) stops counting them at its next write."""
+        disk = tier(tmp_path)
+        put(disk, [10, 1, 2], b"p" * 1000)
+        put(disk, [20, 1, 2], b"p" * 1000)
+        for path in disk.directory.glob("*.kvc"):
+            path.unlink()
+        put(disk, [30, 1, 2], b"p" * 1000)
+        assert [e.tokens[0] for e in disk.entries()] == [30]
+        assert disk.total_bytes == only_file(disk).stat().st_size
+
+    def test_a_directory_pruned_under_a_running_tier_is_made_again(self, tmp_path: Path) -> None:
+        """Another server pruned this tier's directory meanwhile: the next write creates it again."""
+        disk = tier(tmp_path)
+        put(disk, [10, 1, 2], b"p" * 1000)
+        for path in disk.directory.iterdir():
+            path.unlink()
+        disk.directory.rmdir()
+        put(disk, [20, 1, 2], b"p" * 1000)
+        assert [e.tokens[0] for e in disk.entries()] == [20]
+        assert stat.S_IMODE(disk.directory.stat().st_mode) == 0o700
+
+
 class TestBrokenFiles:
     @pytest.fixture(name="written")
     def _written(self, tmp_path: Path) -> Path:
@@ -226,10 +348,14 @@ class TestBrokenFiles:
         ).encode()
         (directory / ("1" * 40 + ".kvc")).write_bytes(MAGIC + len(header).to_bytes(4, "little") + header)
         (directory / ".abc.123.tmp").write_bytes(b"half")
+        age(directory / ".abc.123.tmp", STALE_TEMPORARY_S + 60)
+        (directory / ".def.456.tmp").write_bytes(b"another server's write in progress")
         (directory / "notes.txt").write_text("not ours")
         disk = tier(tmp_path)
         assert len(disk.entries()) == 1
-        assert sorted(p.name for p in directory.iterdir()) == sorted([written.name, "notes.txt"])
+        assert sorted(p.name for p in directory.iterdir()) == sorted(
+            [written.name, ".def.456.tmp", "notes.txt"]
+        )
 
 
 def test_the_identity_follows_the_model_file_and_the_settings(tmp_path: Path) -> None:

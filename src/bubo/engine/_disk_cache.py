@@ -25,10 +25,21 @@ adapter set, token count, payload size, SHA-256 of tokens and payload), the toke
 little-endian int32, then llama.cpp's sequence state.  It is written to a
 temporary name and renamed, so a reader sees a whole file or none; one cut
 short by a crash or altered on disk fails its size or checksum check, is
-logged and deleted, and is never given to llama.cpp.  Files live under a byte
-budget, least recently used out first (a restore counts as a use, kept in the
-file's modification time across restarts); a file whose tokens another one
-extends is deleted.
+logged and deleted, and is never given to llama.cpp.  A file whose tokens
+another one extends is deleted.
+
+One byte budget holds over the whole tree, every identity's directory
+together (each model or setting used to keep a budget of its own, and an
+upgrade or a ``-ctk`` change left the old directory behind for good): at start
+and after each write the writer thread lists every identity directory and
+deletes the least recently used files of the tree until it fits (a restore
+counts as a use, kept in the file's modification time, which other servers
+sharing the directory read too).  A directory of another identity unused for
+``max_age_s`` (its files' and its own modification times) is deleted whole.
+Another server may be running on the same tree: only whole, renamed snapshot
+files are ever deleted (a temporary file only once it is
+:data:`STALE_TEMPORARY_S` old, long after any write), a file that vanishes
+meanwhile is skipped, and a directory is removed only once it is empty.
 
 This module imports nothing native: the payload is any buffer (a ctypes
 array from llama.cpp, a bytearray read back).
@@ -43,6 +54,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -55,13 +67,17 @@ import attrs
 from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
 
-__all__ = ["WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
+__all__ = ["STALE_TEMPORARY_S", "WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"BUBOKVC1"
 SUFFIX = ".kvc"
 WRITER_THREAD_NAME = "bubo-prompt-cache-writer"
+STALE_TEMPORARY_S = 3600.0
+"""A temporary file untouched this long is a write cut short, not one in progress (here or elsewhere)."""
+DEFAULT_MAX_AGE_S = 7 * 86400.0
+_IDENTITY_DIR = re.compile(r"[0-9a-f]{32}")
 _LENGTH = struct.Struct("<I")
 _MAX_HEADER = 4096
 _TOKEN = "i"  # noqa: S105 - the array type code of a token id: int32, as llama_token
@@ -139,11 +155,23 @@ class DiskTier:
     """
 
     def __init__(
-        self, directory: Path, *, identity: str, budget_bytes: int, max_pending_bytes: int = 512 << 20
+        self,
+        directory: Path,
+        *,
+        identity: str,
+        budget_bytes: int,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        max_pending_bytes: int = 512 << 20,
     ) -> None:
-        """Use (and create, ``0700``) ``directory/identity[:32]``; index the files already there."""
+        """Use (and create, ``0700``) ``directory/identity[:32]``; index the files already there.
+
+        *budget_bytes* holds over every identity's files under *directory*; another identity's
+        directory unused for *max_age_s* seconds is deleted.
+        """
         self.identity = identity
         self.budget_bytes = budget_bytes
+        self.max_age_s = max_age_s
+        self.root = directory
         self.directory = directory / identity[:32]
         self._max_pending = max_pending_bytes
         self._lock = threading.Lock()
@@ -157,6 +185,7 @@ class DiskTier:
         self._thread: threading.Thread | None = None
         _make_private_dir(directory)
         _make_private_dir(self.directory)
+        os.utime(self.directory)  # in use from now: no other server prunes it as unused
         self._scan()
 
     # ---- what is held (any thread) -------------------------------------------------------------
@@ -310,6 +339,7 @@ class DiskTier:
         ).encode()
         path = self._path(name)
         temporary = self.directory / f".{name}.{os.getpid()}.tmp"
+        _make_private_dir(self.directory)  # another server may have pruned it as unused meanwhile
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         with os.fdopen(os.open(temporary, flags, 0o600), "wb") as file:
             file.write(MAGIC + _LENGTH.pack(len(header)) + header)
@@ -336,18 +366,23 @@ class DiskTier:
     # ---- the index -------------------------------------------------------------------------------
 
     def _scan(self) -> None:
-        """Index the files of earlier runs (oldest use first); delete broken ones and leftovers."""
+        """Index the files of earlier runs (oldest use first); delete broken ones and old leftovers."""
         found: list[DiskEntry] = []
+        stale = time.time() - STALE_TEMPORARY_S
         for path in self.directory.iterdir():
             if not path.is_file() or path.is_symlink():
                 continue
-            if path.name.startswith(".") and path.name.endswith(".tmp"):
-                path.unlink(missing_ok=True)  # a write cut short
+            if _is_temporary(path):
+                with contextlib.suppress(OSError):  # another server's write in progress is younger
+                    if path.stat().st_mtime < stale:
+                        path.unlink()  # a write cut short
                 continue
             if path.suffix != SUFFIX:
                 continue
             try:
                 found.append(self._index(path))
+            except FileNotFoundError:
+                continue  # another server sharing the directory deleted it meanwhile
             except (OSError, _Rejected) as error:
                 self._discard(path.stem, path, error)
         for entry in sorted(found, key=lambda e: e.last_used):
@@ -407,12 +442,51 @@ class DiskTier:
         )
 
     def _hold_budget(self) -> None:
-        while True:
-            with self._lock:
-                if self._bytes <= self.budget_bytes or not self._entries:
-                    return
-                oldest = next(iter(self._entries))
-            self._delete(oldest)
+        """Delete the tree's least recently used files until every identity's files fit the budget.
+
+        Runs where files are written (the writer thread, or the constructor before it starts),
+        so none of this tier's own files is half written; other servers' half-written files
+        have temporary names and are not counted.
+        """
+        files = self._census()
+        total = sum(file.size for file in files)
+        if total <= self.budget_bytes:
+            return
+        for file in sorted(files, key=lambda f: f.last_used):
+            if total <= self.budget_bytes:
+                return
+            if file.path.parent == self.directory:
+                self._delete(file.path.stem, file.path)
+            else:
+                _unlink_quietly(file.path)
+            total -= file.size
+
+    def _census(self) -> list[_TreeFile]:
+        """Every whole snapshot file in the tree; another identity's directory unused too long is pruned.
+
+        This tier's index forgets its files that are gone (another server sharing the tree
+        deleted them).
+        """
+        found: list[_TreeFile] = []
+        now = time.time()
+        try:
+            directories = [path for path in self.root.iterdir() if _IDENTITY_DIR.fullmatch(path.name)]
+        except OSError as error:
+            logger.warning("could not list the prompt-cache directory %s: %s", self.root, error)
+            directories = [self.directory]
+        for directory in directories:
+            if directory.is_symlink() or not directory.is_dir():
+                continue
+            files, last_used = _listing(directory)
+            if directory != self.directory and last_used < now - self.max_age_s:
+                _prune(directory, files, stale_before=now - self.max_age_s)
+                continue
+            found.extend(files)
+        here = {file.path.stem for file in found if file.path.parent == self.directory}
+        with self._lock:
+            for name in [name for name in self._entries if name not in here]:
+                self._bytes -= self._entries.pop(name).size_bytes
+        return found
 
     def _discard(self, name: str, path: Path, error: BaseException) -> None:
         logger.warning("prompt-cache file %s skipped and deleted: %s", path.name, error)
@@ -436,6 +510,62 @@ class DiskTier:
 
     def _path(self, name: str) -> Path:
         return self.directory / (name + SUFFIX)
+
+
+@attrs.frozen
+class _TreeFile:
+    """A whole snapshot file somewhere in the tree, of any identity."""
+
+    path: Path
+    size: int
+    last_used: float  # its modification time
+
+
+def _is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and path.name.endswith(".tmp")
+
+
+def _listing(directory: Path) -> tuple[list[_TreeFile], float]:
+    """*directory*'s whole snapshot files, and when it was last used (its own or its newest file's time)."""
+    files: list[_TreeFile] = []
+    try:
+        last_used = directory.stat().st_mtime
+        entries = list(os.scandir(directory))
+    except OSError:  # removed meanwhile
+        return [], 0.0
+    for entry in entries:
+        if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        files.append(_TreeFile(Path(entry.path), stat.st_size, stat.st_mtime))
+        last_used = max(last_used, stat.st_mtime)
+    return files, last_used
+
+
+def _prune(directory: Path, files: list[_TreeFile], *, stale_before: float) -> None:
+    """Delete an unused identity directory: its snapshot files, old temporary files, then itself if empty."""
+    for file in files:
+        _unlink_quietly(file.path)
+    with contextlib.suppress(OSError):
+        for path in directory.iterdir():
+            with contextlib.suppress(OSError):
+                if _is_temporary(path) and path.lstat().st_mtime < stale_before:
+                    path.unlink()
+    with contextlib.suppress(OSError):  # not empty: something else lives there, or a server just began
+        directory.rmdir()
+        logger.info("deleted the prompt-cache directory %s, unused for too long", directory.name)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        logger.warning("could not delete the prompt-cache file %s: %s", path, error)
 
 
 def _adapter_set(value: object) -> AdapterSet:

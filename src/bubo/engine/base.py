@@ -36,7 +36,7 @@ from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
 
 from ._sleep import Wakefulness
-from .lora import LoraAdapter, adapter_set
+from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
 from .slots import Slot, SlotPool
 from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
@@ -89,10 +89,11 @@ class SlotFileNoRoom(ServiceUnavailable):
 
 @attrs.frozen(kw_only=True)
 class SlotFile:
-    """A slot saved to or restored from a file: its tokens and the file's size."""
+    """A slot saved to or restored from a file: its tokens, the file's size, the slot's LoRA adapter set."""
 
     n_tokens: int
     n_bytes: int
+    adapters: AdapterSet = NO_ADAPTERS  # its cells' LoRA set: computed under (save), taken as (restore)
 
 
 class EngineFailure(InternalError):
@@ -152,6 +153,9 @@ class ModelInfo:
     fim: FimTokens | None = None  # None: the vocabulary has no fill-in-the-middle tokens
     draft_model: str | None = None  # the draft model's path (--model-draft); None: none is loaded
     context_shift: bool = False  # generations go on past the context's end (--context-shift)
+    # what a KV state of this model and these settings is (the disk tier's kv_identity): the model file's
+    # content, llama.cpp's state format, the KV settings, the adapter files; slot files record it
+    state_identity: str = ""
 
 
 @attrs.frozen(kw_only=True)

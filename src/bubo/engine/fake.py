@@ -12,6 +12,7 @@ on the real engine.  Never imports ``llama_cpp``.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import re
 import time
@@ -63,6 +64,7 @@ def fake_model_info(n_ctx: int = 2048, n_vocab: int = 49152) -> ModelInfo:
         description="fake 1M",
         eog_token_ids=frozenset({2}),
         repack=RepackDecision(enabled=False, reason="a fake engine has no weights"),
+        state_identity=hashlib.sha256(b"fake 1M").hexdigest(),
     )
 
 
@@ -286,7 +288,8 @@ class FakeEngine(SlotEngine):
         tokens = list(self._kv.get(slot.id, ()))
         file = trio.Path(path)
         await file.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
-        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
+        adapters = adapter_set(self._lora_scales)  # the fake keeps no set per slot: the global one
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size, adapters=adapters)
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
@@ -297,7 +300,8 @@ class FakeEngine(SlotEngine):
         except (OSError, ValueError, KeyError, TypeError):
             raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
         self._kv[slot.id] = tokens
-        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size)
+        adapters = adapter_set(self._lora_scales)
+        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size, adapters=adapters)
 
     async def _erase_slot(self, slot: Slot) -> int:
         return len(self._kv.pop(slot.id, ()))

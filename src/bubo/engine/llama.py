@@ -117,7 +117,8 @@ class LlamaOptions:
     cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
     cache_idle_slots: bool = True  # idle slots' sequences go to those snapshots as generations start
     cache_disk_dir: Path | None = None  # prompt-cache snapshot files (a directory per model and settings)
-    cache_disk_mib: int = 0  # their byte budget; 0: no disk tier
+    cache_disk_mib: int = 0  # their byte budget, over every model's directory; 0: no disk tier
+    cache_disk_max_age_days: float = 7.0  # another model's (settings') directory unused this long is deleted
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
     pooling: Pooling | None = None  # the embeddings' pooling; None: the model's
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
@@ -246,7 +247,8 @@ class LlamaEngine(SlotEngine):
         self._drafting: DraftPolicy | None = None
         self._drafter: Drafter | None = None
         # the disk tier outlives a sleep: its files and its writer thread belong to the engine
-        self._disk = _disk_tier(options, self._context_params(model)[0])
+        identity = _state_identity(options, self._context_params(model)[0])
+        self._disk = _disk_tier(options, identity)
         self._trio_token: trio.lowlevel.TrioToken | None = None  # the run requests last came from
         try:
             context = self._create_context(model)
@@ -277,6 +279,7 @@ class LlamaEngine(SlotEngine):
                 fim=_fim_tokens(vocab),
                 draft_model=None if self._draft is None else str(self._draft.path),
                 context_shift=options.context_shift,
+                state_identity=identity,
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
@@ -672,7 +675,7 @@ class LlamaEngine(SlotEngine):
         def save() -> SlotFile:
             n_bytes = cache.save_file(path)  # first: it drops the cells a context shift moved
             slot.holds(len(cache.tokens))
-            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes, adapters=cache.adapters)
 
         return await self._on_loop(save)
 
@@ -696,7 +699,7 @@ class LlamaEngine(SlotEngine):
                 raise
             cache.adapters = adapter_set(scales)  # taken as computed under the scales in force now
             slot.holds(len(cache.tokens))
-            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes)
+            return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes, adapters=cache.adapters)
 
         return await self._on_loop(restore)
 
@@ -788,18 +791,16 @@ def _post(trio_token: trio.lowlevel.TrioToken, function: Callable[..., object], 
         trio_token.run_sync_soon(function, *args)
 
 
-def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) -> DiskTier | None:
-    """The prompt cache's disk tier, in a directory of its own for this model file and these settings.
+def _state_identity(options: LlamaOptions, params: llama_cpp.llama_context_params) -> str:
+    """The fingerprint of a KV state of this model under these settings (slot files, the disk tier).
 
-    The identity covers what changes the KV cells a snapshot holds: the model, llama.cpp's version
-    and state format, the KV types (``-ctk``/``-ctv``), flash attention, the sliding-window and
-    unified caches, RoPE, and the LoRA adapter files in id order (a file records its adapter set
-    as ids and scales, which mean the same cells only over the same files).  Not the context
-    size: a prefix's cells do not depend on it (files longer than the context are not offered).
-    A directory that cannot be made costs only the disk tier.
+    It covers what changes the KV cells a state holds: the model file's content, llama.cpp's
+    version and state format, the KV types (``-ctk``/``-ctv``), flash attention, the
+    sliding-window and unified caches, RoPE, and the LoRA adapter files in id order (a state
+    records its adapter set as ids and scales, which mean the same cells only over the same
+    files).  Not the context size: a prefix's cells do not depend on it.  Blocking: it reads
+    samples of the model and adapter files (:func:`kv_identity`).
     """
-    if options.cache_disk_dir is None or options.cache_disk_mib <= 0:
-        return None
     settings = {
         "llama_cpp": llama_cpp.__version__,
         "state_seq": [llama_cpp.LLAMA_STATE_SEQ_MAGIC, llama_cpp.LLAMA_STATE_SEQ_VERSION],
@@ -818,11 +819,26 @@ def _disk_tier(options: LlamaOptions, params: llama_cpp.llama_context_params) ->
             params.yarn_beta_slow,
             params.yarn_orig_ctx,
         ],
+        "lora": [kv_identity(lora.path, {}) for lora in options.lora],
     }
+    return kv_identity(options.model_path, settings)
+
+
+def _disk_tier(options: LlamaOptions, identity: str) -> DiskTier | None:
+    """The prompt cache's disk tier, in a directory of its own for *identity* (:func:`_state_identity`).
+
+    Files longer than the context are not offered.  A directory that cannot be made costs only
+    the disk tier.
+    """
+    if options.cache_disk_dir is None or options.cache_disk_mib <= 0:
+        return None
     try:
-        settings["lora"] = [kv_identity(lora.path, {}) for lora in options.lora]
-        identity = kv_identity(options.model_path, settings)
-        return DiskTier(options.cache_disk_dir, identity=identity, budget_bytes=options.cache_disk_mib << 20)
+        return DiskTier(
+            options.cache_disk_dir,
+            identity=identity,
+            budget_bytes=options.cache_disk_mib << 20,
+            max_age_s=options.cache_disk_max_age_days * 86400.0,
+        )
     except OSError as error:
         logger.warning("the prompt cache has no disk tier: %s", error)
         return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from pathlib import Path
 
 import attrs
 import trio
@@ -18,6 +17,7 @@ from bubo.tokenizer import Tokenizer
 
 from .idle import IdleSleeper
 from .memory import MemoryGuard
+from .slot_store import SlotFileStore
 from .work import Workers
 
 __all__ = ["ChatDefaults", "Runtime", "ServerState", "Status"]
@@ -55,7 +55,7 @@ class Runtime:
     max_queue: int | None = None  # requests that may wait for the slot; None: no bound
     workers: Workers = attrs.field(factory=Workers)  # heavy request work, off the event loop
     spm_infill: bool = False  # /infill: suffix before prefix (--spm-infill)
-    slot_save_path: Path | None = None  # where slot files are saved and restored; None: not served
+    slot_files: SlotFileStore | None = None  # where slot files are saved and restored; None: not served
     aliases: tuple[str, ...] = ()  # more names the model answers to (--alias a,b: a is the id)
     tags: tuple[str, ...] = ()  # informational (--tags), listed in /v1/models
     any_model_name: bool = False  # --model-names any: every name is this model

@@ -1,30 +1,35 @@
 """Slot files (``--slot-save-path``): a slot's KV state saved under a plain name, restored by the same model.
 
-llama.cpp writes the state and the slot's tokens (``llama_state_seq_save_file``);
-beside it, ``<name>.bubo.json`` records which model wrote it.  llama.cpp's file
-says nothing of the model, and a state of another model with the same shape
-would load as garbage: restore refuses a file whose record names another model.
+The engine writes and reads llama.cpp's state file; what makes it safe to keep
+is :mod:`.slot_store`'s: a temporary name renamed into place, a record of the
+model's fingerprint, the LoRA adapter set and the file's checksum, and the
+directory's quota.  A restore is refused (400) unless the record says the same
+model under the same settings computed the cells, under the adapter set in
+force now, and the bytes are those that were saved.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from pathlib import Path
 
 import trio
 
-from bubo.engine import EngineFailure, ModelInfo, SlotFile
+from bubo.engine import EngineFailure, SlotFile
+from bubo.engine.lora import AdapterSet, adapter_set
 from bubo.errors import InvalidRequest
 
 from .runtime import Runtime
+from .slot_store import RECORD_SUFFIX, SlotFileStore, SlotRecord
 
-__all__ = ["RECORD_SUFFIX", "model_identity", "restore_slot", "save_slot", "slot_path"]
+__all__ = ["restore_slot", "save_slot", "slot_path"]
 
-RECORD_SUFFIX = ".bubo.json"
 MAX_NAME_BYTES = 255
 SAVE_TIMEOUT_S = 120.0
-"""How long a save (the state and its record) may run on after its client left."""
+"""How long a save (the state, its checksum and its record) may run on after its client left."""
+CLEANUP_TIMEOUT_S = 30.0
+"""How long removing a temporary file or a restore's private link may take once its client left."""
 _UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
@@ -51,66 +56,87 @@ def slot_path(directory: Path, filename: object, *, param: str = "filename") -> 
     return path
 
 
-def model_identity(info: ModelInfo) -> dict[str, object]:
-    """What identifies the model whose KV state a file holds (its shape, size and description)."""
-    return {
-        "architecture": info.architecture,
-        "description": info.description,
-        "n_params": info.n_params,
-        "size_bytes": info.size_bytes,
-        "n_vocab": info.n_vocab,
-        "n_embd": info.n_embd,
-    }
+async def save_slot(runtime: Runtime, store: SlotFileStore, slot_id: int, path: Path) -> SlotFile:
+    """Save the slot as *path*'s name in *store*, with its record (507 past the quota).
 
-
-def _record(path: Path) -> Path:
-    return path.with_name(path.name + RECORD_SUFFIX)
-
-
-async def save_slot(runtime: Runtime, slot_id: int, path: Path) -> SlotFile:
-    """Save the slot to *path*, with the record of the model beside it.
-
-    The two are written together or the file has no record (restore then refuses
-    it): the old record goes first, and a client that leaves does not interrupt
-    the rest (at most :data:`SAVE_TIMEOUT_S`), since the engine writes the state
-    whether or not anyone waits.
+    This server's saves take turns (the quota is checked with each one's real size).
+    Once the engine has begun writing, a client that leaves does not interrupt the rest
+    (at most :data:`SAVE_TIMEOUT_S`): the state, its checksum and its record, or nothing.
     """
-    await trio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + SAVE_TIMEOUT_S):
-        await trio.Path(_record(path)).unlink(missing_ok=True)
-        saved = await runtime.engine.save_slot(slot_id, path)
-        record = {"model": model_identity(runtime.engine.info), "n_tokens": saved.n_tokens}
-        await trio.Path(_record(path)).write_text(json.dumps(record), encoding="utf-8")
+    name = path.name
+    async with store.save_lock:
+        await trio.to_thread.run_sync(store.open)
+        await trio.to_thread.run_sync(store.check_room, name)  # full already: refused before any write
+        written = store.temporary()
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + SAVE_TIMEOUT_S):
+            try:
+                saved = await runtime.engine.save_slot(slot_id, written)
+                info = runtime.engine.info
+                commit = functools.partial(
+                    store.commit,
+                    name,
+                    written,
+                    fingerprint=info.state_identity,
+                    model=info.description,
+                    adapters=saved.adapters,
+                    n_tokens=saved.n_tokens,
+                )
+                await trio.to_thread.run_sync(commit)
+            finally:
+                await trio.to_thread.run_sync(functools.partial(written.unlink, missing_ok=True))
     return saved
 
 
-async def restore_slot(runtime: Runtime, slot_id: int, path: Path, *, param: str = "filename") -> SlotFile:
-    """Restore the slot from *path*, if this model saved it (400 otherwise)."""
-    if not await trio.Path(path).is_file():
-        raise InvalidRequest(f"no slot file named {path.name!r} in the slot directory", param=param)
-    try:
-        record = json.loads(await trio.Path(_record(path)).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+async def restore_slot(
+    runtime: Runtime, store: SlotFileStore, slot_id: int, path: Path, *, param: str = "filename"
+) -> SlotFile:
+    """Restore the slot from *path*'s name in *store*, if its record and its bytes allow (400 otherwise)."""
+    name = path.name
+    record = await trio.to_thread.run_sync(functools.partial(store.read_record, name, param=param))
+    info = runtime.engine.info
+    if record.fingerprint != info.state_identity:
         raise InvalidRequest(
-            f"{path.name!r} was not saved by this server (its model record is missing or unreadable)",
-            code="slot_file_invalid",
-            param=param,
-        ) from None
-    expected = model_identity(runtime.engine.info)
-    if not isinstance(record, dict) or record.get("model") != expected:
-        saved_by = record.get("model", {}) if isinstance(record, dict) else {}
-        described = saved_by.get("description", "another model") if isinstance(saved_by, dict) else "?"
-        raise InvalidRequest(
-            f"{path.name!r} holds the state of another model ({described}); this server runs "
-            f"{expected['description']}",
+            f"{name!r} holds the state of another model or other KV settings (saved by {record.model}, "
+            f"fingerprint {record.fingerprint[:12]}); this server runs {info.description} "
+            f"(fingerprint {info.state_identity[:12]})",
             code="slot_file_model_mismatch",
             param=param,
         )
+    link = await trio.to_thread.run_sync(functools.partial(store.pin, name, param=param))
     try:
-        return await runtime.engine.restore_slot(slot_id, path)
-    except EngineFailure as failure:
-        if failure.fatal:
-            raise
-        raise InvalidRequest(
-            f"{path.name!r} could not be restored: {failure.message}", code="slot_file_invalid", param=param
-        ) from None
+        await trio.to_thread.run_sync(functools.partial(store.verify, link, record, name=name, param=param))
+        _check_adapters(runtime, record, name, param)
+        try:
+            restored = await runtime.engine.restore_slot(slot_id, link)
+        except EngineFailure as failure:
+            if failure.fatal:
+                raise
+            raise InvalidRequest(
+                f"{name!r} could not be restored: {failure.message}", code="slot_file_invalid", param=param
+            ) from None
+    finally:
+        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+            await trio.to_thread.run_sync(store.unpin, link)
+    if restored.adapters != record.adapters:  # the global scales changed while it was restored
+        await runtime.engine.erase_slot(slot_id)
+        raise _adapter_mismatch(name, record.adapters, restored.adapters, param)
+    return restored
+
+
+def _check_adapters(runtime: Runtime, record: SlotRecord, name: str, param: str) -> None:
+    """Refuse a file whose cells were computed under another LoRA adapter set than the one in force."""
+    current = adapter_set([adapter.scale for adapter in runtime.engine.lora_adapters])
+    if record.adapters != current:
+        raise _adapter_mismatch(name, record.adapters, current, param)
+
+
+def _adapter_mismatch(name: str, saved: AdapterSet, current: AdapterSet, param: str) -> InvalidRequest:
+    def described(adapters: AdapterSet) -> str:
+        return ", ".join(f"adapter {i} at {scale:g}" for i, scale in adapters) or "no LoRA adapter"
+
+    return InvalidRequest(
+        f"{name!r} was computed under {described(saved)}; the adapters in force now are {described(current)} "
+        "(set them with POST /lora-adapters, or save the slot again)",
+        code="slot_file_adapter_mismatch",
+        param=param,
+    )

@@ -184,6 +184,28 @@ function checkImport(value) {
   return value.conversations;
 }
 
+// A chain of parents that loops (only a crafted file has one) would never end a walk to the root:
+// the link that closes the loop is cut. Each message is walked past once (`rooted`), so this is linear.
+function cutLoops(messages) {
+  const byId = new Map(messages.map((m) => [m.id, m]));
+  const rooted = new Set();
+  for (const message of messages) {
+    if (rooted.has(message.id)) continue;
+    const seen = new Set([message.id]);
+    for (let node = message; ; ) {
+      const next = byId.get(node.parent);
+      if (!next || rooted.has(next.id)) break;
+      if (seen.has(next.id)) {
+        node.parent = null;
+        break;
+      }
+      seen.add(next.id);
+      node = next;
+    }
+    for (const id of seen) rooted.add(id);
+  }
+}
+
 async function importConversations(file) {
   let list;
   try {
@@ -192,15 +214,25 @@ async function importConversations(file) {
     showError(`Import failed: ${error.message}`);
     return;
   }
-  const taken = new Set(state.conversations.map((c) => c.id));
   const records = { conversations: [], messages: [] };
   for (const { messages, ...conversation } of list) {
-    // An id this browser has already gets fresh ids: an import never overwrites a conversation.
-    const renamed = taken.has(conversation.id) ? new Map(messages.map((m) => [m.id, newId("m")])) : null;
-    const id = renamed ? newId("c") : conversation.id;
-    const map = (old) => (renamed && old !== null && old !== undefined ? renamed.get(old) ?? null : old ?? null);
+    // Everything imported gets a fresh id: a file's ids (another browser's, or crafted to match this
+    // one's) never name a record here, so an import cannot overwrite a conversation or a message, nor
+    // move one into another conversation. Links (parent, leaf) follow the new ids within the
+    // conversation; one to anything else becomes null.
+    const renamed = new Map();
+    for (const m of messages) if (!renamed.has(m.id)) renamed.set(m.id, newId("m"));
+    const id = newId("c");
+    const map = (old) => (old === null || old === undefined ? null : renamed.get(old) ?? null);
+    const given = new Set();
+    const imported = messages.map((m) => {
+      const fresh = given.has(m.id) ? newId("m") : renamed.get(m.id); // an id repeated in the file: its own
+      given.add(m.id);
+      return { ...m, id: fresh, parent: map(m.parent), conversation: id };
+    });
+    cutLoops(imported);
     records.conversations.push({ ...conversation, id, leaf: map(conversation.leaf) });
-    for (const m of messages) records.messages.push({ ...m, id: renamed ? renamed.get(m.id) : m.id, parent: map(m.parent), conversation: id });
+    records.messages.push(...imported);
   }
   if (!(await persist(records))) return;
   await reloadConversations();

@@ -59,10 +59,15 @@ class SlotErased:
 
 @blueprint.post("/slots/<id_slot>")
 async def slot_action(id_slot: str) -> Response:
-    """Save, restore or erase one idle slot's KV cache (503 ``slot_busy`` while a request holds it)."""
+    """Save, restore or erase one idle slot's KV cache (503 ``slot_busy`` while a request holds it).
+
+    A save past the directory's quota is 507 ``slot_quota_exceeded``; a restore of a file another
+    model, other settings or another LoRA adapter set computed, or whose bytes are not those saved,
+    is a 400 naming ``filename`` (``slot_file_*``).
+    """
     runtime = require_runtime()
-    directory = runtime.slot_save_path
-    if directory is None:
+    store = runtime.slot_files
+    if store is None:
         raise NotImplementedOnThisModel(
             "this server does not support slot actions; start it with --slot-save-path DIR"
         )
@@ -79,9 +84,10 @@ async def slot_action(id_slot: str) -> Response:
         return json_response(SlotErased(id_slot=slot_id, n_erased=n_erased))
     if action not in ("save", "restore"):
         raise InvalidRequest("action must be save, restore or erase", param="action")
+    directory = store.directory
     path = await json_body(runtime, lambda body: slot_path(directory, body.get("filename")))
     if action == "save":
-        saved = await save_slot(runtime, slot_id, path)
+        saved = await save_slot(runtime, store, slot_id, path)
         elapsed = round((time.perf_counter() - started) * 1000, 3)
         return json_response(
             SlotSaved(
@@ -92,7 +98,7 @@ async def slot_action(id_slot: str) -> Response:
                 timings=SaveTimings(save_ms=elapsed),
             )
         )
-    restored = await restore_slot(runtime, slot_id, path)
+    restored = await restore_slot(runtime, store, slot_id, path)
     elapsed = round((time.perf_counter() - started) * 1000, 3)
     return json_response(
         SlotRestored(
