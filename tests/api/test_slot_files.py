@@ -7,8 +7,10 @@ import json
 import attrs
 import pytest
 import trio
+import trio.testing
 from dirty_equals import IsNumber
 from tests.conftest import wait_until_ready
+from tests.engine._hang import HangingCall
 
 from bubo.engine.fake import FakeEngine, fake_model_info
 from bubo.server import create_app
@@ -172,3 +174,39 @@ class TestSaveWhileTheClientLeaves:
             await save_slot(runtime, 0, path)
         record = json.loads((slot_dir / "fox.bin.bubo.json").read_text())
         assert record == {"model": model_identity(fake_engine.info), "n_tokens": len(fake_engine._kv[0])}
+
+
+class TestAFileCallThatHangs:
+    """llama.cpp's file call never returns (a hung disk): the action's wait is bounded, nothing else hangs."""
+
+    async def test_the_action_fails_at_its_bound_the_engine_is_lost_and_shutdown_completes(
+        self, settings, make_runtime, script, slot_dir, mock_clock
+    ) -> None:
+        engine = FakeEngine(script=script, n_slots=2)
+        runtime = attrs.evolve(make_runtime(), engine=engine, slot_save_path=slot_dir)
+        app = await _serve(settings, runtime)
+        answers = {}
+        with HangingCall() as file_call:
+            script.slot_file_call = file_call
+            async with app.test_app() as test_app:
+                await wait_until_ready(app)
+                client = test_app.test_client()
+
+                async def save() -> None:
+                    answers["save"] = await client.post("/slots/0?action=save", json={"filename": "fox.bin"})
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(save)
+                    await file_call.wait_stuck()
+                    other = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})
+                    assert other.status_code == 200  # the other slot serves on meanwhile
+                    await trio.testing.wait_all_tasks_blocked()
+                    mock_clock.jump(engine.slot_action_wait_s)
+                assert answers["save"].status_code == 500
+                assert (await answers["save"].get_json())["error"]["code"] == "engine_error"
+                health = await client.get("/health")
+                assert (health.status_code, await health.get_json()) == (503, {"status": "device_lost"})
+                later = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})
+                assert (later.status_code, (await later.get_json())["error"]["code"]) == (503, "device_lost")
+            assert engine.closed  # the app's shutdown closed the engine, the call still hanging
+            assert file_call.returned == 0
