@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import attrs
 import pytest
@@ -10,7 +11,7 @@ import trio
 import trio.testing
 from dirty_equals import IsNumber
 from tests.conftest import wait_until_ready
-from tests.engine._hang import HangingCall
+from tests.engine._hang import WAIT_S, HangingCall
 
 from bubo.engine.fake import FakeEngine, fake_model_info
 from bubo.server import create_app
@@ -186,6 +187,7 @@ class TestAFileCallThatHangs:
         runtime = attrs.evolve(make_runtime(), engine=engine, slot_save_path=slot_dir)
         app = await _serve(settings, runtime)
         answers = {}
+        both_ended = threading.Event()
         with HangingCall() as file_call:
             script.slot_file_call = file_call
             async with app.test_app() as test_app:
@@ -194,16 +196,31 @@ class TestAFileCallThatHangs:
 
                 async def save() -> None:
                     answers["save"] = await client.post("/slots/0?action=save", json={"filename": "fox.bin"})
+                    if len(answers) == 2:
+                        both_ended.set()
+
+                async def stream() -> None:
+                    body = {"prompt": "hello", "id_slot": 1, "stream": True}
+                    answers["stream"] = await client.post("/completion", json=body)
+                    if len(answers) == 2:
+                        both_ended.set()
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(save)
                     await file_call.wait_stuck()
                     other = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})
                     assert other.status_code == 200  # the other slot serves on meanwhile
+                    script.piece_delay = 1.0  # a stream in the other slot is running when the bound passes
+                    nursery.start_soon(stream)
                     await trio.testing.wait_all_tasks_blocked()
                     mock_clock.jump(engine.slot_action_wait_s)
+                    # both end without more (trio) time passing; the bound is only on the test's own wait
+                    assert await trio.to_thread.run_sync(both_ended.wait, WAIT_S)
                 assert answers["save"].status_code == 500
                 assert (await answers["save"].get_json())["error"]["code"] == "engine_error"
+                frames = (await answers["stream"].get_data()).decode().split("\n\n")
+                last = json.loads([f for f in frames if f.startswith("data: ")][-1].removeprefix("data: "))
+                assert last["error"]["code"] == "device_lost"  # ended at once, not left to its client
                 health = await client.get("/health")
                 assert (health.status_code, await health.get_json()) == (503, {"status": "device_lost"})
                 later = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})

@@ -55,7 +55,7 @@ class Caller:
         self.lost: list[str] = []
         self.result: object = None
         self.error: BaseException | None = None
-        self.done = trio.Event()
+        self.done = threading.Event()
         self.scope = trio.CancelScope()
 
     async def run(self) -> None:
@@ -73,6 +73,10 @@ class Caller:
             self.error = error
         finally:
             self.done.set()
+
+    async def ended(self) -> None:
+        """Return once the call has ended, with no more trio time passing (the bound is the test's own)."""
+        assert await trio.to_thread.run_sync(self.done.wait, WAIT_S)
 
 
 async def test_the_result_and_the_error_of_the_work_come_back() -> None:
@@ -126,6 +130,7 @@ class TestAJobThatHangs:
             await trio.testing.wait_all_tasks_blocked()
             assert not caller.done.is_set()  # within its bound it waits
             mock_clock.jump(1)
+            await caller.ended()
         assert isinstance(caller.error, EngineFailure)
         assert caller.error.fatal
         assert "a slot save did not finish within 300 s; the engine is lost" in caller.error.message
@@ -143,6 +148,7 @@ class TestAJobThatHangs:
             await trio.testing.wait_all_tasks_blocked()
             assert not caller.done.is_set()
             mock_clock.jump(FINISH_S)
+            await caller.ended()
         assert isinstance(caller.error, EngineFailure)
         assert caller.error.fatal
         assert len(caller.lost) == 1
@@ -156,6 +162,7 @@ class TestAJobThatHangs:
             await trio.testing.wait_all_tasks_blocked()
             assert not caller.done.is_set()
             gate.release.set()
+            await caller.ended()
         assert caller.scope.cancelled_caught  # it ends as a cancelled call does
         assert (caller.error, gate.returned, caller.lost) == (None, 1, [])
 
@@ -169,6 +176,7 @@ class TestAJobNotTakenUp:
             nursery.start_soon(caller.run)
             await trio.testing.wait_all_tasks_blocked()
             caller.scope.cancel()
+            await caller.ended()
         assert caller.scope.cancelled_caught
         assert (caller.error, caller.lost) == (None, [])
         held.jobs[0].execute()  # the thread gets to it later: nothing happens
@@ -189,6 +197,7 @@ class TestAJobNotTakenUp:
                 nursery.start_soon(caller.run)
                 await trio.testing.wait_all_tasks_blocked()
                 mock_clock.jump(START_S)
+                await caller.ended()
             assert isinstance(caller.error, EngineFailure)
             assert caller.error.fatal
             assert caller.lost == ["the decode thread did not take up a slot save within 60 s"]

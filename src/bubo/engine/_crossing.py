@@ -178,21 +178,21 @@ async def cross(
         ended=lambda result, error: post_to_trio(token, heard.end, result, error),
     )
     post(job)
-    deadline = trio.current_time() + finish_within_s  # from its start, once it has started
+    finish_by: float | None = None  # once trio has heard that it started
     try:
         with trio.move_on_after(start_within_s):
             await heard.started.wait()
         if not heard.started.is_set() and job.withdraw():
             _lost(lose, f"the decode thread did not take up {what} within {start_within_s:g} s")
-        deadline = trio.current_time() + finish_within_s
-        with trio.move_on_at(deadline):
+        finish_by = trio.current_time() + finish_within_s
+        with trio.move_on_at(finish_by):
             await heard.ended.wait()
     except trio.Cancelled:
-        if not heard.started.is_set():
+        if finish_by is None:
             if job.withdraw():
                 raise  # it never runs: nothing to wait for
-            deadline = trio.current_time() + finish_within_s  # it started just now
-        with trio.CancelScope(deadline=deadline, shield=True):
+            finish_by = trio.current_time() + finish_within_s  # it started, just now or unheard yet
+        with trio.CancelScope(deadline=finish_by, shield=True):
             await heard.ended.wait()
         if not heard.ended.is_set():
             _lost(lose, f"{what} did not finish within {finish_within_s:g} s")
