@@ -322,11 +322,15 @@ class TestAStuckDecodeThread:
         two_slots.release_wait_s = 0.5  # close() joins the stuck thread this long (real time), then leaves it
         long = attrs.evolve(request_, max_new_tokens=400, ignore_eos=True, slot=0)
         failures: list[EngineFailure] = []
+        saved = threading.Event()
 
         async def save() -> None:
-            with pytest.raises(EngineFailure) as failed:
-                await two_slots.save_slot(1, tmp_path / "one.bin")
-            failures.append(failed.value)
+            try:
+                with pytest.raises(EngineFailure) as failed:
+                    await two_slots.save_slot(1, tmp_path / "one.bin")
+                failures.append(failed.value)
+            finally:
+                saved.set()
 
         thread = None
         with HangingCall(result=0) as file_call:
@@ -337,6 +341,7 @@ class TestAStuckDecodeThread:
                 await file_call.wait_stuck()
                 thread = two_slots._loop._thread
                 mock_clock.jump(two_slots.slot_action_wait_s)
+                assert await trio.to_thread.run_sync(saved.wait, DEADLINE_S)  # no more trio time passes
             assert failures[0].fatal
             assert failures[0].status == 500
             assert isinstance(running[0], GenerationFailed)
