@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import attrs
 import pytest
 import trio
+import trio.testing
 from dirty_equals import IsList, IsNumber
 from tests.conftest import wait_until_ready
+from tests.engine._hang import WAIT_S, HangingCall
 
 from bubo.engine.fake import FakeEngine, fake_model_info
 from bubo.engine.lora import LoraAdapter
@@ -290,3 +293,55 @@ class TestSaveWhileTheClientLeaves:
         )
         assert record.size_bytes == (slot_dir / "fox.bin").stat().st_size
         assert sorted(p.name for p in slot_dir.iterdir()) == ["fox.bin", "fox.bin.bubo.json"]
+
+
+class TestAFileCallThatHangs:
+    """llama.cpp's file call never returns (a hung disk): the action's wait is bounded, nothing else hangs."""
+
+    async def test_the_action_fails_at_its_bound_the_engine_is_lost_and_shutdown_completes(
+        self, settings, make_runtime, script, slot_dir, mock_clock
+    ) -> None:
+        engine = FakeEngine(script=script, n_slots=2)
+        runtime = attrs.evolve(make_runtime(), engine=engine, slot_files=_store(slot_dir))
+        app = await _serve(settings, runtime)
+        answers = {}
+        both_ended = threading.Event()
+        with HangingCall() as file_call:
+            script.slot_file_call = file_call
+            async with app.test_app() as test_app:
+                await wait_until_ready(app)
+                client = test_app.test_client()
+
+                async def save() -> None:
+                    answers["save"] = await client.post("/slots/0?action=save", json={"filename": "fox.bin"})
+                    if len(answers) == 2:
+                        both_ended.set()
+
+                async def stream() -> None:
+                    body = {"prompt": "hello", "id_slot": 1, "stream": True}
+                    answers["stream"] = await client.post("/completion", json=body)
+                    if len(answers) == 2:
+                        both_ended.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(save)
+                    await file_call.wait_stuck()
+                    other = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})
+                    assert other.status_code == 200  # the other slot serves on meanwhile
+                    script.piece_delay = 1.0  # a stream in the other slot is running when the bound passes
+                    nursery.start_soon(stream)
+                    await trio.testing.wait_all_tasks_blocked()
+                    mock_clock.jump(engine.slot_action_wait_s)
+                    # both end without more (trio) time passing; the bound is only on the test's own wait
+                    assert await trio.to_thread.run_sync(both_ended.wait, WAIT_S)
+                assert answers["save"].status_code == 500
+                assert (await answers["save"].get_json())["error"]["code"] == "engine_error"
+                frames = (await answers["stream"].get_data()).decode().split("\n\n")
+                last = json.loads([f for f in frames if f.startswith("data: ")][-1].removeprefix("data: "))
+                assert last["error"]["code"] == "device_lost"  # ended at once, not left to its client
+                health = await client.get("/health")
+                assert (health.status_code, await health.get_json()) == (503, {"status": "device_lost"})
+                later = await client.post("/completion", json={"prompt": "hello", "id_slot": 1})
+                assert (later.status_code, (await later.get_json())["error"]["code"]) == (503, "device_lost")
+            assert engine.closed  # the app's shutdown closed the engine, the call still hanging
+            assert file_call.returned == 0

@@ -17,6 +17,7 @@ import attrs
 import pytest
 
 from bubo.domain.generation import StopCause
+from bubo.engine._crossing import Job
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
 from bubo.engine._protocols import BatchEntry, ContextFull
@@ -202,24 +203,23 @@ class Run:
         assert generated.wait(WAIT_S)
         return sequence
 
-    def call_in_thread(self, function: Callable[[], object]) -> Callable[[], BaseException | None]:
-        """Run ``loop.call(function)`` from a worker thread; the returned function waits for its error."""
+    def post(
+        self, function: Callable[[], object], *, idle: bool = False
+    ) -> Callable[[], BaseException | None]:
+        """Post *function* as a job (as idle work with *idle*); the returned function waits for its error."""
         outcome: list[BaseException | None] = []
+        ended = threading.Event()
 
-        def call() -> None:
-            try:
-                self.loop.call(function, start_within_s=WAIT_S)
-            except BaseException as error:  # noqa: BLE001 - reported to the test
-                outcome.append(error)
-            else:
-                outcome.append(None)
+        def end(_result: object, error: BaseException | None) -> None:
+            outcome.append(error)
+            ended.set()
 
-        worker = threading.Thread(target=call)
-        worker.start()
+        job = Job(function, ended=end)
+        (self.loop.post_idle if idle else self.loop.post)(job)
 
         def result() -> BaseException | None:
-            worker.join(WAIT_S)
-            assert not worker.is_alive()
+            assert ended.wait(WAIT_S)
+            assert len(outcome) == 1  # heard once
             return outcome[0]
 
         return result
@@ -525,10 +525,11 @@ class TestABugAnywhereInTheLoop:
         with pytest.raises(EngineFailure) as refused:
             run.loop.submit(run.sequence(3, prompt=2, generate=1), lambda _error: None)  # type: ignore[arg-type]
         assert refused.value.fatal
-        with pytest.raises(EngineFailure):
-            run.loop.call(lambda: None, start_within_s=WAIT_S)
+        for idle in (False, True):  # jobs are refused: they hear it at once, and never run
+            refusal = run.post(lambda: pytest.fail("a job ran on a lost loop"), idle=idle)()
+            assert isinstance(refusal, EngineFailure)
+            assert refusal.fatal
         run.loop.schedule_idle(lambda: None)  # dropped
-        run.loop.wait_settled()  # returns: nothing will run
         thread = run.loop._thread
         assert run.loop.stop(WAIT_S)
         assert thread is not None
@@ -545,15 +546,14 @@ class TestABugAnywhereInTheLoop:
         run = Run()
         run.generating(0)
         break_(run.loop, "_run_call")
-        error = run.call_in_thread(lambda: "saved")()
+        error = run.post(lambda: "saved")()
         assert isinstance(error, EngineFailure)
         self.assert_lost(run, caplog, ended={0})
 
     def test_in_idle_work(self, caplog: pytest.LogCaptureFixture) -> None:
         run = Run()
         break_(run.loop, "_run_idle")
-        run.loop.schedule_idle(lambda: None)
-        run.loop.wait_settled()
+        assert isinstance(run.post(lambda: None, idle=True)(), EngineFailure)
         run.wait()
         assert len(run.lost) == 1
         self.assert_lost(run, caplog, ended=set())
@@ -572,7 +572,7 @@ class TestABugAnywhereInTheLoop:
         run.context.wedged = threading.Event()  # the loop's next turn takes everything queued meanwhile
         assert run.context.stuck.wait(WAIT_S)
         break_(run.loop, "_run_call")
-        first, second = run.call_in_thread(lambda: 1), run.call_in_thread(lambda: 2)
+        first, second = run.post(lambda: 1), run.post(lambda: 2)
         run.submit(run.sequence(1, prompt=2, generate=3), run.sequence(2, prompt=2, generate=3))
         with run.loop._wakeup:
             assert run.loop._wakeup.wait_for(lambda: len(run.loop._calls) == 2, timeout=WAIT_S)
@@ -582,21 +582,83 @@ class TestABugAnywhereInTheLoop:
         self.assert_lost(run, caplog, ended={0, 1, 2})
 
 
-class TestAStuckThread:
-    """A thread stuck in llama.cpp cannot be ended; the waits on it are bounded instead."""
+class TestJobs:
+    """Work posted to the thread: when it runs, and that every job hears of its end once, run or not."""
 
-    def test_a_call_it_does_not_take_up_in_time_fails_as_fatal(self) -> None:
+    def test_a_job_runs_between_steps_and_hands_back_its_result(self) -> None:
+        run = Run()
+        streaming = run.generating(0)
+        results: list[tuple[object, BaseException | None]] = []
+        ended = threading.Event()
+
+        def end(result: object, error: BaseException | None) -> None:
+            results.append((result, error))
+            ended.set()
+
+        run.loop.post(Job(lambda: streaming.generated, ended=end))
+        assert ended.wait(WAIT_S)
+        assert results[0][1] is None
+        assert isinstance(results[0][0], int)
+        assert not streaming.done  # the stream went on around it
+        run.close()
+
+    def test_its_error_goes_to_its_poster_and_the_loop_serves_on(self) -> None:
+        run = Run()
+        assert isinstance(run.post(lambda: {}["missing"])(), KeyError)
+        assert run.post(lambda: None)() is None
+        assert run.lost == []
+        run.close()
+
+    def test_idle_work_runs_after_the_generations_and_the_idle_work_posted_before(self) -> None:
+        run = Run()
+        order: list[str] = []
+        streaming = run.generating(0)
+        run.loop.schedule_idle(lambda: order.append(f"warm-up, the stream over: {0 in run.ended}"))
+        settled = run.post(lambda: order.append("settled"), idle=True)
+        streaming.cancelled = True  # the stream ends; then the idle work runs, in order
+        run.loop.wake()
+        assert settled() is None
+        assert order == ["warm-up, the stream over: True", "settled"]
+        run.close()
+
+    def test_a_withdrawn_job_never_runs(self) -> None:
+        run = Run()
+        run.generating(0)
+        run.context.wedged = threading.Event()  # the loop's next turn takes everything queued meanwhile
+        assert run.context.stuck.wait(WAIT_S)
+        ran: list[int] = []
+        heard: list[object] = []
+        job = Job(lambda: ran.append(1), ended=lambda result, error: heard.append((result, error)))
+        run.loop.post(job)
+        assert job.withdraw()
+        after = run.post(lambda: None)  # the loop's next turn takes both
+        run.context.wedged.set()
+        assert after() is None
+        assert (ran, heard) == ([], [])
+        assert not job.withdraw()  # withdrawn once
+        run.close()
+
+    @pytest.mark.parametrize("idle", [False, True])
+    def test_a_loop_that_stops_ends_the_jobs_it_holds(self, idle: bool) -> None:
         run = Run()
         run.context.wedged = threading.Event()
         run.submit(run.sequence(0, prompt=2, generate=3))
         assert run.context.stuck.wait(WAIT_S)
+        pending = run.post(lambda: pytest.fail("a job ran after stop"), idle=idle)
         try:
-            with pytest.raises(EngineFailure) as late:
-                run.loop.call(lambda: None, start_within_s=0.2)
-            assert late.value.fatal
+            assert not run.loop.stop(0)  # it is stuck: stop says so and does not wait
         finally:
             run.context.wedged.set()
-            run.close()
+        error = pending()
+        assert isinstance(error, EngineFailure)
+        assert not error.fatal  # closed, not lost
+        assert run.loop.stop(WAIT_S)
+        refused = run.post(lambda: None, idle=idle)()  # and later ones are refused
+        assert isinstance(refused, EngineFailure)
+
+
+class TestAStuckThread:
+    """A thread stuck in llama.cpp cannot be ended; the waits on it are bounded instead."""
 
     def test_stop_says_when_it_did_not_stop(self) -> None:
         run = Run()

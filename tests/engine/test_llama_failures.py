@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 from dirty_equals import IsStr
 
 from bubo.config import load_settings
@@ -29,7 +30,7 @@ from bubo.domain.generation import (
     TokenGenerated,
 )
 from bubo.domain.sampling import SamplingParams
-from bubo.engine import EngineFailure, _context, _generation
+from bubo.engine import EngineFailure, _context, _generation, _kv
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.errors import DeviceLost, InternalError, ServiceUnavailable
@@ -37,6 +38,7 @@ from bubo.loader import load_runtime
 from bubo.server import create_app
 
 from ..conftest import wait_until_ready
+from ._hang import HangingCall
 from .test_llama import QUESTION, prompt
 
 pytestmark = pytest.mark.llama
@@ -307,6 +309,47 @@ class TestAStuckDecodeThread:
         finally:
             release.set()
         assert thread is not None
+        await trio.to_thread.run_sync(thread.join, DEADLINE_S)
+        assert not thread.is_alive()
+
+    async def test_a_slot_file_call_that_hangs_fails_at_its_bound_and_frees_the_request_beside_it(
+        self, two_slots, request_, monkeypatch, mock_clock, tmp_path
+    ) -> None:
+        """``llama_state_seq_save_file`` never returns (a hung disk): at the action's bound the save fails
+        with a 500 and the engine is lost; the request generating beside it, whose steps the stuck thread
+        no longer runs, gets 503 device_lost then rather than when its client gives up; shutdown completes
+        with the call still hung."""
+        two_slots.release_wait_s = 0.5  # close() joins the stuck thread this long (real time), then leaves it
+        long = attrs.evolve(request_, max_new_tokens=400, ignore_eos=True, slot=0)
+        failures: list[EngineFailure] = []
+        saved = threading.Event()
+
+        async def save() -> None:
+            try:
+                with pytest.raises(EngineFailure) as failed:
+                    await two_slots.save_slot(1, tmp_path / "one.bin")
+                failures.append(failed.value)
+            finally:
+                saved.set()
+
+        thread = None
+        with HangingCall(result=0) as file_call:
+            monkeypatch.setattr(_kv.llama_cpp, "llama_state_seq_save_file", lambda *_args: file_call())
+            async with trio.open_nursery() as nursery:
+                running = await generating(two_slots, long, nursery)
+                nursery.start_soon(save)
+                await file_call.wait_stuck()
+                thread = two_slots._loop._thread
+                mock_clock.jump(two_slots.slot_action_wait_s)
+                assert await trio.to_thread.run_sync(saved.wait, DEADLINE_S)  # no more trio time passes
+            assert failures[0].fatal
+            assert failures[0].status == 500
+            assert isinstance(running[0], GenerationFailed)
+            assert type(running[0].error) is DeviceLost
+            await is_lost(two_slots, request_)
+            await two_slots.aclose()  # returns: the thread did not stop, the context is left to it
+            assert thread is not None
+            assert thread.is_alive()
         await trio.to_thread.run_sync(thread.join, DEADLINE_S)
         assert not thread.is_alive()
 

@@ -14,8 +14,11 @@ budget applies within the step to that set's prompts alone.
 Generations join (:meth:`DecodeLoop.submit`) and are dropped (``cancelled``,
 then :meth:`DecodeLoop.wake`) from the trio thread at any time; the loop
 takes the changes at the start of each step, so a generation whose client left
-is let go within one step.  With nothing to decode the loop runs idle jobs
-(warming a slot for its conversation's next turn), then sleeps until woken.
+is let go within one step.  Other work crosses as a :class:`~._crossing.Job`:
+posted (:meth:`DecodeLoop.post`, a slot action) it runs before the next step;
+posted as idle work (:meth:`DecodeLoop.post_idle`, warming a slot for its
+conversation's next turn) it runs once no generation is active, after the idle
+work posted before it.  With nothing to do the loop sleeps until woken.
 
 With ``park_idle`` (a unified KV cache with host-RAM snapshots; llama-server's
 ``--cache-idle-slots``) the sequences of idle slots leave the cache whenever
@@ -35,9 +38,10 @@ ends that generation (its request gets the error); a bug in a step ends the
 step's generations and the loop goes on.  Anything else that escapes, in
 admission, a call, idle work or the handling of a failure itself, reaches the
 one guard around the whole loop: the engine is told it is lost (``on_lost``),
-every active generation, every arrival and every pending call ends with an
+every active generation, every arrival and every pending job ends with an
 :class:`EngineFailure`, the failure is logged once, and the thread ends; later
-work is refused.  Nobody waiting on the thread is left waiting.
+work is refused.  A loop that stops ends its pending jobs too.  Nobody waiting
+on the thread is left waiting.
 
 The loop is written against :mod:`._protocols` (the context) and
 :class:`ActiveGeneration`; it imports nothing native.
@@ -50,13 +54,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import attrs
 
 from bubo.domain.generation import StopCause
 from bubo.errors import ServiceUnavailable
 
+from ._crossing import Job
 from ._draft_policy import DraftPolicy
 from ._prefill_budget import PrefillBudget, attended_cells, share_room
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
@@ -66,8 +71,6 @@ from .lora import AdapterSet
 __all__ = ["ActiveGeneration", "DecodeLoop", "IdleJob"]
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 Ended = Callable[[BaseException | None], None]
 """Called on the decode thread once the loop lets go of a generation: with its error, or None."""
@@ -139,17 +142,6 @@ def _ignore_loss(_failure: EngineFailure) -> None:
 
 
 @attrs.define(eq=False)
-class _Call:
-    """A function to run on the decode thread between steps; the caller waits for ``done``."""
-
-    run: Callable[[], object]
-    started: threading.Event = attrs.field(factory=threading.Event)
-    done: threading.Event = attrs.field(factory=threading.Event)
-    result: object = None
-    error: BaseException | None = None
-
-
-@attrs.define(eq=False)
 class _Member:
     generation: ActiveGeneration
     ended: Ended
@@ -180,13 +172,13 @@ class DecodeLoop:
         self._on_lost = on_lost
         self._wakeup = threading.Condition()
         self._arrivals: list[_Member] = []  # guarded by _wakeup
-        self._idle_jobs: collections.deque[IdleJob] = collections.deque()  # guarded by _wakeup
+        self._idle_jobs: collections.deque[Job] = collections.deque()  # guarded by _wakeup
         self._stopping = False  # guarded by _wakeup
         self._failed = False  # guarded by _wakeup: the guard ended the loop; new work is refused
-        self._idle_running = False  # guarded by _wakeup
-        self._calls: list[_Call] = []  # guarded by _wakeup
+        self._calls: list[Job] = []  # guarded by _wakeup
         self._active: list[_Member] = []  # the loop thread's own
-        self._taken_calls: list[_Call] = []  # the loop thread's own: taken from _calls this turn
+        self._taken_calls: list[Job] = []  # the loop thread's own: taken from _calls this turn
+        self._idle_job: Job | None = None  # the loop thread's own: the idle job taken this turn
         self._taken_arrivals: list[_Member] = []  # the loop thread's own: taken from _arrivals this turn
         self._fatal: EngineFailure | None = None
         self._thread: threading.Thread | None = None
@@ -212,50 +204,33 @@ class DecodeLoop:
         with self._wakeup:
             self._wakeup.notify_all()
 
-    def schedule_idle(self, job: IdleJob) -> None:
-        """Run *job* once no generation is active (dropped when the engine is closed or lost)."""
-        with self._wakeup:
-            if self._stopping or self._failed:
-                return
-            self._idle_jobs.append(job)
-            self._start_thread()
-            self._wakeup.notify_all()
+    def schedule_idle(self, work: IdleJob) -> None:
+        """Run *work* once no generation is active (dropped when the engine is closed or lost)."""
+        self.post_idle(Job(work))
 
-    def call(self, function: Callable[[], T], *, start_within_s: float | None = None) -> T:
-        """Run *function* on the decode thread before its next step, and return its result.
+    def post(self, job: Job) -> None:
+        """Run *job* before the next step; a loop that will not run it refuses it.
 
         For state operations on a sequence no generation uses (saving or
         restoring a slot): they run between two ``llama_decode`` calls, while
-        the other generations go on.  Blocking: call from a worker thread.
-        The thread must take the call up within *start_within_s* (it finishes
-        the step in progress first); how long *function* then runs is its own
-        work (a slot file's reading or writing).
-
-        Raises:
-            EngineFailure: the engine is closed or lost (or closes before the call runs); fatal when
-                the thread did not take the call up in time.
-            Exception: whatever *function* raised.
-
+        the other generations go on.  Its caller hears of it through the job
+        (:func:`~._crossing.cross`): the loop never blocks the poster.
         """
-        call = _Call(run=function)
-        with self._wakeup:
-            self._check_open()
-            self._calls.append(call)
-            self._start_thread()
-            self._wakeup.notify_all()
-        if not call.started.wait(start_within_s):
-            msg = f"the decode thread did not take up a slot action within {start_within_s:g} s"
-            raise EngineFailure(msg, fatal=True)
-        call.done.wait()  # set in a finally once the call started (see _run_call)
-        if call.error is not None:
-            raise call.error
-        return call.result  # type: ignore[return-value] # what function returned
+        self._queue(self._calls, job)
 
-    def wait_settled(self) -> None:
-        """Block until no idle job is pending or running (blocking: call from a worker thread)."""
+    def post_idle(self, job: Job) -> None:
+        """Run *job* once no generation is active, after the idle work posted before it."""
+        self._queue(self._idle_jobs, job)
+
+    def _queue(self, queue: list[Job] | collections.deque[Job], job: Job) -> None:
         with self._wakeup:
-            while (self._idle_jobs or self._idle_running) and not (self._stopping or self._failed):
-                self._wakeup.wait()
+            refusal = self._refusal()
+            if refusal is None:
+                queue.append(job)
+                self._start_thread()
+                self._wakeup.notify_all()
+        if refusal is not None:
+            job.refuse(refusal)
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Stop the thread and wait for it (at most *timeout_s*); whether it stopped.
@@ -274,10 +249,17 @@ class DecodeLoop:
 
     def _check_open(self) -> None:
         """Raise unless the loop takes new work (call with ``_wakeup`` held)."""
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
+
+    def _refusal(self) -> EngineFailure | None:
+        """Why the loop takes no new work, or None (call with ``_wakeup`` held)."""
         if self._failed:
-            raise EngineFailure(LOOP_FAILED, fatal=True)
+            return EngineFailure(LOOP_FAILED, fatal=True)
         if self._stopping:
-            raise EngineFailure("the engine is closed")
+            return EngineFailure("the engine is closed")
+        return None
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -306,19 +288,15 @@ class DecodeLoop:
                 self._taken_calls, self._calls = self._calls, []
                 self._taken_arrivals, self._arrivals = self._arrivals, []
                 idle = not (self._taken_arrivals or self._active)
-                job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
-                self._idle_running = job is not None
+                self._idle_job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
             for call in self._taken_calls:
                 self._run_call(call)
             for member in self._taken_arrivals:
                 self._admit(member)
             if self._taken_arrivals and self._park_idle:
                 self._park_idle_sequences()
-            if job is not None:
-                self._run_idle(job)
-                with self._wakeup:
-                    self._idle_running = False
-                    self._wakeup.notify_all()
+            if self._idle_job is not None:
+                self._run_idle(self._idle_job)
                 continue
             try:
                 self._step()
@@ -332,18 +310,19 @@ class DecodeLoop:
         self._end_all(error)
 
     def _close_down(self) -> None:
-        """Stopped: what is still active, arriving or called ends with the closed engine's error."""
+        """Stopped: what is still active, arriving or posted ends with the closed engine's error."""
         closed = EngineFailure("the engine was closed while generating")
         with self._wakeup:
             self._taken_arrivals, self._arrivals = self._arrivals, []
-            self._taken_calls, self._calls = self._calls, []
-        for call in self._taken_calls:
-            _refuse(call, EngineFailure("the engine was closed"))
+            jobs = [*self._calls, *self._idle_jobs]
+            self._calls, self._idle_jobs = [], collections.deque()
+        for job in jobs:
+            job.refuse(EngineFailure("the engine was closed"))
         self._active.extend(self._taken_arrivals)
         self._end_all(closed)
 
     def _fail_everything(self, error: BaseException) -> None:
-        """The guard: end every generation, arrival and call with an error, refuse new work, report the loss.
+        """The guard: end every generation, arrival and job with an error, refuse new work, report the loss.
 
         Each end is delivered whatever happens to the others: this runs after
         a bug, so nothing here may rely on the state it left.
@@ -355,15 +334,18 @@ class DecodeLoop:
             logger.exception("the engine could not be told it is lost")
         with self._wakeup:
             self._failed = True
-            calls = [*self._taken_calls, *self._calls]
+            jobs = [*self._taken_calls, *self._calls, *self._idle_jobs]
+            if self._idle_job is not None:
+                jobs.append(self._idle_job)
             arrivals = [*self._taken_arrivals, *self._arrivals]
             self._calls, self._arrivals = [], []
             self._idle_jobs.clear()
-            self._idle_running = False
             self._wakeup.notify_all()
-        for call in calls:
-            if not call.done.is_set():
-                _refuse(call, EngineFailure(LOOP_FAILED))
+        for job in jobs:  # those that ended already are left alone
+            try:
+                job.refuse(EngineFailure(LOOP_FAILED))
+            except Exception:
+                logger.exception("a job's end could not be delivered")
         members = [m for m in dict.fromkeys([*self._active, *arrivals]) if not m.over]
         self._active = []
         for member in members:
@@ -542,18 +524,12 @@ class DecodeLoop:
         self._end(victim, None)
 
     @staticmethod
-    def _run_call(call: _Call) -> None:
-        call.started.set()
-        try:
-            call.result = call.run()
-        except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
-            call.error = error
-        finally:
-            call.done.set()
+    def _run_call(job: Job) -> None:
+        job.execute()  # its end, result or error, goes to its poster
 
-    def _run_idle(self, job: IdleJob) -> None:
+    def _run_idle(self, job: Job) -> None:
         try:
-            job()
+            job.execute()  # an idle job nobody waits for lets its failure out to here
         except EngineFailure as failure:
             if failure.fatal:
                 self._lose(failure)
@@ -591,10 +567,3 @@ class DecodeLoop:
 def _cells_attended(entries: Iterable[BatchEntry]) -> int:
     """The cells the entries' tokens attend to, together (what a step's attention costs by)."""
     return sum(attended_cells(len(entry.cache.tokens), len(entry.tokens)) for entry in entries)
-
-
-def _refuse(call: _Call, error: EngineFailure) -> None:
-    """End a call that will not run: its caller raises *error*."""
-    call.error = error
-    call.started.set()
-    call.done.set()

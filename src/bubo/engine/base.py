@@ -729,6 +729,16 @@ class SlotEngine(abc.ABC):
         self._lost.set()
         self._retired.set()
 
+    def _lose_to_a_stuck_thread(self, reason: str) -> None:
+        """The engine's thread is stuck in a native call: lose the engine and end every request on it.
+
+        Nothing that thread holds will be handed back, so the generations running
+        on it and the requests waiting for a slot end now with 503 ``device_lost``
+        rather than when their clients give up (call on the trio thread).
+        """
+        self._lose(reason)
+        self.interrupt(DeviceLost(f"the engine is lost: {reason}"))
+
     def _failure(self, error: Exception) -> BuboError:
         """What the consumer is told (call on the trio thread); only a fatal engine error loses the engine.
 

@@ -6,7 +6,10 @@ generation ends (:class:`EndPolicy`: limits, stop strings, the time limit,
 ``n_indent``, the thinking budget); instead of decoding it replays a reply
 text piece by piece, with an optional delay per piece and an optional failure.
 Each slot remembers the last prompt it ran, so slot choice by prefix works as
-on the real engine.  Never imports ``llama_cpp``.
+on the real engine.  Slot files are read and written on a thread of their own,
+crossed to and waited for as the real engine's decode thread is
+(:mod:`._crossing`), so a file call that hangs (``FakeScript.slot_file_call``)
+takes the same path.  Never imports ``llama_cpp``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import collections
 import hashlib
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -39,6 +44,7 @@ from bubo.domain.generation import (
 )
 from bubo.domain.modes import Pooling
 
+from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, Job, cross
 from ._end_policy import EndPolicy
 from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
 from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
@@ -47,6 +53,8 @@ from .slots import Slot, common_prefix
 __all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
 
 _PIECES = re.compile(r"\s*\S+|\s+")
+
+T = TypeVar("T")
 
 
 def fake_model_info(n_ctx: int = 2048, n_vocab: int = 49152) -> ModelInfo:
@@ -80,6 +88,8 @@ class FakeScript:
     fail_after: int | None = None  # raise EngineFailure after this many pieces
     # The bytes of tokens the engine inserts (the end of thinking: ThinkingBudget.end_tokens); others: empty.
     vocabulary: Mapping[int, bytes] = attrs.field(factory=dict)
+    # Called on the file thread where llama.cpp's slot file call runs (a test makes it hang there).
+    slot_file_call: Callable[[], object] | None = None
 
 
 @attrs.define
@@ -144,6 +154,8 @@ class FakeEngine(SlotEngine):
     """Replays ``script.reply`` one word-ish piece at a time; it sleeps by forgetting its slots' prompts."""
 
     can_sleep = True
+    release_wait_s = RELEASE_WAIT_S
+    slot_action_wait_s = SLOT_ACTION_WAIT_S
 
     def __init__(
         self,
@@ -286,22 +298,45 @@ class FakeEngine(SlotEngine):
     async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The slot's tokens, as JSON (the fake has no KV state)."""
         tokens = list(self._kv.get(slot.id, ()))
-        file = trio.Path(path)
-        await file.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
         adapters = adapter_set(self._lora_scales)  # the fake keeps no set per slot: the global one
-        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size, adapters=adapters)
+
+        def save() -> SlotFile:
+            self._file_call()
+            path.write_text(json.dumps({"fake_slot": tokens}), encoding="utf-8")
+            return SlotFile(n_tokens=len(tokens), n_bytes=path.stat().st_size, adapters=adapters)
+
+        return await self._on_file_thread(save, "a slot save")
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
         self._kv.pop(slot.id, None)
-        file = trio.Path(path)
-        try:
-            tokens = tuple(json.loads(await file.read_text(encoding="utf-8"))["fake_slot"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
+
+        def restore() -> tuple[tuple[int, ...], int]:
+            self._file_call()
+            try:
+                return tuple(json.loads(path.read_text(encoding="utf-8"))["fake_slot"]), path.stat().st_size
+            except (OSError, ValueError, KeyError, TypeError):
+                raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
+
+        tokens, n_bytes = await self._on_file_thread(restore, "a slot restore")
         self._kv[slot.id] = tokens
-        adapters = adapter_set(self._lora_scales)
-        return SlotFile(n_tokens=len(tokens), n_bytes=(await file.stat()).st_size, adapters=adapters)
+        return SlotFile(n_tokens=len(tokens), n_bytes=n_bytes, adapters=adapter_set(self._lora_scales))
+
+    def _file_call(self) -> None:
+        """Where llama.cpp's file call would run (on the file thread): the script's hook, if any."""
+        if self.script.slot_file_call is not None:
+            self.script.slot_file_call()
+
+    async def _on_file_thread(self, work: Callable[[], T], what: str) -> T:
+        """*work*'s result, run on a thread of its own and waited for as the real engine's decode thread."""
+        return await cross(
+            _on_a_thread_of_its_own,
+            work,
+            what=what,
+            start_within_s=self.release_wait_s,
+            finish_within_s=self.slot_action_wait_s,
+            lose=self._lose_to_a_stuck_thread,
+        )
 
     async def _erase_slot(self, slot: Slot) -> int:
         return len(self._kv.pop(slot.id, ()))
@@ -313,3 +348,8 @@ class FakeEngine(SlotEngine):
     def close(self) -> None:
         """Record that the server freed the engine."""
         self.closed = True
+
+
+def _on_a_thread_of_its_own(job: Job) -> None:
+    """Start *job* at once on a new thread (the fake's stand-in for the decode thread)."""
+    threading.Thread(target=job.execute, name="bubo-fake-slot-file", daemon=True).start()

@@ -38,9 +38,11 @@ import trio
 from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec, StopCause
 from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
+from bubo.errors import DeviceLost
 
 from ._backlog import BACKLOG_BYTES, MIB, EventBacklog, backlog_limit
 from ._context import LlamaContext, token_piece
+from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, cross, post_to_trio
 from ._decode_loop import DecodeLoop
 from ._disk_cache import DiskTier, kv_identity
 from ._draft_model import DraftModel
@@ -139,11 +141,6 @@ class LlamaOptions:
 
 T = TypeVar("T")
 
-RELEASE_WAIT_S = 60.0
-"""How long the decode thread may take to let go of a request or take up a slot action: the step in
-progress (a prompt chunk of a large model on a slow CPU, a DRY stage built) and no more.  Past it the
-thread is taken to be stuck in llama.cpp, and the engine is lost."""
-
 AUTO_PARALLEL = 4
 """Slots when ``--parallel`` is auto (llama-server's default)..."""
 MIN_AUTO_SLOT_CTX = 256
@@ -232,6 +229,7 @@ class LlamaEngine(SlotEngine):
 
     channel_buffer = math.inf  # the unread events are bounded by _backlog instead; see the module's docstring
     release_wait_s = RELEASE_WAIT_S
+    slot_action_wait_s = SLOT_ACTION_WAIT_S
 
     can_sleep = True
 
@@ -560,7 +558,7 @@ class LlamaEngine(SlotEngine):
         backlog = EventBacklog(send, limit=backlog_limit(request.n_probs, self.backlog_bytes), end=let_go)
 
         def emit(event: EngineEvent) -> None:  # on the decode thread
-            _post(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
+            post_to_trio(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
         await self._read_from_disk(slot, request)
         make = functools.partial(Generation, self._setup, slot, request, emit=emit)
@@ -578,7 +576,7 @@ class LlamaEngine(SlotEngine):
                     if self._disk is not None:
                         self._loop.schedule_idle(self._context.caches[slot.id].persist)
             finally:
-                _post(trio_token, ended.set)  # whatever happened above: the producer must hear
+                post_to_trio(trio_token, ended.set)  # whatever happened above: the producer must hear
 
         self._loop.submit(generation, on_end)
         try:
@@ -598,17 +596,22 @@ class LlamaEngine(SlotEngine):
 
         It does so at its next step, after the current token or prompt chunk.
         A thread that takes longer is stuck (inside llama.cpp): the engine is
-        lost, and the request fails instead of holding its slot for good.
+        lost, and the request fails instead of holding its slot for good.  Once
+        the engine is lost there is nothing to wait for: a loop that still runs
+        has ended every generation, and a stuck one lets go of none.
 
         Raises:
+            DeviceLost: the engine is lost.
             EngineFailure: the thread did not let go in time.
 
         """
+        if self.lost:
+            raise DeviceLost("the engine was lost while this request was generating")
         with trio.move_on_after(self.release_wait_s, shield=True):
             await ended.wait()
         if not ended.is_set():
             message = f"the decode thread did not let go of a request within {self.release_wait_s:g} s"
-            self._lose(message)
+            self._lose_to_a_stuck_thread(message)
             raise EngineFailure(message + "; the engine is lost")
 
     async def _read_from_disk(self, slot: Slot, request: GenerationRequest) -> None:
@@ -677,7 +680,7 @@ class LlamaEngine(SlotEngine):
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes, adapters=cache.adapters)
 
-        return await self._on_loop(save)
+        return await self._on_loop(save, "a slot save")
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         cache = self._context.caches[slot.id]
@@ -701,7 +704,7 @@ class LlamaEngine(SlotEngine):
             slot.holds(len(cache.tokens))
             return SlotFile(n_tokens=len(cache.tokens), n_bytes=n_bytes, adapters=cache.adapters)
 
-        return await self._on_loop(restore)
+        return await self._on_loop(restore, "a slot restore")
 
     async def _erase_slot(self, slot: Slot) -> int:
         cache = self._context.caches[slot.id]
@@ -711,28 +714,41 @@ class LlamaEngine(SlotEngine):
             cache.clear()
             return n_tokens
 
-        return await self._on_loop(erase)
+        return await self._on_loop(erase, "a slot erase")
 
-    async def _on_loop(self, function: Callable[[], T]) -> T:
-        """*function*'s result, run on the decode thread between two steps (a worker thread waits)."""
+    async def _on_loop(self, function: Callable[[], T], what: str) -> T:
+        """*function*'s result, run on the decode thread between two steps (bounded: :mod:`._crossing`)."""
         self._trio_token = trio.lowlevel.current_trio_token()
-        try:
-            return await trio.to_thread.run_sync(
-                functools.partial(self._loop.call, function, start_within_s=self.release_wait_s)
-            )
-        except EngineFailure as failure:
-            if failure.fatal:
-                self._lose(failure.message)
-            raise
+        return await cross(
+            self._loop.post,
+            function,
+            what=what,
+            start_within_s=self.release_wait_s,
+            finish_within_s=self.slot_action_wait_s,
+            lose=self._lose_to_a_stuck_thread,
+        )
 
     async def settle(self) -> None:
-        """Return once the idle work queued so far (warm-ups) has run."""
-        await trio.to_thread.run_sync(self._loop.wait_settled)
+        """Return once the idle work queued so far (warm-ups) has run, or the engine closed.
+
+        Idle work waits for every generation to end, so only the wait for the
+        thread to take up this last, empty job is unbounded (and cancellable).
+        """
+        self._trio_token = trio.lowlevel.current_trio_token()
+        with contextlib.suppress(EngineFailure):  # refused: nothing more will run
+            await cross(
+                self._loop.post_idle,
+                lambda: None,
+                what="waiting for idle work",
+                start_within_s=math.inf,
+                finish_within_s=self.release_wait_s,
+                lose=self._lose,
+            )
 
     def _loop_lost(self, failure: EngineFailure) -> None:
         """The decode loop can serve nothing more (on the decode thread): the engine is lost."""
         if self._trio_token is not None:
-            _post(self._trio_token, self._lose, failure.message)
+            post_to_trio(self._trio_token, self._lose, failure.message)
 
     def close(self) -> None:
         """Stop the decode thread, then free the context and the model.
@@ -783,12 +799,6 @@ def _load_draft(
     )
     logger.info("draft model: %s (%d-token context)", options.draft_model_path, draft.context.n_ctx)
     return draft
-
-
-def _post(trio_token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
-    """Run *function* on the trio thread soon; a run that has ended hears nothing."""
-    with contextlib.suppress(trio.RunFinishedError):
-        trio_token.run_sync_soon(function, *args)
 
 
 def _state_identity(options: LlamaOptions, params: llama_cpp.llama_context_params) -> str:
