@@ -2,7 +2,7 @@
 
 Each is driven with an input of n and of 4n characters made of what could
 make a regular expression backtrack (tests/_linear.py); hypothesis chooses
-the piece repeated.  Ollama's ``keep_alive`` has its own in
+the piece repeated; translating a request's turns is driven the same way.  Ollama's ``keep_alive`` has its own in
 tests/api/test_ollama_keep_alive.py, the parsers of model output theirs in
 tests/parsers/test_linear_parsers.py.
 """
@@ -13,12 +13,16 @@ import contextlib
 import json
 from collections.abc import Callable
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from bubo.api._converter import make_converter
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import token_id
 from bubo.api._values import NonFiniteNumbers, check_values
+from bubo.api.responses import wire as responses
+from bubo.api.responses.translate import responses_request
 from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import BuboError
 from bubo.server import _SANE_REQUEST_ID
@@ -94,3 +98,34 @@ def test_the_billing_line_of_a_system_prompt(unit: str) -> None:
         return ChatPrompt(messages=(Message(role="system", content=text), Message(role="user", content="hi")))
 
     assert_linear(prompt, stable_prompt, N)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [responses.FunctionCallItem(type="function_call", call_id="c", name="f", arguments="{}"),
+     responses.MessageItem(role="assistant", content="Some text."),
+     responses.ReasoningItem(type="reasoning", content=[responses.ReasoningPart(type="reasoning_text", text="Hm.")])],
+)  # fmt: skip
+def test_a_run_of_assistant_items_in_a_responses_request(item: responses.InputItem) -> None:
+    """Thousands of calls in a row fold into one assistant turn built once (each merged in copied it: n²)."""
+    converter = make_converter()
+
+    def request(n: int) -> responses.ResponsesRequest:
+        user = responses.MessageItem(role="user", content="Go")
+        return responses.ResponsesRequest(model="bubo", input=[user, *([item] * n), user])
+
+    assert_linear(request, lambda body: responses_request(converter, body, ()), 5_000)
+
+
+def test_a_run_of_assistant_items_folds_as_before() -> None:
+    call = responses.FunctionCallItem(type="function_call", call_id="c", name="f", arguments="{}")
+    text = responses.MessageItem(role="assistant", content="Done.")
+    thought = responses.ReasoningItem(
+        type="reasoning", content=[responses.ReasoningPart(type="reasoning_text", text="Hm.")]
+    )
+    body = responses.ResponsesRequest(model="bubo", input=[thought, text, call, call, text, call])
+    turns = responses_request(make_converter(), body, ()).request.prompt.messages
+    assert [(m.role, m.content, m.reasoning, len(m.tool_calls)) for m in turns] == [
+        ("assistant", "Done.", "Hm.", 2),
+        ("assistant", "Done.", None, 1),
+    ]
