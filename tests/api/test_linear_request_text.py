@@ -27,6 +27,8 @@ from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import BuboError
 from bubo.server import _SANE_REQUEST_ID
 from bubo.service.prompt import stable_prompt
+from bubo.service.validation import check_output
+from bubo.tokenizer import HFTokenizer
 
 from .._linear import assert_linear
 
@@ -98,6 +100,26 @@ def test_the_billing_line_of_a_system_prompt(unit: str) -> None:
         return ChatPrompt(messages=(Message(role="system", content=text), Message(role="user", content="hi")))
 
     assert_linear(prompt, stable_prompt, N)
+
+
+@slow
+@given(UNITS)
+@example("Decimal('")
+def test_the_output_checks_message(unit: str) -> None:
+    """A structured output that fails its schema is shown in the error, Decimal reprs unwrapped."""
+
+    def check(text: str) -> None:
+        with contextlib.suppress(BuboError):
+            check_output(text, {"type": "integer"}, "response_format")
+
+    assert_linear(lambda n: json.dumps(unit * (n // len(unit) + 1)), check, N)
+
+
+@slow
+@given(st.sampled_from(["a", " ", "a ", ".", "\n", "a.", "\na", " \n"]))
+def test_a_long_prompt_cut_for_parallel_tokenizing(tokenizer: HFTokenizer, unit: str) -> None:
+    """Pre-token boundaries are searched for from the last piece's end, never from the start again."""
+    assert_linear(repeated("", unit), lambda text: list(tokenizer._pieces_of(text)), 4 * N)
 
 
 @pytest.mark.parametrize(
