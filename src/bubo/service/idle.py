@@ -58,11 +58,10 @@ class IdleSleeper:
 
     def admitted(self, seconds: float | None) -> float | None:
         """What the policy makes of a client's ``keep_alive`` of *seconds* (None: the server's timeout)."""
-        if self.policy == "ignore" or seconds is None:
-            return None if self.policy == "ignore" else seconds
-        if self.policy == "extend":
-            own = math.inf if self.idle_s is None else self.idle_s
-            return max(seconds, own)
+        if self.policy == "ignore":
+            return None
+        if self.policy == "extend" and seconds is not None:
+            return max(seconds, math.inf if self.idle_s is None else self.idle_s)
         return seconds
 
     def expires_at(self, engine: Engine) -> float | None:
