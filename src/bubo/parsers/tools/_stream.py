@@ -204,10 +204,11 @@ class CallStreamParser:
             self._scanner = self._tags.scanner(self._config, self._emitter)
             return stripped
         index = pending.find(self._tags.end)
-        dropped = pending if index == -1 else pending[:index]
         if index == -1:
             keep = hold_partial(pending, self._tags.end)
             dropped, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
+        else:
+            dropped = pending[:index]
         if dropped.strip() and not self._dropping:
             logger.debug("dropped text after a tool call's body: %r", dropped.strip()[:80])
             self._dropping = True
