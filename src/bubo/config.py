@@ -26,6 +26,7 @@ from bubo.domain.addresses import is_loopback
 from bubo.domain.modes import (
     DraftMode,
     FlashAttention,
+    KeepAlivePolicy,
     KvCacheType,
     LogLevel,
     ModelNames,
@@ -142,6 +143,7 @@ class ServerSettings:
     sleep_idle_seconds: float = (
         -1.0
     )  # free the model after this long idle; negative: never (llama-server's -1)
+    ollama_keep_alive: KeepAlivePolicy = "obey"  # what an Ollama request's keep_alive may do
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -639,6 +641,10 @@ OPTIONS: tuple[Option, ...] = (
            "free the model (weights, context, KV cache) after this many seconds without a request and load "
            "it again for the next one, which waits for it; /health, /props, /slots, /metrics and /api/ps "
            "answer without waking it ({default}: never)", "S"),
+    Option(("--ollama-keep-alive",), ("server", "ollama_keep_alive"), _choice_of(KeepAlivePolicy),
+           "what an Ollama request's keep_alive may do ({default}): obey, set how long the idle model stays "
+           "loaded, 0 freeing it now, as in Ollama; extend, only keep it loaded longer than "
+           "--sleep-idle-seconds; ignore, nothing: no client can free the model of a shared server", "MODE"),
     Option(("--tags",), ("serving", "tags"), _names,
            "tags for the model, separated by commas: informational, listed in /v1/models (and the "
            "router's /models), never used to route", "TAG[,TAG...]"),

@@ -161,7 +161,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         card=read_model_card(path, metadata),
         kv_cache=kv_cache,
         sleeper=IdleSleeper(
-            idle_s=settings.server.sleep_idle_seconds if settings.server.sleep_idle_seconds >= 0 else None
+            idle_s=settings.server.sleep_idle_seconds if settings.server.sleep_idle_seconds >= 0 else None,
+            policy=settings.server.ollama_keep_alive,
         ),
     )
 

@@ -168,6 +168,8 @@ class TestLark:
             "start: /a{3,2}/",
             'start: "a" : "b"',
             'start: (((((((((((((((((((((((((((((((((("a"))))))))))))))))))))))))))))))))))',
+            "start: /a{" + "9" * 5000 + "}/",  # int() of it would raise (over 4,300 digits): a 500
+            "start: /a{1," + "9" * 5000 + "}/",
         ],
     )
     def test_what_cannot_be_enforced_leaves_the_input_unconstrained(self, definition: str) -> None:

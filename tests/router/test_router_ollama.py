@@ -81,6 +81,31 @@ async def test_keep_alive_0_really_unloads(router: QuartTrio) -> None:
     assert context(router).registry.records["b"].instance is None
 
 
+@pytest.mark.parametrize("policy", ["extend", "ignore"])
+async def test_keep_alive_0_unloads_nothing_when_the_operator_says_so(
+    tmp_path: Path, model_path: Path, policy: str
+) -> None:
+    """With --ollama-keep-alive extend or ignore the request goes to the child, which keeps its model."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "a.gguf").symlink_to(model_path)
+    settings = load_settings(
+        {"router__models_dir": str(folder), "server__ollama_keep_alive": policy}, environ={}
+    )
+    app = create_router_app(settings, inherited=(), environ=dict(os.environ), command=stand_in)
+    async with app.test_app() as router:
+        client = router.test_client()
+        answer = await client.post(
+            "/api/chat", json={"model": "a", "messages": [], "keep_alive": 0}, headers=AUTH
+        )
+        assert (await answer.get_json())["path"] == "/api/chat"  # the child's echo: forwarded, not unloaded
+        record = context(router).registry.records["a"]
+        instance = await settled(record)
+        assert record.instance is instance
+        refused = await client.post("/api/chat", json={"model": "a", "messages": [], "keep_alive": "1s x"})
+        assert refused.status_code == 400  # still read first, whatever the policy
+
+
 async def test_errors_are_ollama_s(router: QuartTrio) -> None:
     response = await router.test_client().post("/api/embed", json={"model": "zzz"}, headers=AUTH)
     assert (response.status_code, await response.get_json()) == (404, {"error": "model 'zzz' not found"})

@@ -9,6 +9,13 @@ import pytest
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.errors import InvalidRequest
 from bubo.templates import CHATML, ChatTemplate
+from bubo.templates._polyfill import TemplateCapabilities, adapt
+
+from .._linear import assert_linear
+
+CAPABILITIES_WITHOUT_LATER_SYSTEM = TemplateCapabilities(
+    tools=True, tool_calls=True, tool_responses=True, system_role=True, null_content=True, later_system=False
+)
 
 
 def render(source: str, prompt: ChatPrompt) -> str:
@@ -203,6 +210,23 @@ class TestPolyfills:
         """Where the template takes only a leading system turn, later ones join the user turn beside them."""
         prompt = ChatPrompt(messages=messages, add_generation_prompt=False)
         assert render(self.ONLY_LEADING_SYSTEM, prompt) == expected
+
+    @pytest.mark.parametrize(
+        ("before", "repeated", "after"),
+        [((), (Message(role="system", content="S"),), USER),  # leading system turns, each looked at once
+         (USER, (Message(role="system", content="S" * 50),), ()),  # all joined into one user turn, once
+         (USER, (Message(role="assistant", content="A"), Message(role="system", content="S")), ())],
+    )  # fmt: skip
+    def test_folding_is_linear_in_the_turns(
+        self, before: tuple[Message, ...], repeated: tuple[Message, ...], after: tuple[Message, ...]
+    ) -> None:
+        """Many system turns: each turn is looked at once and a user turn's text joined once (both were n²)."""
+
+        def prompt(n: int) -> ChatPrompt:
+            turns = (*before, *(repeated * (n // len(repeated))), *after)
+            return ChatPrompt(messages=turns, add_generation_prompt=False)
+
+        assert_linear(prompt, lambda p: adapt(p, CAPABILITIES_WITHOUT_LATER_SYSTEM), 5_000)
 
     def test_folding_keeps_the_next_request_a_continuation(self) -> None:
         """The next turn's prompt starts with this turn's: a folded system turn does not move."""

@@ -14,6 +14,7 @@ from typing import Literal, get_args
 __all__ = [
     "DraftMode",
     "FlashAttention",
+    "KeepAlivePolicy",
     "KvCacheType",
     "LogLevel",
     "ModelNames",
@@ -47,6 +48,10 @@ ReasoningFormat = Literal["auto", "none", "deepseek", "deepseek-legacy"]
 
 ModelNames = Literal["strict", "any"]
 """``--model-names``: only the served names are the model, or every name is."""
+
+KeepAlivePolicy = Literal["obey", "extend", "ignore"]
+"""``--ollama-keep-alive``: what an Ollama request's ``keep_alive`` may do to the model's idle timeout: set
+it (Ollama's behaviour), only lengthen it beyond ``--sleep-idle-seconds``, or nothing."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """``--log-level``."""

@@ -267,8 +267,8 @@ def _quantified(reader: _Reader, atom: Expr) -> Expr:
         end = reader.text.index("}", reader.pos)
         first, comma, second = reader.text[reader.pos : end].partition(",")
         reader.pos = end + 1
-        low = int(first) if first else 0
-        high = (int(second) if second else None) if comma else low
+        low = _bound(reader, first) if first else 0
+        high = (_bound(reader, second) if second else None) if comma else low
         if high is not None and high < low:
             raise reader.refuse("has a bound {m,n} with n below m")
         if low > MAX_BOUND or (high or 0) > MAX_BOUND:
@@ -278,6 +278,16 @@ def _quantified(reader: _Reader, atom: Expr) -> Expr:
     if ((after := reader.peek()) is not None and after in "*+?") or _bound_follows(reader):
         raise reader.refuse("has two quantifiers in a row")
     return Repeat(atom, low, high)
+
+
+def _bound(reader: _Reader, digits: str) -> int:
+    """A bound's number, refused unread when it has more digits than :data:`MAX_BOUND`.
+
+    ``int`` of thousands of digits takes quadratic time, and raises over 4,300 (a 500, not a refusal).
+    """
+    if len(digits.lstrip("0")) > len(str(MAX_BOUND)):
+        raise reader.refuse(f"has a bound above {MAX_BOUND}")
+    return int(digits)
 
 
 def _bound_follows(reader: _Reader) -> bool:

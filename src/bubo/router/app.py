@@ -107,6 +107,7 @@ def create_router_app(
         models_max=settings.router.models_max,
         autoload=settings.router.models_autoload,
         allow_extra_args=settings.router.models_allow_extra_args,
+        clients_unload=settings.server.ollama_keep_alive == "obey",
         cards=ollama.read_cards(entries),
         cards_of=ollama.read_cards,
         catalog=lambda: load_catalog(settings.router),

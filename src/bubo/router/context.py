@@ -37,6 +37,7 @@ class RouterContext:
     models_max: int
     autoload: bool
     allow_extra_args: bool
+    clients_unload: bool = True  # keep_alive 0 unloads a model (--ollama-keep-alive obey)
     cards: dict[str, ModelCard] = attrs.field(factory=dict)  # each model file's card (start-up, reloads)
     cards_of: Callable[[tuple[CatalogEntry, ...]], dict[str, ModelCard]] = lambda _entries: {}
     catalog: Callable[[], tuple[CatalogEntry, ...]] = tuple  # reads the catalog again (a reload)

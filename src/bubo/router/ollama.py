@@ -4,7 +4,9 @@
 from the cards read once at start-up (a file that is no readable GGUF is left
 out, with a warning).  ``/api/pull`` of a model of the directory succeeds
 without loading it.  An empty ``/api/chat`` or ``/api/generate`` with
-``keep_alive: 0`` unloads the model (its child finishes what it runs first).
+``keep_alive: 0`` unloads the model (its child finishes what it runs first),
+unless ``--ollama-keep-alive`` is ``extend`` or ``ignore``: then it goes to the
+child like any other request, which applies the same policy (it inherits the flag).
 Every other ``/api/*`` request goes to the model's child, found by Ollama's name
 rules (``NAME``, ``NAME:latest``, any case), and loaded first when needed
 (``/api/show`` included: its answer is the child's).
@@ -113,9 +115,13 @@ async def pull(router: RouterContext, body: Mapping[str, Any]) -> Response:
 
 
 def unload(router: RouterContext, kind: str, body: Mapping[str, Any]) -> Response | None:
-    """The answer to an empty request with ``keep_alive: 0`` (the model is unloaded); None for any other."""
+    """The answer to an empty request with ``keep_alive: 0`` (the model is unloaded); None for any other.
+
+    None too when ``--ollama-keep-alive`` lets no client unload a model (:mod:`bubo.service.idle`).
+    """
     empty = not body.get("messages") if kind == "chat" else not body.get("prompt")
-    if not empty or ollama.keep_alive_seconds(body.get("keep_alive")) != 0:
+    keep_alive = ollama.keep_alive_seconds(body.get("keep_alive"))
+    if not empty or keep_alive != 0 or not router.clients_unload:
         return None
     record = record_named(router, body)
     if record.running:

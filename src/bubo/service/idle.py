@@ -7,6 +7,13 @@ default) until an Ollama request sends ``keep_alive``, which sets it as Ollama
 does, for the requests after it too: seconds (0: free the model as soon as
 it is idle), or forever; an Ollama request without one sets it back to the
 server's.  Requests of the other dialects do not change it.
+
+The operator's ``--ollama-keep-alive`` (:data:`~bubo.domain.modes.KeepAlivePolicy`)
+bounds what a client's ``keep_alive`` may do, so that no client of a shared
+server can free the model for everyone: ``obey`` (the default) is Ollama's
+behaviour; ``extend`` admits a ``keep_alive`` only as long as the server's own
+timeout or longer (``0`` and short ones keep the model the server's time);
+``ignore`` admits none (the server's timeout always rules).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import math
 import attrs
 import trio
 
+from bubo.domain.modes import KeepAlivePolicy
 from bubo.engine import Engine
 
 __all__ = ["IdleSleeper"]
@@ -26,7 +34,8 @@ class IdleSleeper:
     """Frees the engine's model once it has been idle for the timeout (run :meth:`run` in a task)."""
 
     idle_s: float | None = None  # --sleep-idle-seconds; None: never
-    keep_alive_s: float | None = None  # the last Ollama keep_alive (inf: forever); None: idle_s
+    policy: KeepAlivePolicy = "obey"  # --ollama-keep-alive: what a client's keep_alive may do
+    keep_alive_s: float | None = None  # the last Ollama keep_alive admitted (inf: forever); None: idle_s
     _started: float | None = None  # when run began (the idle time of a server no request reached yet)
     _changed: trio.Event | None = None
 
@@ -36,11 +45,24 @@ class IdleSleeper:
         timeout = self.idle_s if self.keep_alive_s is None else self.keep_alive_s
         return None if timeout is None or math.isinf(timeout) or timeout < 0 else timeout
 
-    def keep_alive(self, seconds: float | None) -> None:
-        """An Ollama request's ``keep_alive`` in seconds (inf: forever; None: back to ``idle_s``)."""
-        self.keep_alive_s = seconds
+    def keep_alive(self, seconds: float | None) -> float | None:
+        """An Ollama request's ``keep_alive`` in seconds (inf: forever; None: back to ``idle_s``).
+
+        Returns the timeout it sets, as the policy admits it: ``0`` only when
+        the model is to be freed as soon as it is idle.
+        """
+        self.keep_alive_s = self.admitted(seconds)
         if self._changed is not None:
             self._changed.set()
+        return self.keep_alive_s
+
+    def admitted(self, seconds: float | None) -> float | None:
+        """What the policy makes of a client's ``keep_alive`` of *seconds* (None: the server's timeout)."""
+        if self.policy == "ignore":
+            return None
+        if self.policy == "extend" and seconds is not None:
+            return max(seconds, math.inf if self.idle_s is None else self.idle_s)
+        return seconds
 
     def expires_at(self, engine: Engine) -> float | None:
         """The trio time the model will be freed if nothing uses it meanwhile; None: never."""

@@ -209,15 +209,18 @@ def _fold_later_system(messages: list[Message]) -> list[Message]:
     """System turns after the first other turn, folded into a neighbouring user turn.
 
     Into the user turn just before, else the user turn just after, else a user
-    turn of their own; the leading system turns stay for the template.
+    turn of their own; the leading system turns stay for the template.  Linear
+    in the messages and their text: a user turn's added system texts are joined
+    once, at the end (joining each as it came copied the growing turn each time).
     """
     out: list[Message] = []
+    added: dict[int, list[str | None]] = {}  # the system texts each user turn of out takes after its own
     pending: list[str] = []  # system text waiting for the next user turn
+    leading = True  # every turn so far is a system turn
     for message in messages:
-        leading = all(m.role == "system" for m in out)
         if message.role == "system" and not leading:
             if out[-1].role == "user" and not pending:
-                out[-1] = attrs.evolve(out[-1], content=_joined(out[-1].content, message.content))
+                added.setdefault(len(out) - 1, []).append(message.content)
             else:
                 pending.append(message.content or "")
             continue
@@ -229,8 +232,12 @@ def _fold_later_system(messages: list[Message]) -> list[Message]:
             else:
                 out.append(Message(role="user", content=preamble))
         out.append(message)
+        leading = leading and message.role == "system"
     if pending:
         out.append(Message(role="user", content="\n\n".join(pending)))
+    for index, texts in added.items():
+        joined = "\n\n".join(text for text in (out[index].content, *texts) if text)
+        out[index] = attrs.evolve(out[index], content=joined)
     return out
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,8 @@ from bubo.api._stops import stop_strings
 from bubo.domain.requests import GenerationOptions, ReasoningControl
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest
+
+from .duration import MAX_DURATION_CHARS, duration_seconds
 
 __all__ = ["FOREVER_S", "generation_options", "keep_alive_seconds", "reasoning", "thinks"]
 
@@ -44,11 +45,6 @@ _IGNORED = {
     "tfs_z": float, "penalize_newline": bool,
 }  # fmt: skip
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "a boolean", list: "an array of strings"}
-
-# a Go duration: an optional sign, then one or more decimal numbers each with a unit
-_DURATION = re.compile(r"([-+]?)((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+)")
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _typed(key: str, value: Any, kind: type) -> Any:
@@ -138,7 +134,9 @@ def _num_predict(value: Any) -> int | None:
 def keep_alive_seconds(value: Any) -> float | None:
     """``keep_alive`` in seconds: a number of seconds or a Go duration (``"5m"``, ``"1h30m"``, ``"0"``).
 
-    Negative means for good (:data:`FOREVER_S`); ``None`` when not sent.
+    Negative means for good (:data:`FOREVER_S`); ``None`` when not sent.  A
+    duration is read in one pass, and text longer than
+    :data:`~.duration.MAX_DURATION_CHARS` is refused unread (:mod:`.duration`).
 
     Raises:
         InvalidRequest: any other value; ``param`` ``keep_alive``.
@@ -146,20 +144,28 @@ def keep_alive_seconds(value: Any) -> float | None:
     """
     if value is None:
         return None
+    seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
-    elif isinstance(value, str) and value in ("0", "+0", "-0"):
-        seconds = 0.0
-    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
-        sign, body = match.groups()
-        magnitude = sum(float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART.findall(body))
-        seconds = -magnitude if sign == "-" else magnitude
-    else:
+    elif isinstance(value, str):
+        seconds = duration_seconds(value)
+    if seconds is None:
+        short = isinstance(value, str) and len(value) <= MAX_DURATION_CHARS
+        shown = repr(value) if short else _json_kind(value)
         raise InvalidRequest(
-            f'keep_alive must be a number of seconds or a duration such as "5m", got {value!r}',
+            f'keep_alive must be a number of seconds or a duration such as "5m" (at most '
+            f"{MAX_DURATION_CHARS} characters), got {shown}",
             param="keep_alive",
         )
     return FOREVER_S if seconds < 0 else seconds
+
+
+def _json_kind(value: Any) -> str:
+    """What *value* is, in JSON's words (never the value itself: it may be megabytes long)."""
+    if isinstance(value, str):
+        return f"a text of {len(value)} characters"
+    kinds = {bool: "a boolean", list: "an array", dict: "an object"}
+    return next((name for kind, name in kinds.items() if isinstance(value, kind)), "null")
 
 
 def reasoning(think: bool | str | None) -> ReasoningControl:

@@ -4,8 +4,11 @@ Model names resolve as :mod:`.names` says.  ``keep_alive`` (a bad one is a
 400) sets how long the idle model stays loaded, as Ollama's does
 (``bubo.service.idle``): the model is freed that long after the last request
 and loaded again by the next; an empty request with ``keep_alive: 0`` frees it
-now (``done_reason: "unload"``), any other empty request loads it.  Router mode
-unloads the model's child instead (``bubo.router``).
+now (``done_reason: "unload"``), any other empty request loads it.  The
+operator's ``--ollama-keep-alive`` decides how much of that a client may do
+(``extend`` and ``ignore`` never let ``keep_alive: 0`` free the model: such a
+request loads it, as any other empty one).  Router mode unloads the model's
+child instead (``bubo.router``).
 """
 
 from __future__ import annotations
@@ -118,16 +121,23 @@ def _check_thinking(runtime: Runtime, think: bool | str | None, model: str) -> N
         raise InvalidRequest(f'"{model}" does not support thinking', param="think")
 
 
-def _keep_alive(runtime: Runtime, body: Any, keep_alive: float | None) -> None:
-    """The request's ``keep_alive`` sets how long the idle model stays loaded, as in Ollama."""
-    runtime.sleeper.keep_alive(keep_alive)
+def _keep_alive(runtime: Runtime, body: Any, keep_alive: float | None) -> float | None:
+    """The request's ``keep_alive`` sets how long the idle model stays loaded, as in Ollama.
+
+    Returns the timeout set, as ``--ollama-keep-alive`` admits the request's.
+    """
+    admitted = runtime.sleeper.keep_alive(keep_alive)
     for name in ("truncate", "shift"):
         if getattr(body, name, None) is not None:
             logger.debug("%s is ignored: a prompt that does not fit is a 400 (context_length_exceeded)", name)
+    return admitted
 
 
 async def _load_or_unload(runtime: Runtime, keep_alive: float | None) -> str:
-    """An empty chat or generate request: ``keep_alive: 0`` frees the model, any other loads it (Ollama's)."""
+    """An empty chat or generate request: ``keep_alive: 0`` frees the model, any other loads it (Ollama's).
+
+    *keep_alive* is the timeout admitted (:func:`_keep_alive`), not the one sent.
+    """
     if keep_alive == 0:
         await runtime.engine.sleep()  # refused while other requests use it: then it sleeps once they end
         return "unload"
@@ -231,8 +241,7 @@ async def chat() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, wire.ChatRequest)
     name = require_name(body.model, runtime.model_names)
-    keep_alive = keep_alive_seconds(body.keep_alive)
-    _keep_alive(runtime, body, keep_alive)
+    keep_alive = _keep_alive(runtime, body, keep_alive_seconds(body.keep_alive))
     model = body.model or name
     if not body.messages:
         generation_options(body.options)
@@ -253,8 +262,7 @@ async def generate() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, wire.GenerateRequest)
     name = require_name(body.model, runtime.model_names)
-    keep_alive = keep_alive_seconds(body.keep_alive)
-    _keep_alive(runtime, body, keep_alive)
+    keep_alive = _keep_alive(runtime, body, keep_alive_seconds(body.keep_alive))
     model = body.model or name
     if body.raw and (body.template or body.system or body.context):
         raise InvalidRequest("raw mode does not support template, system, or context", param="raw")
@@ -386,8 +394,7 @@ async def embed_route() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, wire.EmbedRequest)
     name = require_name(body.model, runtime.model_names)
-    keep_alive = keep_alive_seconds(body.keep_alive)
-    _keep_alive(runtime, None, keep_alive)
+    _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
     generation_options(body.options)
     if body.dimensions is not None and body.dimensions < 0:
         raise InvalidRequest("dimensions must be a positive number", param="dimensions")

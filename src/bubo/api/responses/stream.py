@@ -12,8 +12,6 @@ while nothing else is sent, ``response.in_progress`` is repeated as a keep-alive
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -34,7 +32,8 @@ from bubo.domain.output import (
 from bubo.errors import BuboError
 
 from . import translate, wire
-from .tools import CUSTOM_INPUT, OfferedTools
+from ._custom_input import CustomInput
+from .tools import OfferedTools
 
 __all__ = ["ResponseStream"]
 
@@ -59,54 +58,7 @@ class _OpenItem:
         self.output_index = output_index
         self.text: list[str] = []
         self.call: ToolCall | None = None
-        self.custom_input: _CustomInput | None = None  # a custom tool's input, decoded as it streams
-
-
-_INPUT_OPENING = re.compile(r'\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
-_PARTIAL_ESCAPE = re.compile(
-    r"\\(u[0-9a-fA-F]{0,3})?\Z|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u?[0-9a-fA-F]{0,3})?\Z"
-)
-
-
-class _CustomInput:
-    """A custom call's ``input`` string, decoded from its JSON arguments as they stream."""
-
-    def __init__(self) -> None:
-        self._raw = ""
-        self._shown = 0
-
-    def feed(self, fragment: str) -> str:
-        """The input text the arguments so far add."""
-        self._raw += fragment
-        text = _decoded_so_far(self._raw)
-        if text is None or len(text) <= self._shown:
-            return ""
-        delta, self._shown = text[self._shown :], len(text)
-        return delta
-
-
-def _decoded_so_far(raw: str) -> str | None:
-    """The ``input`` string's text in ``{"input": "…`` so far; None when the arguments have another shape."""
-    opening = _INPUT_OPENING.match(raw)
-    if opening is None:
-        return None
-    body = raw[opening.end() :]
-    escaped = False
-    for index, char in enumerate(body):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            body = body[:index]
-            break
-    else:
-        body = _PARTIAL_ESCAPE.sub("", body)
-    try:
-        text: str = json.loads(f'"{body}"')
-    except ValueError:
-        return None
-    return text
+        self.custom_input: CustomInput | None = None  # a custom tool's input, decoded as it streams
 
 
 class ResponseStream:
@@ -234,7 +186,7 @@ class ResponseStream:
                 yield from self._add("function_call", item, None)
                 assert self._open is not None
                 self._open.call = call
-                self._open.custom_input = _CustomInput() if custom else None
+                self._open.custom_input = CustomInput() if custom else None
             case ToolCallArgumentsDelta(fragment=fragment) if (
                 self._open is not None and self._open.kind == "function_call"
             ):

@@ -149,7 +149,7 @@ def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
 
 
 def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Message]:
-    out: list[Message] = []
+    out = _Turns()
     reasoning: list[str] = []
     newest_user = max(
         (i for i, item in enumerate(items) if isinstance(item, wire.MessageItem) and item.role == "user"),
@@ -163,14 +163,14 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
                 role = "system" if item.role == "developer" else item.role
                 text = _text(item.content, f"input[{index}].content", omissions, refuse=index == newest_user)
                 if role == "assistant":
-                    _add_assistant(out, reasoning, text=text)
+                    out.add_assistant(reasoning, text=text)
                 else:
-                    out.append(Message(role=role, content=text))
+                    out.add(Message(role=role, content=text))
             case wire.FunctionCallItem() | wire.CustomToolCallItem():
-                _add_assistant(out, reasoning, call=_call(item, f"input[{index}]"))
+                out.add_assistant(reasoning, call=_call(item, f"input[{index}]"))
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
                 output = _text(item.output, f"input[{index}].output", omissions, refuse=False)
-                out.append(Message(role="tool", content=output, tool_call_id=item.call_id))
+                out.add(Message(role="tool", content=output, tool_call_id=item.call_id))
             case wire.AdditionalToolsItem():
                 pass  # offered with the request's tools
             case wire.OtherItem(type=kind):
@@ -181,7 +181,7 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
                     "send the item itself, or continue a stored response with previous_response_id",
                     param=f"input[{index}].id",
                 )
-    return out
+    return out.messages()
 
 
 def _call(item: wire.FunctionCallItem | wire.CustomToolCallItem, param: str) -> ToolCall:
@@ -193,35 +193,67 @@ def _call(item: wire.FunctionCallItem | wire.CustomToolCallItem, param: str) -> 
     return ToolCall(id=item.call_id, name=item.name, arguments=arguments)
 
 
-def _add_assistant(
-    out: list[Message], reasoning: list[str], *, text: str | None = None, call: ToolCall | None = None
-) -> None:
-    """Fold consecutive assistant items (reasoning, text, calls) into one assistant turn."""
-    last = out[-1] if out else None
-    if last is not None and last.role == "assistant" and (call is not None or not last.tool_calls):
-        merged = attrs.evolve(
-            last,
-            content=_join(last.content, text),
-            tool_calls=(*last.tool_calls, call) if call else last.tool_calls,
-            reasoning=_join(last.reasoning, "\n".join(reasoning) or None),
+@attrs.define
+class _AssistantTurn:
+    """Consecutive assistant items: each one's text and reasoning (None: none), and the calls."""
+
+    texts: list[str | None] = attrs.Factory(list)
+    reasonings: list[str | None] = attrs.Factory(list)
+    calls: list[ToolCall] = attrs.Factory(list)
+
+    def message(self) -> Message:
+        return Message(
+            role="assistant",
+            content=_joined(self.texts),
+            reasoning=_joined(self.reasonings),
+            tool_calls=tuple(self.calls),
         )
-        out[-1] = merged
-    else:
-        out.append(
-            Message(
-                role="assistant",
-                content=text,
-                reasoning="\n".join(reasoning) or None,
-                tool_calls=(call,) if call else (),
-            )
-        )
-    reasoning.clear()
 
 
-def _join(first: str | None, second: str | None) -> str | None:
-    if first and second:
-        return f"{first}\n{second}"
-    return first or second
+class _Turns:
+    """The conversation's turns as the items come.
+
+    Consecutive assistant items (reasoning, text, calls) fold into one assistant
+    turn, built once it ends; text after calls starts another.  Merging each
+    item into the turn so far copied its text and calls every time: n² in a run
+    of items a request may send by the thousand.
+    """
+
+    def __init__(self) -> None:
+        self._out: list[Message] = []
+        self._turn: _AssistantTurn | None = None
+
+    def add(self, message: Message) -> None:
+        self._close()
+        self._out.append(message)
+
+    def add_assistant(
+        self, reasoning: list[str], *, text: str | None = None, call: ToolCall | None = None
+    ) -> None:
+        """An assistant item, with the reasoning items before it (taken out of *reasoning*)."""
+        if self._turn is None or (call is None and self._turn.calls):
+            self._close()
+            self._turn = _AssistantTurn()
+        self._turn.texts.append(text)
+        self._turn.reasonings.append("\n".join(reasoning) or None)
+        if call is not None:
+            self._turn.calls.append(call)
+        reasoning.clear()
+
+    def messages(self) -> list[Message]:
+        self._close()
+        return self._out
+
+    def _close(self) -> None:
+        if self._turn is not None:
+            self._out.append(self._turn.message())
+            self._turn = None
+
+
+def _joined(values: list[str | None]) -> str | None:
+    """The non-empty values, one a line; the last value when none is (as folding them two by two gave)."""
+    present = [value for value in values if value]
+    return "\n".join(present) if present else values[-1]
 
 
 def _text(content: str | list[wire.InputContent], param: str, omissions: Omissions, *, refuse: bool) -> str:

@@ -5,6 +5,10 @@ prompt may already have opened it (Qwen3-style templates with thinking on end
 the prompt inside ``<think>``), in which case the output starts in reasoning.
 Whitespace around the reasoning and at the start of the answer after
 ``</think>`` is dropped; partial markers are held back, never leaked.
+
+Each character is read about once: held white space (before the output says
+whether it thinks, or at the end of the reasoning so far) is kept aside and
+not searched again, which needs markers that do not start with white space.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class ThinkParser:
         self._start = start
         self._end = end
         self._mode = _Mode.REASONING if starts_inside else _Mode.START
-        self._held = ""
+        self._held = ""  # a partial marker
+        self._space: list[str] = []  # white space held back before it (START, REASONING)
         self._skip_space = starts_inside  # drop whitespace at the start of reasoning / answer
 
     @property
@@ -66,13 +71,15 @@ class ThinkParser:
         stripped = pending.lstrip()
         if stripped.startswith(self._start):
             self._mode = _Mode.REASONING
-            self._skip_space = True
+            self._skip_space, self._space = True, []
             return stripped[len(self._start) :]
         if not stripped or self._start.startswith(stripped):
-            self._held = pending
+            self._space.append(pending[: len(pending) - len(stripped)])
+            self._held = stripped
             return ""
         self._mode = _Mode.ANSWER
-        return pending
+        space, self._space = "".join(self._space), []
+        return space + pending
 
     def _reasoning_text(self, pending: str, events: list[OutputEvent]) -> str:
         """Reasoning up to ``</think>``; a possible partial marker and trailing space are held."""
@@ -80,20 +87,23 @@ class ThinkParser:
         if index != -1:
             reasoning = pending[:index].rstrip()
             if reasoning:
-                events.append(ReasoningDelta(text=reasoning))
-            self._mode = _Mode.ANSWER
+                events.append(ReasoningDelta(text="".join(self._space) + reasoning))
+            self._mode, self._space = _Mode.ANSWER, []
             self._skip_space = True
             return pending[index + len(self._end) :]
         keep = hold_partial(pending, self._end)
-        release = pending[: len(pending) - keep].rstrip()
-        self._held = pending[len(release) :]
+        body, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
+        release = body.rstrip()
         if release:
-            events.append(ReasoningDelta(text=release))
+            events.append(ReasoningDelta(text="".join(self._space) + release))
+            self._space = []
+        self._space.append(body[len(release) :])
         return ""
 
     def finish(self) -> list[OutputEvent]:
         """Release what was held: unfinished reasoning stays reasoning, the rest is answer."""
-        held, self._held = self._held, ""
+        held, self._held = "".join(self._space) + self._held, ""
+        self._space = []
         if self._mode is _Mode.REASONING:
             held = held.strip() if self._skip_space else held.rstrip()
             return [ReasoningDelta(text=held)] if held else []

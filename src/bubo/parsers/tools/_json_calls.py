@@ -9,26 +9,35 @@ that the text is no call (its first key is neither ``name``, ``arguments`` nor
 count), or that it is a call of another shape (``arguments`` first, another
 key after the name, arguments written as a JSON string), which the format's
 whole-body parser reads once the JSON is complete.
+
+Each character is read once: the head's tokens are kept as they complete, and
+the shape is judged again only when one does.  A head still undecided after
+:data:`MAX_HEAD_CHARS` characters is given up on: the first call's body is
+then read whole (as a call of another shape), and after a call in an array
+the calls end there.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import re
 
 from bubo.domain.output import OutputEvent
 from bubo.parsers.base import ParserConfig
 
 from ._calls import Emitter
 
-__all__ = ["JsonCallScanner", "Verdict"]
+__all__ = ["MAX_HEAD_CHARS", "JsonCallScanner", "Verdict"]
+
+MAX_HEAD_CHARS = 1024
+"""The most characters a call head (``{"name": "…", "arguments":``, with an array's ``[`` or ``,``) may
+take before it is given up on.  A real head takes under 100 (tool names are at most 64 characters)."""
 
 _CALL_KEYS = ("name", "arguments", "parameters")
 _ARGUMENT_KEYS = ("arguments", "parameters")
-# one JSON token at the start of the text: a punctuation mark, or a whole string
-_TOKEN = re.compile(r'\s*(?:([\[\]{}:,])|("(?:[^"\\]|\\.)*"))')
-_STRING_SO_FAR = re.compile(r'\s*"(?:[^"\\]|\\.)*\\?\Z')
+_PUNCTUATION = frozenset("[]{}:,")
+_ESCAPES = frozenset('"\\/bfnrtu')
+_HEX = frozenset("0123456789abcdefABCDEF")
 # the head of a call object, token by token ("key" and "string" stand for any JSON string)
 _HEAD = ("{", "key", ":", "string", ",", "key", ":")
 
@@ -51,6 +60,51 @@ class _Phase(enum.Enum):
     NEXT = "next"  # in an array, after a call: "," and the next head, or "]"
 
 
+class _HeadTokens:
+    """The JSON punctuation and string tokens of a head, read a character at a time.
+
+    A head holds nothing else: any other character (a digit, a letter outside
+    a string, a control character or a bad escape inside one) makes it no head.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.valid = True
+        self._string: list[str] | None = None  # the string token being read
+        self._escaped = False
+        self._hex_left = 0  # hex digits still to come in a \uXXXX escape
+
+    def feed(self, char: str) -> bool:
+        """Read *char*; whether the tokens changed (one completed, or the text is no head)."""
+        string = self._string
+        if string is None:
+            if char in _PUNCTUATION:
+                self.tokens.append(char)
+                return True
+            if char == '"':
+                self._string = [char]
+                return False
+            self.valid = char.isspace()
+            return not self.valid
+        string.append(char)
+        if self._hex_left:
+            self._hex_left -= 1
+            self.valid = char in _HEX
+        elif self._escaped:
+            self._escaped = False
+            self.valid = char in _ESCAPES
+            self._hex_left = 4 if char == "u" else 0
+        elif char == "\\":
+            self._escaped = True
+        elif char == '"':
+            self.tokens.append("".join(string))
+            self._string = None
+            return True
+        elif char < " ":
+            self.valid = False  # JSON strings hold no raw control characters
+        return not self.valid
+
+
 class JsonCallScanner:
     """One JSON call object (or, with *array*, an array of them), read a character at a time."""
 
@@ -69,6 +123,7 @@ class JsonCallScanner:
         self._in_string = False
         self._escaped = False
         self._string_args: list[str] = []
+        self._head = _HeadTokens()
 
     def feed(self, text: str) -> list[OutputEvent]:
         """Consume *text*; the events of calls started and arguments written."""
@@ -90,8 +145,11 @@ class JsonCallScanner:
     def _step(self, char: str, events: list[OutputEvent]) -> None:
         match self._phase:
             case _Phase.HEAD | _Phase.NEXT:
-                self.held += char
-                self._decide(events)
+                self.held += char  # at most MAX_HEAD_CHARS: then a verdict ends the head
+                if self._head.feed(char):
+                    self._decide(events)
+                elif len(self.held) > MAX_HEAD_CHARS:
+                    self._give_up()
             case _Phase.ARGS:
                 self._argument(char, events)
             case _Phase.STRING_ARGS:
@@ -105,7 +163,8 @@ class JsonCallScanner:
     # ---- heads -----------------------------------------------------------------------------------
 
     def _decide(self, events: list[OutputEvent]) -> None:
-        tokens, complete = _tokens(self.held)
+        """Judge the head again: a token just completed (so nothing follows it yet), or it is no head."""
+        tokens = self._head.tokens if self._head.valid else None
         first = self._phase is _Phase.HEAD
         if tokens is not None:
             tokens = self._head_tokens(tokens) if first else self._next_tokens(tokens)
@@ -117,7 +176,7 @@ class JsonCallScanner:
             self._undecidable(first=first)
         elif shape == "other":
             self.verdict = Verdict.WHOLE
-        elif shape == "head" and complete:
+        elif shape == "head":
             self._start(json.loads(tokens[3]), events)
 
     def _head_tokens(self, tokens: list[str]) -> list[str]:
@@ -152,6 +211,13 @@ class JsonCallScanner:
             return "other"
         return "head" if len(tokens) >= len(_HEAD) else "undecided"
 
+    def _give_up(self) -> None:
+        """A head too long to be a call's: the first call's body is read whole; after one, the calls end."""
+        if self._phase is _Phase.HEAD:
+            self.verdict = Verdict.WHOLE
+        else:
+            self._undecidable(first=False)
+
     def _undecidable(self, *, first: bool) -> None:
         """No call head here: on the first call, no call at all; after one, the calls ended."""
         if first:
@@ -161,6 +227,7 @@ class JsonCallScanner:
 
     def _start(self, name: str, events: list[OutputEvent]) -> None:
         self.verdict, self.held = Verdict.STREAMING, ""
+        self._head = _HeadTokens()  # for the next head, in an array
         self._index = self._emitter.start(name, events)
         self._phase, self._depth = _Phase.ARGS, 0
 
@@ -237,23 +304,3 @@ class JsonCallScanner:
             self._phase, self.verdict = _Phase.NEXT, Verdict.STREAMING
         else:
             self.verdict = Verdict.DONE
-
-
-def _tokens(text: str) -> tuple[list[str] | None, bool]:
-    """The complete JSON punctuation and string tokens at the start of *text*; whether nothing follows them.
-
-    ``None`` when *text* holds anything else (a number, a bare word): no call
-    head holds that.
-    """
-    tokens: list[str] = []
-    position = 0
-    while position < len(text):
-        match = _TOKEN.match(text, position)
-        if match is None:
-            rest = text[position:]
-            if not rest.strip() or _STRING_SO_FAR.match(rest):
-                return tokens, False
-            return None, False
-        tokens.append(match.group(1) or match.group(2))
-        position = match.end()
-    return tokens, True

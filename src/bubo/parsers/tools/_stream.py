@@ -9,12 +9,16 @@ stream as they are generated (each format's scanner reads its body: JSON in
 :mod:`._json_calls`, XML parameters in :mod:`.qwen3_coder`).  A body of
 another shape is held until complete and read by the format's whole-body
 parser; one that does not parse is released as text (and logged at debug).
+
+Each character is read about once whatever the output's length: held bodies
+are read piece by piece (:mod:`._held`), held white space is kept aside rather
+than searched again, and a fence's first line is at most
+:data:`MAX_FENCE_LINE` characters.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -23,9 +27,10 @@ from bubo.domain.output import OutputEvent, TextDelta
 from bubo.parsers.base import ParserConfig, hold_partial
 
 from ._calls import Emitter, ParsedCall, calls_from_json, joined_fragments
+from ._held import NOT_JSON, LeadingBody, TaggedBody, decode_whole
 from ._json_calls import JsonCallScanner, Verdict
 
-__all__ = ["BodyScanner", "CallStreamParser", "Tags", "Verdict", "json_scanner"]
+__all__ = ["MAX_FENCE_LINE", "BodyScanner", "CallStreamParser", "Tags", "Verdict", "json_scanner"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +92,8 @@ class _Mode(enum.Enum):
 
 
 _FENCE = "```"
+MAX_FENCE_LINE = 64
+"""The longest first line of a leading fence (```` ```json ````) waited for; a longer one is text."""
 
 
 class CallStreamParser:
@@ -103,6 +110,10 @@ class CallStreamParser:
         self._opening = ""  # a leading call's text before its JSON: whitespace, the fence line
         self._fenced = False
         self._after_call = False  # whitespace right after a call is not answer text
+        self._space: list[str] = []  # the output's leading white space, while nothing else came
+        self._dropping = False  # text after a streamed body, before its end marker, is being dropped
+        self._tagged_body: TaggedBody | None = None  # a tagged body read whole
+        self._leading_body: LeadingBody | None = None  # a leading body read whole
         self._readers: dict[_Mode, Callable[[str, list[OutputEvent]], str]] = {
             _Mode.LEAD: self._lead,
             _Mode.TEXT: self._text,
@@ -132,8 +143,9 @@ class CallStreamParser:
     def _lead(self, pending: str, _events: list[OutputEvent]) -> str:
         stripped = pending.lstrip()
         if not stripped:
-            self._held = pending
+            self._space.append(pending)
             return ""
+        pending, self._space = "".join(self._space) + pending, []
         if self._leading_json and stripped[0] in "{[`":
             self._mode = _Mode.JSON
             self._opening = pending[: len(pending) - len(stripped)]
@@ -171,7 +183,9 @@ class CallStreamParser:
         assert scanner is not None
         events.extend(scanner.feed(pending))
         if scanner.verdict in (Verdict.NOT_A_CALL, Verdict.WHOLE):
+            assert self._tags is not None
             self._mode = _Mode.TAGGED_WHOLE
+            self._tagged_body = TaggedBody(self._tags.end, json_body=self._tags.json_body)
             return scanner.held + scanner.rest
         if scanner.verdict is Verdict.DONE:
             self._mode = _Mode.AFTER_TAGGED
@@ -179,45 +193,40 @@ class CallStreamParser:
         return ""
 
     def _after_tagged(self, pending: str, _events: list[OutputEvent]) -> str:
-        """Up to the end marker after a streamed body: another body, or anything else, which is dropped."""
+        """Up to the end marker after a streamed body: another body, or anything else, which is dropped.
+
+        Only a partial end marker is held: white space and dropped text are not read again.
+        """
         assert self._tags is not None
         stripped = pending.lstrip()
-        if stripped[:1] == "{":
+        if stripped[:1] == "{" and not self._dropping:
             self._mode = _Mode.TAGGED  # a second call in the same block
             self._scanner = self._tags.scanner(self._config, self._emitter)
             return stripped
         index = pending.find(self._tags.end)
-        if index != -1:
-            if pending[:index].strip():
-                logger.debug("dropped text after a tool call's body: %r", pending[:index][:80])
-            self._mode, self._after_call = _Mode.TEXT, True
-            return pending[index + len(self._tags.end) :]
-        self._held = pending
-        return ""
+        if index == -1:
+            keep = hold_partial(pending, self._tags.end)
+            dropped, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
+        else:
+            dropped = pending[:index]
+        if dropped.strip() and not self._dropping:
+            logger.debug("dropped text after a tool call's body: %r", dropped.strip()[:80])
+            self._dropping = True
+        if index == -1:
+            return ""
+        self._mode, self._after_call, self._dropping = _Mode.TEXT, True, False
+        return pending[index + len(self._tags.end) :]
 
     def _tagged_whole(self, pending: str, events: list[OutputEvent]) -> str:
         assert self._tags is not None
-        index = self._end_of_body(pending)
+        assert self._tagged_body is not None
+        index = self._tagged_body.feed(pending)
         if index == -1:
-            self._held = pending
             return ""
-        self._close_tagged(pending[:index], events)
+        body, self._tagged_body = self._tagged_body.text, None
+        self._close_tagged(body[:index], events)
         self._mode = _Mode.TEXT
-        return pending[index + len(self._tags.end) :]
-
-    def _end_of_body(self, pending: str) -> int:
-        """Where the closing marker starts, or -1 while the body may go on."""
-        assert self._tags is not None
-        stripped = pending.lstrip()
-        if self._tags.json_body and stripped[:1] in ("{", "["):
-            try:
-                _, end = _DECODER.raw_decode(stripped)
-            except json.JSONDecodeError as error:
-                if error.pos >= len(stripped) or error.msg.startswith("Unterminated string"):
-                    return -1  # the JSON is still being written
-            else:
-                return pending.find(self._tags.end, len(pending) - len(stripped) + end)
-        return pending.find(self._tags.end)
+        return body[index + len(self._tags.end) :]
 
     def _close_tagged(self, body: str, events: list[OutputEvent]) -> None:
         assert self._tags is not None
@@ -248,6 +257,7 @@ class CallStreamParser:
             return scanner.rest
         if scanner.verdict is Verdict.WHOLE:
             self._mode = _Mode.JSON_WHOLE
+            self._leading_body = LeadingBody()
             return self._opening + scanner.held + scanner.rest
         if scanner.verdict is Verdict.DONE:
             self._mode = _Mode.AFTER_JSON
@@ -258,8 +268,10 @@ class CallStreamParser:
         """Take the fence's first line (```` ```json ````) into the opening; what follows it, if JSON may."""
         newline = pending.find("\n")
         if newline == -1:
-            if not pending.startswith(_FENCE) and not _FENCE.startswith(pending):
-                self._mode = _Mode.TEXT  # a backtick, but no fence
+            if (not pending.startswith(_FENCE) and not _FENCE.startswith(pending)) or len(
+                pending
+            ) > MAX_FENCE_LINE:
+                self._mode = _Mode.TEXT  # a backtick, but no fence (or a line no fence of JSON has)
                 return self._release_opening(pending)
             self._held = pending
             return ""
@@ -279,7 +291,7 @@ class CallStreamParser:
         if self._fenced:
             stripped = pending.lstrip()
             if not stripped or (len(stripped) < len(_FENCE) and _FENCE.startswith(stripped)):
-                self._held = pending
+                self._held = stripped  # white space before the closing fence is dropped either way
                 return ""
             if stripped.startswith(_FENCE):
                 pending = stripped[len(_FENCE) :]
@@ -287,19 +299,20 @@ class CallStreamParser:
         return pending
 
     def _json_whole(self, pending: str, events: list[OutputEvent]) -> str:
-        outcome = _leading_json(pending)
+        assert self._leading_body is not None
+        outcome = self._leading_body.feed(pending)
         if outcome is None:  # incomplete: wait for more
-            self._held = pending
             return ""
         value, end = outcome
-        calls = None if value is _NOT_JSON else calls_from_json(value, self._config, known_only=True)
+        text, self._leading_body = self._leading_body.text, None
+        calls = None if value is NOT_JSON else calls_from_json(value, self._config, known_only=True)
         self._mode = _Mode.TEXT
         if calls is None:
-            events.append(TextDelta(text=pending[:end]))
+            events.append(TextDelta(text=text[:end]))
         else:
             events.extend(self._emitter.emit(calls))
             self._after_call = True
-        return pending[end:]
+        return text[end:]
 
     # ---- the end -----------------------------------------------------------------------------------
 
@@ -317,15 +330,15 @@ class CallStreamParser:
                 assert self._scanner is not None
                 self._finish_tagged(self._scanner.held + held, events)
             case _Mode.TAGGED_WHOLE:
-                self._finish_tagged(held, events)
+                assert self._tagged_body is not None
+                self._finish_tagged(self._tagged_body.text, events)
             case _Mode.JSON:
                 undecided = self._scanner.held if self._scanner is not None else ""
                 self._finish_json(self._opening + undecided + held, events)
             case _Mode.JSON_WHOLE:
-                self._finish_json(held, events)
+                assert self._leading_body is not None
+                self._finish_json(self._leading_body.text, events)
             case _Mode.TEXT if held:
-                events.append(TextDelta(text=held))
-            case _Mode.LEAD if held.strip():
                 events.append(TextDelta(text=held))
         return joined_fragments(events)
 
@@ -338,53 +351,6 @@ class CallStreamParser:
             events.extend(self._emitter.emit(calls))
 
     def _finish_json(self, text: str, events: list[OutputEvent]) -> None:
-        value = _decode_whole(text)
-        calls = None if value is _NOT_JSON else calls_from_json(value, self._config, known_only=True)
+        value = decode_whole(text)
+        calls = None if value is NOT_JSON else calls_from_json(value, self._config, known_only=True)
         events.extend(self._emitter.emit(calls) if calls else [TextDelta(text=text)] if text else [])
-
-
-_NOT_JSON = object()
-_DECODER = json.JSONDecoder()
-
-
-def _leading_json(text: str) -> tuple[object, int] | None:
-    """A leading JSON value or fenced block.
-
-    ``(value, end)``; ``(_NOT_JSON, end)`` when it is not JSON; ``None`` while incomplete.
-    """
-    stripped = text.lstrip()
-    offset = len(text) - len(stripped)
-    if stripped.startswith("`"):
-        return _fenced(stripped, offset)
-    try:
-        value, end = _DECODER.raw_decode(stripped)
-    except json.JSONDecodeError as error:
-        incomplete = error.pos >= len(stripped) or error.msg.startswith("Unterminated string")
-        return None if incomplete else (_NOT_JSON, len(text))
-    return value, offset + end
-
-
-def _fenced(text: str, offset: int) -> tuple[object, int] | None:
-    if not text.startswith("```"):
-        return None if "```".startswith(text) else (_NOT_JSON, offset + len(text))
-    newline = text.find("\n")
-    if newline == -1:
-        return None
-    language = text[3:newline].strip().lower()
-    if language not in ("", "json"):
-        return (_NOT_JSON, offset + len(text))
-    close = text.find("```", newline + 1)
-    if close == -1:
-        return None
-    return _decode_whole(text[newline + 1 : close]), offset + close + 3
-
-
-def _decode_whole(text: str) -> object:
-    stripped = text.strip()
-    if stripped.startswith("```"):
-        outcome = _fenced(stripped, 0)
-        return _NOT_JSON if outcome is None else outcome[0]
-    try:
-        return json.loads(stripped)
-    except ValueError:
-        return _NOT_JSON

@@ -14,6 +14,12 @@ A parameter whose schema type is ``string`` keeps its text; any other value is
 read as JSON (numbers, booleans, objects), falling back to the text.  The call
 starts once ``<function=NAME>`` is written; a string parameter streams as it
 is generated, any other when its ``</parameter>`` closes it.
+
+Each character is read about once: a ``<function=…>`` or ``<parameter=…>``
+tag still open after :data:`~._json_calls.MAX_HEAD_CHARS` characters is given
+up on (the body is read whole; a parameter tag is dropped), and a whole body's
+parameters are read by one scan (a regular expression that looked for each
+``</parameter>`` from every ``<parameter=`` was quadratic).
 """
 
 from __future__ import annotations
@@ -31,14 +37,15 @@ from bubo.grammar.freeform import input_rules
 from bubo.parsers.base import ParserConfig, hold_partial
 
 from ._calls import Emitter, ParsedCall, compact_json
+from ._json_calls import MAX_HEAD_CHARS
 from ._stream import CallStreamParser, Tags, Verdict
 
 __all__ = ["Qwen3CoderParser", "call_grammar"]
 
 START = "<tool_call>"
 END = "</tool_call>"
+# linear: the lazy body stops at each "</function>" once, and what follows it is white space to the end
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
 def _value(text: str, schema: Mapping[str, Any] | None) -> Any:
@@ -57,12 +64,36 @@ def _body(text: str, config: ParserConfig) -> list[ParsedCall] | None:
     name, inner = match.group(1).strip(), match.group(2)
     tool = config.tool(name)
     properties: Mapping[str, Any] = (tool.parameters.get("properties") or {}) if tool else {}
-    arguments = {
-        key.strip(): _value(value, properties.get(key.strip())) for key, value in _PARAMETER.findall(inner)
-    }
-    if _PARAMETER.sub("", inner).strip():  # something that is not a parameter
+    parameters = _parameters(inner)
+    if parameters is None:
         return None
+    arguments = {key.strip(): _value(value, properties.get(key.strip())) for key, value in parameters}
     return [ParsedCall(name=name, arguments=compact_json(arguments))]
+
+
+def _parameters(inner: str) -> list[tuple[str, str]] | None:
+    """The ``<parameter=KEY>VALUE</parameter>`` blocks of a function's body, in one scan.
+
+    A newline right after the opening tag and one right before the closing tag
+    are not the value's.  None when the body holds anything else but white
+    space between the blocks (a tag that is not closed included).
+    """
+    found: list[tuple[str, str]] = []
+    pos = 0
+    while (start := inner.find(_OPEN_PARAMETER, pos)) != -1:
+        if inner[pos:start].strip():
+            return None
+        key_start = start + len(_OPEN_PARAMETER)
+        key_end = inner.find(">", key_start)
+        if key_end in (-1, key_start) or "\n" in inner[key_start:key_end]:
+            return None
+        value_start = key_end + 1 + inner.startswith("\n", key_end + 1)
+        value_end = inner.find(_CLOSE_PARAMETER, value_start)
+        if value_end == -1:
+            return None
+        found.append((inner[key_start:key_end], inner[value_start:value_end].removesuffix("\n")))
+        pos = value_end + len(_CLOSE_PARAMETER)
+    return None if inner[pos:].strip() else found
 
 
 _OPEN_FUNCTION = "<function="
@@ -106,9 +137,15 @@ class XmlCallScanner:
     def _head(self, events: list[OutputEvent]) -> None:
         stripped = self.held.lstrip()
         if len(stripped) < len(_OPEN_FUNCTION) and _OPEN_FUNCTION.startswith(stripped):
+            if len(self.held) > MAX_HEAD_CHARS:  # white space without end: read whole
+                self.verdict, self.rest = Verdict.WHOLE, ""
             return
         close = stripped.find(">")
-        if not stripped.startswith(_OPEN_FUNCTION) or (close == -1 and "\n" in stripped):
+        if (
+            not stripped.startswith(_OPEN_FUNCTION)
+            or (close == -1 and "\n" in stripped)
+            or (close == -1 and len(self.held) > MAX_HEAD_CHARS)
+        ):
             self.verdict, self.rest, self.held = Verdict.WHOLE, "", self.held
             return
         if close == -1:
@@ -124,31 +161,38 @@ class XmlCallScanner:
         """Read what the buffer holds; whether to go on."""
         if self._parameter is not None:
             return self._read_value(events)
-        stripped = self._buffer.lstrip()
+        stripped = self._buffer = self._buffer.lstrip()  # white space between parameters is nobody's
         if stripped.startswith(_CLOSE_FUNCTION):
             self._emit("}" if self._opened else "{}", events)
             self.verdict, self.rest = Verdict.DONE, stripped[len(_CLOSE_FUNCTION) :]
             return False
         if stripped.startswith(_OPEN_PARAMETER):
-            close = stripped.find(">")
-            if close == -1:
-                return False
-            key = stripped[len(_OPEN_PARAMETER) : close].strip()
-            self._emit(("," if self._opened else "{") + json.dumps(key, ensure_ascii=False) + ":", events)
-            self._opened = True
-            self._parameter = key
-            schema = self._properties.get(key)
-            self._streams_text = isinstance(schema, Mapping) and schema.get("type") == "string"
-            self._value, self._value_started = [], False
-            self._buffer = stripped[close + 1 :]
-            if self._streams_text:
-                self._emit('"', events)
-            return bool(self._buffer)
+            return self._open_parameter(stripped, events)
         if any(m.startswith(stripped) for m in (_CLOSE_FUNCTION, _OPEN_PARAMETER)):
             return False  # a marker being written
         skip = stripped.find("<", 1)  # something that is no parameter: dropped
         self._buffer = "" if skip == -1 else stripped[skip:]
         return skip != -1
+
+    def _open_parameter(self, stripped: str, events: list[OutputEvent]) -> bool:
+        """``<parameter=KEY>`` at the start of *stripped*: the value is read next; whether to go on."""
+        close = stripped.find(">")
+        if close == -1 and len(stripped) > MAX_HEAD_CHARS:  # no parameter's tag: dropped
+            self._buffer = stripped[len(_OPEN_PARAMETER) :]
+            return True
+        if close == -1:
+            return False
+        key = stripped[len(_OPEN_PARAMETER) : close].strip()
+        self._emit(("," if self._opened else "{") + json.dumps(key, ensure_ascii=False) + ":", events)
+        self._opened = True
+        self._parameter = key
+        schema = self._properties.get(key)
+        self._streams_text = isinstance(schema, Mapping) and schema.get("type") == "string"
+        self._value, self._value_started = [], False
+        self._buffer = stripped[close + 1 :]
+        if self._streams_text:
+            self._emit('"', events)
+        return bool(self._buffer)
 
     def _read_value(self, events: list[OutputEvent]) -> bool:
         if not self._value_started:  # the newline after the opening tag is not the value's
