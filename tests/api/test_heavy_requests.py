@@ -23,6 +23,7 @@ from bubo.server import create_app
 from bubo.service import chat as service_chat
 from bubo.service import generation as service_generation
 from bubo.service.memory import MemoryGuard, MemoryReading
+from bubo.service.slot_store import SlotFileStore
 from bubo.service.work import Workers
 from bubo.tokenizer import HFTokenizer
 
@@ -158,7 +159,9 @@ class TestEveryBodyOffTheEventLoop:
         self, settings: Settings, make_runtime: RuntimeFactory, tmp_path: Path
     ) -> AsyncIterator[QuartTrio]:
         """The app with ``--slot-save-path`` (so that ``/slots`` reads its body)."""
-        runtime = attrs.evolve(make_runtime(), slot_save_path=tmp_path)
+        runtime = attrs.evolve(
+            make_runtime(), slot_files=SlotFileStore(directory=tmp_path, max_bytes=1 << 30, max_files=16)
+        )
         app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
         async with app.test_app() as test_app:
             await wait_until_ready(app)
