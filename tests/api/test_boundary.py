@@ -161,8 +161,9 @@ class TestHostCheck:
         assert BrowserBoundary(any_host=True).refuse_host(["rebind.test"], LOOPBACK) is None
 
     def test_absent_host_is_served(self) -> None:
-        """HTTP/1.0 without Host: a browser always sends one, so nothing is rebound."""
+        """HTTP/1.0 without Host (Hypercorn gives it as empty): a browser always sends one, nothing is rebound."""
         assert BrowserBoundary().refuse_host([], LOOPBACK) is None
+        assert BrowserBoundary().refuse_host([""], LOOPBACK) is None
 
     @pytest.mark.parametrize(
         "hosts", [["localhost", "rebind.test"], ["localhost", "localhost"], ["local host"]]

@@ -117,9 +117,10 @@ class BrowserBoundary:
         """Why a request with these ``Host`` values, on ASGI's *server* ``(host, port)``, is refused; or None.
 
         Only a connection that reached a loopback address is checked.  No
-        ``Host`` at all (HTTP/1.0) is served: a browser always sends one.
+        ``Host``, or an empty one (HTTP/1.0 without it reaches the app so), is
+        served: a browser always sends the name it used.
         """
-        if self.any_host or not server or not is_loopback(str(server[0])) or not hosts:
+        if self.any_host or not server or not is_loopback(str(server[0])) or list(hosts) in ([], [""]):
             return None
         authority = parse_authority(hosts[0]) if len(hosts) == 1 else None
         if authority is None:
