@@ -360,13 +360,15 @@ def test_parsing_time_grows_linearly() -> None:
 
     def cost(n: int) -> float:
         host, origin = "a." * n + ":", "http://" + "[" * n
-        start = time.perf_counter()
-        for _ in range(200):
-            BrowserBoundary().refuse_host([host], LOOPBACK)
-            BrowserBoundary().refuse_origin(
-                origins=[origin], host=host, method="POST", fetch_site="cross-site"
-            )
-        return time.perf_counter() - start
+        boundary = BrowserBoundary()
+        best = float("inf")
+        for _ in range(5):  # the least of five: a busy machine's pauses fall on some rounds, not all
+            start = time.perf_counter()
+            for _ in range(100):
+                boundary.refuse_host([host], LOOPBACK)
+                boundary.refuse_origin(origins=[origin], host=host, method="POST", fetch_site="cross-site")
+            best = min(best, time.perf_counter() - start)
+        return best
 
     cost(1_000)  # warm up
     assert cost(40_000) < 4 * 4 * cost(10_000)

@@ -1,8 +1,8 @@
 """The browser boundary: what a web page in the user's browser may not make a local server do.
 
 Two checks, decided from the request's headers alone (before its body is
-read), with or without an API key (a key a page keeps can be read by a page
-that rebinds its name):
+read), with or without an API key (most local servers run keyless, and any
+script of a front end's origin can read the key it keeps):
 
 - **Host** (DNS rebinding).  A page on ``attacker.example`` that rebinds its
   name to 127.0.0.1 talks to the server as its own origin, so no ``Origin``
