@@ -72,7 +72,7 @@ async def exchange(app: Any, path: str, body: bytes, method: str = "POST") -> As
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+        "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8080),
         "extensions": {},

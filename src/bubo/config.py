@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import attrs
 import cattrs
 
-from bubo.domain.addresses import is_loopback
+from bubo.domain.addresses import is_loopback, parse_authority
 from bubo.domain.modes import (
     DraftMode,
     FlashAttention,
@@ -41,6 +41,7 @@ from bubo.model import is_quantized
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
+    "ANY_HOST",
     "CACHE_RAM_MAX_MIB",
     "DEFAULT",
     "LOOPBACK_ORIGINS",
@@ -133,6 +134,7 @@ class ServerSettings:
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
     sse_keepalive: float = attrs.field(default=5.0, validator=_non_negative)  # silent stream seconds; 0: none
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all; "localhost": any loopback origin
+    allowed_hosts: tuple[str, ...] = ()  # Host names served on loopback beyond localhost's; "*": any
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
     memory_guard: bool = True
@@ -378,6 +380,28 @@ def _origins(text: str) -> tuple[str, ...]:
     return origins
 
 
+ANY_HOST = "*"
+"""The ``--allowed-hosts`` value that turns the Host check off."""
+
+
+def _allowed_hosts(text: str) -> tuple[str, ...]:
+    """``--allowed-hosts``: names or addresses without a port, ``.example.com`` for it and its subdomains."""
+    entries = tuple(dict.fromkeys(h.strip().lower() for h in text.split(",") if h.strip()))
+    if not entries:
+        raise ValueError(f"expected a comma-separated list of host names (or {ANY_HOST})")
+    hosts: list[str] = []
+    for entry in entries:
+        if entry == ANY_HOST:
+            hosts.append(entry)
+            continue
+        suffix = entry.startswith(".")
+        authority = parse_authority(entry.removeprefix("."))
+        if authority is None or authority.port is not None or (suffix and ":" in authority.host):
+            raise ValueError(f"not a host name or address without a port: {entry!r}")
+        hosts.append(("." if suffix else "") + authority.host)
+    return tuple(hosts)
+
+
 def _hosts(text: str) -> tuple[str, ...]:
     """``--host``: one address, or several separated by commas (each listened on, same port)."""
     hosts = tuple(dict.fromkeys(h.strip() for h in text.split(",")))
@@ -618,6 +642,10 @@ OPTIONS: tuple[Option, ...] = (
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
            "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: no CORS)",
            "ORIGINS"),
+    Option(("--allowed-hosts",), ("server", "allowed_hosts"), _allowed_hosts,
+           "comma-separated Host names served on a loopback address besides localhost, 127.x.x.x and "
+           "[::1] (a DNS-rebinding guard; .example.com also admits its subdomains), or * to turn the check "
+           "off (default: none)", "HOSTS"),
     Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,
            "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; {default})",
            "on|off"),

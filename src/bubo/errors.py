@@ -13,6 +13,7 @@ from typing import ClassVar
 
 __all__ = [
     "AuthenticationFailed",
+    "BrowserRefused",
     "BuboError",
     "ContextOverflow",
     "DeviceLost",
@@ -107,6 +108,18 @@ class AuthenticationFailed(BuboError):
 
     def __init__(self, message: str = "invalid or missing API key") -> None:
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class BrowserRefused(BuboError):
+    """A request a web page must not make: from another origin, or to a name rebound to this machine (403).
+
+    Raised at the edge before the body is read; the edge closes the connection
+    instead of reading what the page sent (``bubo.server``, docs/security.md).
+    """
+
+    status = 403
+    type = "permission_error"
+    default_code = "forbidden"
 
 
 class NotFound(BuboError):

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,15 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, prompt_cache, responses, webui
+from bubo.api._boundary import BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
-from bubo.config import LOOPBACK_ORIGINS, Settings
+from bubo.config import ANY_HOST, LOOPBACK_ORIGINS, ServerSettings, Settings
 from bubo.domain.ids import new_id
 from bubo.errors import (
     AuthenticationFailed,
+    BrowserRefused,
     BuboError,
     InternalError,
     InvalidRequest,
@@ -44,7 +46,15 @@ from bubo.model import GGUFError
 from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
-__all__ = ["REQUEST_ID_HEADER", "Loader", "create_app", "drain", "install_edge", "package_version"]
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "Loader",
+    "browser_boundary",
+    "create_app",
+    "drain",
+    "install_edge",
+    "package_version",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +142,7 @@ def create_app(
 
 
 def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
-    """What every Bubo app does at its edge: CORS, the transport guard, request ids, the key, errors.
+    """What every Bubo app does at its edge: CORS, transport, request ids, browser boundary, key, errors.
 
     Shared by the single-model app and the router (``bubo.router``); the app's
     :class:`ApiContext` carries the key.  Returns the app (CORS wraps it).
@@ -151,6 +161,7 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
     app.asgi_app = TransportGuard(app.asgi_app)  # type: ignore[method-assign] # Quart's middleware hook
     app.before_request(_note_arrival)
     app.before_request(_assign_request_id)
+    app.before_request(_boundary_check(browser_boundary(settings.server)))
     app.before_request(_check_api_key)
     app.after_request(_echo_request_id)
     app.register_error_handler(BuboError, _render)
@@ -165,6 +176,38 @@ LOOPBACK_ORIGIN = re.compile(r"https?://(?:localhost|127(?:\.\d{1,3}){3}|\[::1\]
 
 def _origin(origin: str) -> str | re.Pattern[str]:
     return LOOPBACK_ORIGIN if origin == LOOPBACK_ORIGINS else origin
+
+
+def browser_boundary(server: ServerSettings) -> BrowserBoundary:
+    """The Host and Origin checks with what ``--allowed-hosts`` and ``--cors-origins`` allow."""
+    origins = server.cors_origins
+    return BrowserBoundary(
+        allowed_hosts=tuple(host for host in server.allowed_hosts if host != ANY_HOST),
+        any_host=ANY_HOST in server.allowed_hosts,
+        cors_origins=frozenset(o.lower() for o in origins if o not in ("*", LOOPBACK_ORIGINS)),
+        any_origin="*" in origins,
+        loopback_origins=LOOPBACK_ORIGINS in origins,
+    )
+
+
+def _boundary_check(boundary: BrowserBoundary) -> Callable[[], Awaitable[None]]:
+    async def check_browser_boundary() -> None:
+        """Refuse what a web page must not send, before the key and the body (bubo/api/_boundary.py)."""
+        headers = request.headers
+        error = boundary.refuse_host(headers.getlist("Host"), request.scope.get("server"))
+        if error is None:
+            error = boundary.refuse_origin(
+                origins=headers.getlist("Origin"),
+                host=headers.get("Host"),
+                method=request.method,
+                fetch_site=headers.get("Sec-Fetch-Site"),
+                fetch_mode=headers.get("Sec-Fetch-Mode"),
+            )
+        if error is not None:
+            logger.warning("refused %s %r: %s", request.method, request.path, error.message)
+            raise error
+
+    return check_browser_boundary
 
 
 async def drain(app: QuartTrio, grace_s: float) -> None:
@@ -250,8 +293,13 @@ async def _unexpected_error(error: Exception) -> Response:
 
 
 async def _render(error: BuboError) -> Response:
-    """The error in the envelope of the dialect that owns the path."""
-    body_read = await _finish_reading_body()
+    """The error in the envelope of the dialect that owns the path.
+
+    A request refused at the browser boundary is answered without reading its
+    body: a hostile page's upload is not read to refuse it, the connection is
+    closed instead.
+    """
+    body_read = False if isinstance(error, BrowserRefused) else await _finish_reading_body()
     if _under(request.path, anthropic.PATH_PREFIX):
         response = anthropic.render_error(error, request_id())
     elif _under(request.path, ollama.PATH_PREFIX):

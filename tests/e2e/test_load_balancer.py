@@ -30,6 +30,8 @@ from .conftest import Server, bubo_command, free_port, start_server, stop_server
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 SHIPPED_CONFIG = Path(__file__).parents[2] / "deploy" / "nginx" / "bubo.conf"
+# The name clients use for nginx; the replicas listen on 127.0.0.1, so they admit it (docs/deploy.md).
+PUBLIC_NAME = "llm.example.test"
 
 # long enough that its prefix is a real hit (the cache reports hits of at least 64 tokens)
 HANDBOOK = " ".join(
@@ -152,7 +154,7 @@ def cluster_of_two(directory: Path) -> Iterator[Cluster]:
             port = free_port()
             command = [
                 bubo_command(), "serve", "--port", str(port), "-c", "1024", "-np", "2",
-                "--shutdown-timeout", "120",
+                "--shutdown-timeout", "120", "--allowed-hosts", PUBLIC_NAME,
             ]  # fmt: skip
             replicas.append(
                 start_server(command, port, directory / f"replica-{n}.log", {"BUBO_THREADS": "1"})
@@ -222,6 +224,27 @@ class TestAffinity:
                 for key in group[:3]:
                     response = client.get("/health", headers={"X-Session-Id": key})
                     assert cluster.replica_at(response).base_url == base_url
+
+
+def test_the_browser_boundary_behind_nginx(cluster: Cluster) -> None:
+    """The public name reaches the replicas, with a page's own Origin; another name or origin is refused."""
+    port = cluster.url.rsplit(":", 1)[1]
+    public = f"{PUBLIC_NAME}:{port}"
+    body = {"model": "bubo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with httpx.Client(base_url=cluster.url, timeout=120) as client:
+        page = client.post(
+            "/v1/chat/completions", json=body, headers={"Host": public, "Origin": f"http://{public}"}
+        )
+        assert page.status_code == 200, page.text  # the chat page, opened as http://llm.example.test:PORT/
+        assert client.get("/", headers={"Host": public, "Accept": "text/html"}).status_code == 200
+        rebound = client.get("/props", headers={"Host": f"rebind.test:{port}"})
+        assert rebound.status_code == 403
+        assert rebound.json()["error"]["code"] == "host_not_allowed"
+        other = client.post(
+            "/v1/chat/completions", json=body, headers={"Host": public, "Origin": "http://evil.example"}
+        )
+        assert other.status_code == 403
+        assert other.json()["error"]["code"] == "origin_not_allowed"
 
 
 def test_a_stream_reaches_the_client_while_it_is_generated(cluster: Cluster) -> None:

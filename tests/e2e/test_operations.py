@@ -296,6 +296,7 @@ class TestEdges:
             timeout=10,
         )
         assert "access-control-allow-origin" not in other.headers
+        assert other.status_code == 403  # another origin is refused outright, the key notwithstanding
 
     def test_an_error_before_the_body_is_read_keeps_the_connection_usable(self, server: Server) -> None:
         """A 404 decided before the handler reads the body, then the next request on the same connection.

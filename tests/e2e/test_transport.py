@@ -283,7 +283,7 @@ class TestConnections:
     def test_connection_close_is_honoured(self, served: Server) -> None:
         sock = connect(served)
         sock.sendall(
-            f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n".encode()
+            f"GET /health HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n".encode()
         )
         status, headers, _ = http1_response(sock)
         assert status == 200
@@ -303,7 +303,7 @@ class TestConnections:
     def test_idle_keep_alive_connection_is_closed(self, served: Server) -> None:
         """After a served request the keep-alive timer runs again (1 s here)."""
         sock = connect(served)
-        request = f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+        request = f"GET /health HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
         for _ in range(2):  # the connection is reused, then left idle
             sock.sendall(request)
             assert http1_response(sock)[0] == 200
@@ -316,7 +316,7 @@ class TestConnections:
         sock = connect(served)
         key = base64.b64encode(b"0123456789abcdef").decode()
         sock.sendall(
-            "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            "GET /v1/realtime HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
             f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n".encode()
         )
         status, headers, body = http1_response(sock)
@@ -360,7 +360,7 @@ def upload_begun(server: Server) -> socket.socket:
     """A connection whose request is in the app (100 Continue seen), its body never sent."""
     sock = connect(server)
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
     )
     sock.settimeout(WAIT_S)
@@ -434,7 +434,7 @@ def test_a_connection_failing_in_hypercorn_fails_alone(capped: Server) -> None:
     logged = len(capped.output())
     sock = connect(capped)
     sock.sendall(
-        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
         b"HTTP2-Settings: A\r\n\r\n"
     )
     assert closed_by_server(sock)
@@ -461,7 +461,7 @@ def test_health_answers_when_clients_hold_more_connections_than_descriptors(tmp_
                 break  # the listen backlog is full: the server stopped accepting
             held.append(sock)
             if n < 260:
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         assert_serving(server)
     finally:
         for sock in held:

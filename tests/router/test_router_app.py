@@ -548,3 +548,36 @@ async def test_shutdown_leaves_no_child_behind(tmp_path: Path) -> None:
             pids.append(echo["pid"])
         assert not any(process_gone(pid) for pid in pids)
     assert all(process_gone(pid) for pid in pids)
+
+
+async def test_the_router_keeps_the_browser_boundary(router: QuartTrio) -> None:
+    """Another origin, an <img> of a router route, a rebound Host: 403 at the router, nothing loaded; an
+    allowed origin's request reaches the child without Origin and Sec-Fetch-Site (the router decided)."""
+    client = router.test_client()
+    loopback = {"server": ("127.0.0.1", 8080)}
+    refused = [
+        await client.post(
+            "/models/load", json={"model": "a"}, headers={**AUTH, "Origin": "http://evil.example"}
+        ),
+        await client.get(
+            "/models?reload=1", headers={**AUTH, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
+        ),
+        await client.post(
+            "/v1/chat/completions",
+            json={"model": "a", "messages": []},
+            headers={**AUTH, "Host": "rebind.test"},
+            scope_base=loopback,
+        ),
+    ]
+    assert [r.status_code for r in refused] == [403, 403, 403]
+    assert all(record.instance is None for record in context(router).registry.records.values())
+    allowed = await client.post(
+        "/v1/chat/completions",
+        json={"model": "a", "messages": []},
+        headers={**AUTH, "Origin": "http://localhost:5173", "Sec-Fetch-Site": "same-site"},
+        scope_base=loopback,
+    )
+    assert allowed.status_code == 200
+    forwarded = (await allowed.get_json())["headers"]
+    assert "origin" not in forwarded
+    assert "sec-fetch-site" not in forwarded

@@ -50,7 +50,17 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "x-request-id"}
+# The router's edge has checked the browser boundary (Origin, Sec-Fetch-Site): the child would judge them
+# against its own loopback Host, not the router's name.
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "x-request-id",
+    "origin",
+    "sec-fetch-site",
+}
 _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"date", "server", "x-request-id"}
 CLOSE_UPSTREAM_S = 2.0  # closing the child's response after the client left
 
@@ -64,7 +74,7 @@ NDJSON_END = b"\n"  # what ends a line of an NDJSON stream (Ollama's)
 def forwarded_headers(
     incoming: Iterable[tuple[str, str]], child: Mapping[str, str], request_id: str
 ) -> list[tuple[str, str]]:
-    """The headers sent to the child: the client's, less its key and the hop-by-hop ones."""
+    """The headers sent to the child: the client's, less its key, its Origin and the hop-by-hop ones."""
     headers = [(k, v) for k, v in incoming if k.lower() not in _NOT_FORWARDED_UP]
     headers.extend(child.items())
     headers.append(("X-Request-Id", request_id))
