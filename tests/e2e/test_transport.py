@@ -348,7 +348,7 @@ def request_running(server: Server) -> socket.socket:
     sock = connect(server)
     body = json.dumps({"prompt": "Count to one thousand.", "n_predict": 512, "stream": True}).encode()
     sock.sendall(
-        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
     sock.settimeout(WAIT_S)
