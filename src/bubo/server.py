@@ -25,7 +25,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, prompt_cache, responses, webui
-from bubo.api._boundary import BrowserBoundary
+from bubo.api._boundary import DEFAULT_ORIGIN_SCHEMES, BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
@@ -147,15 +147,14 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
     Shared by the single-model app and the router (``bubo.router``); the app's
     :class:`ApiContext` carries the key.  Returns the app (CORS wraps it).
     """
-    if settings.server.cors_origins:
-        origins = settings.server.cors_origins
-        app = cors(
-            app,
-            allow_origin="*" if "*" in origins else [_origin(o) for o in origins],
-            allow_headers=["Authorization", "Content-Type", "X-Api-Key", "X-Request-Id", "Anthropic-Version"],
-            allow_methods=["GET", "POST", "OPTIONS"],
-            expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
-        )
+    origins = settings.server.cors_origins
+    app = cors(
+        app,
+        allow_origin="*" if "*" in origins else [APP_ORIGIN, *(_origin(o) for o in origins)],
+        allow_headers=["Authorization", "Content-Type", "X-Api-Key", "X-Request-Id", "Anthropic-Version"],
+        allow_methods=["GET", "POST", "OPTIONS"],
+        expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
+    )
     # How each response ends (connections closed, keep-alive timers re-armed, HTTP/2 streams kept
     # until the request ends) and WebSocket refused: bubo/api/_transport.py.
     app.asgi_app = TransportGuard(app.asgi_app)  # type: ignore[method-assign] # Quart's middleware hook
@@ -169,6 +168,11 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
     app.register_error_handler(Exception, _unexpected_error)
     return app
 
+
+APP_ORIGIN = re.compile("(?:" + "|".join(map(re.escape, sorted(DEFAULT_ORIGIN_SCHEMES))) + r")://\S*\Z")
+"""The desktop, editor and extension front ends Ollama allows by default (``app://``, ``tauri://``,
+``vscode-webview://``, …): answered with CORS headers without ``--cors-origins``, so they read what
+they ask, as they do from Ollama.  Web pages (``http``, ``https``) get them only from ``--cors-origins``."""
 
 LOOPBACK_ORIGIN = re.compile(r"https?://(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])(?::\d{1,5})?\Z")
 """What ``--cors-origins localhost`` allows: a page from this machine, any port (llama-server's)."""

@@ -153,6 +153,27 @@ class TestPreflight:
         ]
         assert not allowing
 
+    @pytest.mark.parametrize("origin", ["vscode-webview://1a2b3c", "tauri://localhost", "app://-"])
+    async def test_an_editor_or_desktop_front_end_reads_its_answers(self, app, origin: str) -> None:
+        """Ollama's default app origins get CORS answers without --cors-origins: their preflight and reply."""
+        client = app.test_client()
+        preflight = await client.options(
+            "/api/chat", headers={"Origin": origin, "Access-Control-Request-Method": "POST"}
+        )
+        assert preflight.headers["Access-Control-Allow-Origin"] == origin
+        response = await client.post("/v1/chat/completions", json=CHAT, headers={"Origin": origin})
+        assert response.status_code == 200
+        assert response.headers["Access-Control-Allow-Origin"] == origin
+
+    async def test_a_local_web_page_is_served_but_reads_nothing_by_default(self, app) -> None:
+        """A page on another localhost port is admitted (Ollama's default) but gets no CORS answer
+        without --cors-origins localhost, so its script cannot read the reply."""
+        response = await app.test_client().post(
+            "/v1/chat/completions", json=CHAT, headers={"Origin": "http://localhost:5173"}
+        )
+        assert response.status_code == 200
+        assert "Access-Control-Allow-Origin" not in response.headers
+
 
 class TestHost:
     async def test_rebound_name_is_refused(self, app) -> None:
