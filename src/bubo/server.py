@@ -206,6 +206,7 @@ def _boundary_check(boundary: BrowserBoundary) -> Callable[[], Awaitable[None]]:
                 method=request.method,
                 fetch_site=headers.get("Sec-Fetch-Site"),
                 fetch_mode=headers.get("Sec-Fetch-Mode"),
+                fetch_dest=headers.get("Sec-Fetch-Dest"),
             )
         if error is not None:
             logger.warning("refused %s %r: %s", request.method, request.path, error.message)

@@ -145,15 +145,19 @@ class BrowserBoundary:
         method: str,
         fetch_site: str | None = None,
         fetch_mode: str | None = None,
+        fetch_dest: str | None = None,
     ) -> BrowserRefused | None:
         """Why a request from these ``Origin`` values, for *host*, is refused; or None.
 
-        *fetch_site* and *fetch_mode* are the ``Sec-Fetch-Site`` and
-        ``Sec-Fetch-Mode`` headers: a request marked ``cross-site`` without an
-        ``Origin`` is refused unless it is a navigation with a safe method.
+        *fetch_site*, *fetch_mode* and *fetch_dest* are the ``Sec-Fetch-Site``,
+        ``Sec-Fetch-Mode`` and ``Sec-Fetch-Dest`` headers: a request marked
+        ``cross-site`` without an ``Origin`` is refused unless it is a top-level
+        navigation (a link followed: mode ``navigate``, destination ``document``)
+        with a safe method.  A frame's navigation (destination ``iframe``) or a
+        ``<form method=GET>`` in one is refused like any other cross-site request.
         """
         if not origins:
-            navigation = fetch_mode == "navigate" and method in SAFE_METHODS
+            navigation = fetch_mode == "navigate" and fetch_dest == "document" and method in SAFE_METHODS
             if fetch_site == "cross-site" and not navigation:
                 return BrowserRefused(
                     f"a {method} from another site (Sec-Fetch-Site: cross-site) that is not a link followed "

@@ -22,13 +22,13 @@ _DOTTED_DIGITS = _DIGITS | {"."}
 
 
 def is_loopback(host: str) -> bool:
-    """Whether *host* (an address, possibly in ``[]``, or ``localhost``) is this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    """Whether *host* (an address, possibly in ``[]``, or ``localhost``) is this machine only.
+
+    An IPv4-mapped address counts as its IPv4 address: on a dual-stack ``::``
+    socket an IPv4 loopback peer, or the local address it reached, reads
+    ``::ffff:127.0.0.1``.
+    """
+    return host == "localhost" or _is_loopback_address(_address(host.strip("[]")))
 
 
 @attrs.frozen
@@ -107,7 +107,10 @@ def is_loopback_name(host: str) -> bool:
     """
     if host == "localhost" or host.endswith(".localhost"):
         return True
-    address = _address(host)
+    return _is_loopback_address(_address(host))
+
+
+def _is_loopback_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address is not None and address.is_loopback

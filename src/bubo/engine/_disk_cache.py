@@ -64,7 +64,7 @@ from typing import BinaryIO
 
 import attrs
 
-from .lora import NO_ADAPTERS, AdapterSet
+from .lora import NO_ADAPTERS, AdapterSet, adapter_set_from_json
 from .slots import common_prefix
 
 __all__ = ["STALE_TEMPORARY_S", "WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
@@ -423,7 +423,7 @@ class DiskTier:
                 header["payload_bytes"],
                 header["sha256"],
             )
-            adapters = _adapter_set(header["adapters"])
+            adapters = adapter_set_from_json(header["adapters"])
         except (ValueError, KeyError, TypeError):
             raise _Rejected("its header is not readable") from None
         if identity != self.identity:
@@ -566,21 +566,6 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as error:
         logger.warning("could not delete the prompt-cache file %s: %s", path, error)
-
-
-def _adapter_set(value: object) -> AdapterSet:
-    """A header's ``adapters``: ``[[id, scale], ...]`` (ValueError if it is not that)."""
-    if not isinstance(value, list):
-        raise TypeError("adapters")
-    pairs: list[tuple[int, float]] = []
-    for pair in value:
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise ValueError("adapters")
-        adapter, scale = pair
-        if type(adapter) is not int or adapter < 0 or not isinstance(scale, (int, float)):
-            raise ValueError("adapters")
-        pairs.append((adapter, float(scale)))
-    return tuple(pairs)
 
 
 def _pack(tokens: Sequence[int]) -> array.array[int]:

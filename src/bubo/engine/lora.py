@@ -24,7 +24,15 @@ import attrs
 from bubo.domain.requests import LoraScale
 from bubo.errors import InvalidRequest
 
-__all__ = ["NO_ADAPTERS", "AdapterSet", "LoraAdapter", "LoraFile", "adapter_set", "request_scales"]
+__all__ = [
+    "NO_ADAPTERS",
+    "AdapterSet",
+    "LoraAdapter",
+    "LoraFile",
+    "adapter_set",
+    "adapter_set_from_json",
+    "request_scales",
+]
 
 AdapterSet = tuple[tuple[int, float], ...]
 """``(id, scale)`` of each adapter applied, in id order; empty: the base model."""
@@ -52,6 +60,32 @@ class LoraAdapter:
 def adapter_set(scales: Sequence[float]) -> AdapterSet:
     """The adapters *scales* (one per adapter, by id) applies: those whose scale is not 0."""
     return tuple((i, float(scale)) for i, scale in enumerate(scales) if scale != 0)
+
+
+def adapter_set_from_json(value: object) -> AdapterSet:
+    """An adapter set as a file's JSON holds it, ``[[id, scale], ...]`` (slot records, disk-cache headers).
+
+    Raises:
+        TypeError: *value* is not a list.
+        ValueError: an entry is not an ``[id, scale]`` pair of a non-negative integer and a finite number.
+
+    """
+    if not isinstance(value, list):
+        raise TypeError("adapters")
+    pairs: list[tuple[int, float]] = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("adapters")
+        adapter, scale = pair
+        if (
+            type(adapter) is not int
+            or adapter < 0
+            or type(scale) not in (int, float)
+            or not math.isfinite(scale)
+        ):
+            raise ValueError("adapters")
+        pairs.append((adapter, float(scale)))
+    return tuple(pairs)
 
 
 def request_scales(entries: Sequence[LoraScale], n_adapters: int, param: str) -> tuple[float, ...]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -48,7 +47,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from bubo.engine.lora import AdapterSet
+from bubo.engine.lora import AdapterSet, adapter_set_from_json
 from bubo.errors import BuboError, InvalidRequest
 
 __all__ = [
@@ -123,7 +122,7 @@ class SlotRecord:
         return cls(
             fingerprint=fingerprint,
             model=model,
-            adapters=_adapter_set(value.get("adapters")),
+            adapters=adapter_set_from_json(value.get("adapters")),
             n_tokens=n_tokens,
             size_bytes=size_bytes,
             sha256=sha256,
@@ -344,26 +343,6 @@ def _digest(path: Path) -> tuple[int, str]:
 def _create(path: Path) -> int:
     """A new file at *path*, ``0600``, never through a link."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-
-
-def _adapter_set(value: object) -> AdapterSet:
-    """A record's ``adapters``: ``[[id, scale], ...]`` (TypeError or ValueError if it is not that)."""
-    if not isinstance(value, list):
-        raise TypeError("adapters")
-    pairs: list[tuple[int, float]] = []
-    for pair in value:
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise ValueError("adapters")
-        adapter, scale = pair
-        if (
-            type(adapter) is not int
-            or adapter < 0
-            or type(scale) not in (int, float)
-            or not math.isfinite(scale)
-        ):
-            raise ValueError("adapters")
-        pairs.append((adapter, float(scale)))
-    return tuple(pairs)
 
 
 def _mib(n_bytes: int) -> str:
