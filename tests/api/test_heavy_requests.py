@@ -16,6 +16,8 @@ from bubo.api import _context as api_context
 from bubo.api._chat import translate as chat_translate
 from bubo.api.anthropic import translate as anthropic_translate
 from bubo.api.llamacpp.routes import MAX_TOKENS
+from bubo.api.ollama import routes as ollama_routes
+from bubo.api.ollama import translate as ollama_translate
 from bubo.api.responses import translate as responses_translate
 from bubo.config import Settings
 from bubo.errors import InsufficientMemory
@@ -147,6 +149,18 @@ SMALL_BODIES = [
     pytest.param("/v1/messages", {**CHAT, "max_tokens": 1}, id="messages"),
     pytest.param("/v1/responses", {"model": "bubo", "input": "Hi", "max_output_tokens": 1}, id="responses"),
     pytest.param("/api/chat", {**CHAT, "stream": False}, id="ollama-chat"),
+    pytest.param("/api/chat", {"model": "bubo", "messages": [], "options": {"top_k": 3}}, id="ollama-load"),
+    pytest.param(
+        "/api/generate",
+        {
+            "model": "bubo",
+            "prompt": "Hi",
+            "context": [1, 2, 3],
+            "stream": False,
+            "options": {"num_predict": 1},
+        },
+        id="ollama-generate-context",
+    ),
     pytest.param("/apply-template", CHAT, id="apply-template"),
     pytest.param("/lora-adapters", [], id="lora-adapters"),
     pytest.param("/slots/0?action=restore", {"filename": "none.bin"}, id="slots"),
@@ -188,6 +202,8 @@ class TestEveryBodyOffTheEventLoop:
             (responses_translate, "responses_request"),
             (service_chat, "check_schema"),
             (service_generation, "check_schema"),
+            (ollama_translate, "check_context"),
+            (ollama_routes, "generation_options"),
         ]:
             monkeypatch.setattr(module, name, noted(getattr(module, name)))
         return seen

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -232,6 +232,11 @@ async def show() -> Response:
     )
 
 
+async def _check_options(runtime: Runtime, options: Mapping[str, Any] | None) -> None:
+    """Refuse a bad ``options`` object on a request that does not generate (400), read off the event loop."""
+    await runtime.workers.run(functools.partial(generation_options, options))
+
+
 # ---- generation ---------------------------------------------------------------------------
 
 
@@ -244,7 +249,7 @@ async def chat() -> Response:
     keep_alive = _keep_alive(runtime, body, keep_alive_seconds(body.keep_alive))
     model = body.model or name
     if not body.messages:
-        generation_options(body.options)
+        await _check_options(runtime, body.options)
         return unload_answer("chat", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
     # Translated by the workers (off the event loop), after the model and keep_alive, as Ollama orders them.
@@ -273,10 +278,11 @@ async def generate() -> Response:
             param="template",
         )
     if not body.prompt:
-        generation_options(body.options)
+        await _check_options(runtime, body.options)
         return unload_answer("generate", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
-    context = translate.check_context(body.context or (), runtime.tokenizer.n_vocab)
+    check_context = functools.partial(translate.check_context, body.context or (), runtime.tokenizer.n_vocab)
+    context = await runtime.workers.run(check_context)  # every id read off the event loop
     with_context = True
     if body.suffix:
         prepared = await _infill(runtime, body, model, context)
@@ -395,10 +401,10 @@ async def embed_route() -> Response:
     body = await structured_body(runtime, wire.EmbedRequest)
     name = require_name(body.model, runtime.model_names)
     _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
-    generation_options(body.options)
+    await _check_options(runtime, body.options)
     if body.dimensions is not None and body.dimensions < 0:
         raise InvalidRequest("dimensions must be a positive number", param="dimensions")
-    texts = _texts(body.input)
+    texts = await runtime.workers.run(functools.partial(_texts, body.input))
     model = body.model or name
     if not texts:
         require_embedder(runtime)
@@ -420,7 +426,7 @@ async def embeddings() -> Response:
     body = await structured_body(runtime, wire.EmbeddingsRequest)
     require_name(body.model, runtime.model_names)
     _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
-    generation_options(body.options)
+    await _check_options(runtime, body.options)
     if not body.prompt:
         require_embedder(runtime)
         return json_response(wire.EmbeddingResponse(embedding=[]))
