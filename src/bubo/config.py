@@ -133,7 +133,9 @@ class ServerSettings:
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
     sse_keepalive: float = attrs.field(default=5.0, validator=_non_negative)  # silent stream seconds; 0: none
-    cors_origins: tuple[str, ...] = ()  # empty: CORS headers for app origins only; "localhost": any loopback page
+    cors_origins: tuple[
+        str, ...
+    ] = ()  # empty: CORS headers for app origins only; "localhost": any loopback page
     allowed_hosts: tuple[str, ...] = ()  # Host names served on loopback beyond localhost's; "*": any
     debug_hooks: bool = False
     device_recovery: bool = False  # reload the model after the engine was lost
@@ -640,8 +642,9 @@ OPTIONS: tuple[Option, ...] = (
            "sends a keep-alive: a ping, response.in_progress or an SSE comment ({default}; 0: never)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
-           "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: none: web "
-           "pages get no CORS headers; desktop, editor and extension front ends, Ollama's default origins, do)",
+           "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: none: "
+           "web pages get no CORS headers; desktop, editor and extension front ends, Ollama's default "
+           "origins, do)",
            "ORIGINS"),
     Option(("--allowed-hosts",), ("server", "allowed_hosts"), _allowed_hosts,
            "comma-separated Host names served on a loopback address besides localhost, 127.x.x.x and "

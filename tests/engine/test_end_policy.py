@@ -15,11 +15,15 @@ EOG = 2
 PROMPT = (1, 5, 6)
 
 
-def policy(*, n_ctx_train: int = 4096, fits=lambda _n: True, clock=lambda: 0.0, **fields) -> EndPolicy:
+def policy(
+    *, n_ctx_train: int = 4096, fits=lambda _n: True, shifts: bool = False, clock=lambda: 0.0, **fields
+) -> EndPolicy:
     request = GenerationRequest(
         prompt_tokens=PROMPT, max_new_tokens=fields.pop("max_new_tokens", None), **fields
     )
-    return EndPolicy(request, eog=frozenset({EOG}), n_ctx_train=n_ctx_train, fits=fits, clock=clock)
+    return EndPolicy(
+        request, eog=frozenset({EOG}), n_ctx_train=n_ctx_train, fits=fits, shifts=shifts, clock=clock
+    )
 
 
 def feed(ending: EndPolicy, *pieces: bytes) -> list[Verdict]:
@@ -104,8 +108,13 @@ class TestTheContext:
         ending = policy(n_ctx_train=len(PROMPT) + 2)
         verdicts = feed(ending, b"a", b"b")
         assert [v.cause for v in verdicts] == [None, StopCause.CONTEXT]
-        limited = policy(n_ctx_train=len(PROMPT) + 2, max_new_tokens=10)  # shifting past it, with a limit
+        limited = policy(n_ctx_train=len(PROMPT) + 2, max_new_tokens=10)  # a context past it, a limit
         assert all(v.cause is None for v in feed(limited, b"a", b"b", b"c"))
+
+    def test_shifting_the_training_context_ends_it_whatever_the_limit(self) -> None:
+        """--context-shift: a limit of billions does not keep a generation going past the training context."""
+        shifting = policy(n_ctx_train=len(PROMPT) + 2, max_new_tokens=2_000_000_000, shifts=True)
+        assert [v.cause for v in feed(shifting, b"a", b"b")] == [None, StopCause.CONTEXT]
 
 
 class TestTheTimeLimit:

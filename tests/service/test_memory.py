@@ -79,8 +79,9 @@ class TestMostNewTokens:
         assert most_new_tokens(self.info(shift=True), 48, -1) == 8192 - 48
         assert most_new_tokens(self.info(shift=True, n_ctx_train=1024), 48, -1) == 1024 - 48
 
-    def test_a_limit_under_shift_is_the_limit(self) -> None:
-        assert most_new_tokens(self.info(shift=True), 48, 100_000) == 100_000
+    def test_a_limit_under_shift_is_capped_at_the_training_context(self) -> None:
+        assert most_new_tokens(self.info(shift=True), 48, 100_000) == 8192 - 48
+        assert most_new_tokens(self.info(shift=True), 48, 5000) == 5000
 
 
 class TestSystemMemory:

@@ -56,14 +56,16 @@ class EndPolicy:
         eog: frozenset[int],
         n_ctx_train: int,
         fits: Callable[[int], bool] = _always_fits,
+        shifts: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """*fits(n)*: whether the context has room to evaluate the *n*-th generated token."""
+        """*fits(n)*: whether the context has room for the *n*-th token; *shifts*: ``--context-shift``."""
         self._eog = frozenset() if request.ignore_eos else eog
         self._text = GeneratedText(request.stop)
         self._limit = request.max_new_tokens
         self._n_prompt = len(request.prompt_tokens)
         self._n_ctx_train = n_ctx_train
+        self._shifts = shifts
         self._fits = fits
         self._time_limit_ms = request.time_limit_ms
         self._clock = clock
@@ -119,8 +121,9 @@ class EndPolicy:
             return StopCause.LIMIT
         if not self._fits(n):  # no room to evaluate it
             return StopCause.CONTEXT
-        if limit is None and self._n_prompt + n >= self._n_ctx_train:
-            return StopCause.CONTEXT  # shifting without a limit: stop at the training context
+        if (limit is None or self._shifts) and self._n_prompt + n >= self._n_ctx_train:
+            # without a limit, or shifting (whatever the limit): a generation ends at the training context
+            return StopCause.CONTEXT
         if not self._time_limit_ms or not self._text.saw_new_line:
             return None
         if (self._clock() - self._first_token_at) * 1000.0 > self._time_limit_ms:

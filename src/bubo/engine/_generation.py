@@ -106,7 +106,11 @@ class Generation:
             request, self.cache, n_ctx=context.n_ctx_seq, bos=context.bos, shift=setup.context_shift
         )
         self._ending = EndPolicy(
-            request, eog=setup.eog, n_ctx_train=context.n_ctx_train, fits=self._feeder.fits
+            request,
+            eog=setup.eog,
+            n_ctx_train=context.n_ctx_train,
+            fits=self._feeder.fits,
+            shifts=setup.context_shift,
         )
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
         self._policy = setup.drafting

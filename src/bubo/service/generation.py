@@ -176,13 +176,14 @@ def generation_request(
 def most_new_tokens(info: ModelInfo, n_prompt: int, max_tokens: int) -> int:
     """The most tokens a generation after *n_prompt* prompt tokens may produce (*max_tokens* -1: no limit).
 
-    Without context shift the context's end ends it.  With it, a generation
-    without a limit is ended at the model's training context (the engine's
-    ``EndPolicy``, as llama-server caps ``n_predict`` -1), else it runs to its limit.
+    Without context shift the context's end ends it.  With it, the model's
+    training context does, whatever the limit (the engine's ``EndPolicy``;
+    llama-server caps only ``n_predict`` -1 there): a shifting generation with a
+    limit of billions would otherwise hold its slot and its output for days.
     """
-    if max_tokens >= 0:
-        return max_tokens if info.context_shift else max(0, min(max_tokens, info.n_ctx - n_prompt))
     end = info.n_ctx_train if info.context_shift else min(info.n_ctx, info.n_ctx_train)
+    if max_tokens >= 0:
+        return max(0, min(max_tokens, (end if info.context_shift else info.n_ctx) - n_prompt))
     return max(1, end - n_prompt)
 
 
