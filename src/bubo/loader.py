@@ -13,8 +13,9 @@ from pathlib import Path
 
 import attrs
 
-from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, Settings
+from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, ServingSettings, Settings
 from bubo.domain.generation import GrammarSpec
+from bubo.engine import ModelInfo
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
@@ -34,7 +35,7 @@ from bubo.service.generation import schema_grammar
 from bubo.service.idle import IdleSleeper
 from bubo.service.memory import MemoryGuard, SystemMemory
 from bubo.service.runtime import ChatDefaults, Runtime
-from bubo.service.slot_store import SlotFileStore
+from bubo.service.slot_store import SlotFileStore, model_fingerprint
 from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate
 from bubo.tokenizer import Tokenizer, UnsupportedVocab, build_hf_tokenizer
@@ -101,6 +102,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         tool_parser = format_for_template(template.source)
     try:
         default_grammar = None if default is None else engine.compile_grammar(default)
+        slot_files = _slot_files(serving, path, engine.info)
     except BaseException:
         engine.close()
         raise
@@ -141,15 +143,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         max_queue=settings.server.max_queue,
         workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
         spm_infill=serving.spm_infill,
-        slot_files=(
-            SlotFileStore(
-                directory=serving.slot_save_path,
-                max_bytes=serving.slot_save_max_mib << 20,
-                max_files=serving.slot_save_max_files,
-            )
-            if serving.slot_save_path is not None
-            else None
-        ),
+        slot_files=slot_files,
         aliases=aliases,
         tags=serving.tags,
         any_model_name=serving.model_names == "any",
@@ -164,6 +158,18 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             idle_s=settings.server.sleep_idle_seconds if settings.server.sleep_idle_seconds >= 0 else None,
             policy=settings.server.ollama_keep_alive,
         ),
+    )
+
+
+def _slot_files(serving: ServingSettings, path: Path, info: ModelInfo) -> SlotFileStore | None:
+    """The slot file store of ``--slot-save-path`` (None without it); reads the whole model file once."""
+    if serving.slot_save_path is None:
+        return None
+    return SlotFileStore(
+        directory=serving.slot_save_path,
+        max_bytes=serving.slot_save_max_mib << 20,
+        max_files=serving.slot_save_max_files,
+        fingerprint=model_fingerprint(path, info.state_identity),
     )
 
 

@@ -174,7 +174,10 @@ class TestEveryBodyOffTheEventLoop:
     ) -> AsyncIterator[QuartTrio]:
         """The app with ``--slot-save-path`` (so that ``/slots`` reads its body)."""
         runtime = attrs.evolve(
-            make_runtime(), slot_files=SlotFileStore(directory=tmp_path, max_bytes=1 << 30, max_files=16)
+            make_runtime(),
+            slot_files=SlotFileStore(
+                directory=tmp_path, max_bytes=1 << 30, max_files=16, fingerprint="b" * 64
+            ),
         )
         app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
         async with app.test_app() as test_app:

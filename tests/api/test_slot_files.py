@@ -27,8 +27,15 @@ def _slot_dir(tmp_path):
     return tmp_path / "slots"
 
 
-def _store(slot_dir, *, max_bytes: int = 64 * MIB, max_files: int = 16) -> SlotFileStore:
-    return SlotFileStore(directory=slot_dir, max_bytes=max_bytes, max_files=max_files)
+MODEL_FINGERPRINT = "b" * 64  # what the loader would read off the fake model's file
+
+
+def _store(
+    slot_dir, *, max_bytes: int = 64 * MIB, max_files: int = 16, fingerprint: str = MODEL_FINGERPRINT
+) -> SlotFileStore:
+    return SlotFileStore(
+        directory=slot_dir, max_bytes=max_bytes, max_files=max_files, fingerprint=fingerprint
+    )
 
 
 async def _serve(settings, runtime):
@@ -130,8 +137,10 @@ class TestErrors:
 
     async def test_file_of_another_model_of_the_same_shape(self, settings, make_runtime, slot_dir) -> None:
         """A file another model saved (same shape, other weights: a fine-tune) is 400 slot_file_model_mismatch."""
-        other = attrs.evolve(fake_model_info(), description="other 1M", state_identity="f" * 64)
-        saver = attrs.evolve(make_runtime(), engine=FakeEngine(info=other), slot_files=_store(slot_dir))
+        other = attrs.evolve(fake_model_info(), description="other 1M")
+        saver = attrs.evolve(
+            make_runtime(), engine=FakeEngine(info=other), slot_files=_store(slot_dir, fingerprint="f" * 64)
+        )
         app = await _serve(settings, saver)
         async with app.test_app() as client_app:
             await wait_until_ready(app)
@@ -287,10 +296,7 @@ class TestSaveWhileTheClientLeaves:
         with trio.CancelScope() as scope:
             await save_slot(runtime, store, 0, slot_dir / "fox.bin")
         record = SlotRecord.from_json((slot_dir / "fox.bin.bubo.json").read_text())
-        assert (record.fingerprint, record.n_tokens) == (
-            fake_engine.info.state_identity,
-            len(fake_engine._kv[0]),
-        )
+        assert (record.fingerprint, record.n_tokens) == (MODEL_FINGERPRINT, len(fake_engine._kv[0]))
         assert record.size_bytes == (slot_dir / "fox.bin").stat().st_size
         assert sorted(p.name for p in slot_dir.iterdir()) == ["fox.bin", "fox.bin.bubo.json"]
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bubo.engine._disk_cache import kv_identity
+
 from ..engine._lora import write_lora
 from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
@@ -116,15 +118,20 @@ def test_a_tampered_file_is_refused_and_the_server_serves_on(tmp_path: Path, sav
 def test_a_file_of_another_model_of_the_same_shape_is_refused(
     tmp_path: Path, saved, model_path: Path
 ) -> None:
-    """A "fine-tune" (one weight byte changed, same shapes, which llama.cpp would load) has another fingerprint."""
+    """A "fine-tune" (one weight byte changed, same shapes, which llama.cpp would load) has another fingerprint.
+
+    The byte lies where the prompt cache's sampled identity does not read: the slot record's fingerprint
+    covers the whole file.
+    """
     slot_dir, _answer, _first = saved
     tuned = tmp_path / "tuned.gguf"
     shutil.copyfile(model_path, tuned)
-    with tuned.open("r+b") as file:  # inside the tensor data, in a region the fingerprint reads
-        file.seek(tuned.stat().st_size // 8)
+    with tuned.open("r+b") as file:  # inside the tensor data, between the samples the disk tier reads
+        file.seek(tuned.stat().st_size // 8 + (2 << 20))
         byte = file.read(1)
         file.seek(-1, 1)
         file.write(bytes([byte[0] ^ 0x01]))
+    assert kv_identity(tuned, {}) == kv_identity(model_path, {})  # the sampled identity cannot tell them
     with serving(tmp_path, "tuned", slot_dir, "-m", str(tuned)) as http:
         message = refused(restore(http, "keeper.bin"), "slot_file_model_mismatch")
         assert "another model" in message

@@ -9,15 +9,24 @@ import time
 
 import pytest
 
+from bubo.engine._disk_cache import kv_identity
 from bubo.errors import InvalidRequest
-from bubo.service.slot_store import STALE_TEMPORARY_S, SlotFileStore, SlotQuotaExceeded, SlotRecord
+from bubo.service.slot_store import (
+    STALE_TEMPORARY_S,
+    SlotFileStore,
+    SlotQuotaExceeded,
+    SlotRecord,
+    model_fingerprint,
+)
 
 FINGERPRINT = "a" * 64
 
 
 @pytest.fixture(name="store")
 def _store(tmp_path) -> SlotFileStore:
-    store = SlotFileStore(directory=tmp_path / "slots", max_bytes=1 << 20, max_files=4)
+    store = SlotFileStore(
+        directory=tmp_path / "slots", max_bytes=1 << 20, max_files=4, fingerprint=FINGERPRINT
+    )
     store.open()
     return store
 
@@ -197,3 +206,23 @@ class TestSweep:
         assert fresh.exists()
         assert not link.parent.exists()
         assert store.path("kept.bin").exists()
+
+
+class TestModelFingerprint:
+    def test_every_byte_of_the_model_counts(self, tmp_path) -> None:
+        """Two files that differ in one byte anywhere (a fine-tune of the same shapes) differ."""
+        model = tmp_path / "base.gguf"
+        data = bytearray(range(256)) * 160_000  # 41 MB
+        model.write_bytes(data)
+        tuned = tmp_path / "tuned.gguf"
+        data[12_000_000] ^= 0x01  # between two of the regions the prompt cache's sampled identity reads
+        tuned.write_bytes(data)
+        assert kv_identity(model, {}) == kv_identity(tuned, {})
+        assert model_fingerprint(model, "kv") != model_fingerprint(tuned, "kv")
+
+    def test_the_settings_count(self, tmp_path) -> None:
+        """The same file under other KV settings (another state_identity) is another fingerprint."""
+        model = tmp_path / "base.gguf"
+        model.write_bytes(b"weights")
+        assert model_fingerprint(model, "f16") == model_fingerprint(model, "f16")
+        assert model_fingerprint(model, "f16") != model_fingerprint(model, "q8_0")

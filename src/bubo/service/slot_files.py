@@ -75,7 +75,7 @@ async def save_slot(runtime: Runtime, store: SlotFileStore, slot_id: int, path: 
                     store.commit,
                     name,
                     written,
-                    fingerprint=info.state_identity,
+                    fingerprint=store.fingerprint,
                     model=info.description,
                     adapters=saved.adapters,
                     n_tokens=saved.n_tokens,
@@ -93,11 +93,11 @@ async def restore_slot(
     name = path.name
     record = await trio.to_thread.run_sync(functools.partial(store.read_record, name, param=param))
     info = runtime.engine.info
-    if record.fingerprint != info.state_identity:
+    if record.fingerprint != store.fingerprint:
         raise InvalidRequest(
             f"{name!r} holds the state of another model or other KV settings (saved by {record.model}, "
             f"fingerprint {record.fingerprint[:12]}); this server runs {info.description} "
-            f"(fingerprint {info.state_identity[:12]})",
+            f"(fingerprint {store.fingerprint[:12]})",
             code="slot_file_model_mismatch",
             param=param,
         )

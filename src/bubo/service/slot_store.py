@@ -3,12 +3,13 @@
 A slot file is llama.cpp's own state file (``llama_state_seq_save_file``: the
 sequence's tokens and KV cells) under the name a client chose, and beside it
 ``<name>.bubo.json``, its record: the fingerprint of the model and settings
-that computed the cells (the engine's ``state_identity``, the same one that
-names the prompt cache's disk directories: the model file's content, llama.cpp's
+that computed the cells (:func:`model_fingerprint`: the SHA-256 of the whole
+model file, read once at load, with the engine's ``state_identity``: llama.cpp's
 state format, the KV types, the LoRA adapter files), the LoRA adapter set the
 cells were computed under, the token count, and the state file's size and
 SHA-256.  llama.cpp's file names no model, and a state of another model of the
-same shape (two fine-tunes of one base) would load as meaningless cells.
+same shape (two fine-tunes of one base, which may differ anywhere in their
+tensors) would load as meaningless cells.
 
 Writing (:meth:`SlotFileStore.commit`): the engine writes the state to a
 temporary name in the directory; its checksum is taken and the quota checked
@@ -57,6 +58,7 @@ __all__ = [
     "SlotFileStore",
     "SlotQuotaExceeded",
     "SlotRecord",
+    "model_fingerprint",
 ]
 
 RECORD_SUFFIX = ".bubo.json"
@@ -83,7 +85,7 @@ class SlotQuotaExceeded(BuboError):
 class SlotRecord:
     """What ``<name>.bubo.json`` says of the state file beside it."""
 
-    fingerprint: str  # the engine's state_identity when it was saved
+    fingerprint: str  # the store's model_fingerprint when it was saved
     model: str  # the model's description, for messages
     adapters: AdapterSet  # the LoRA adapter set its cells were computed under: (id, scale) pairs
     n_tokens: int
@@ -137,6 +139,20 @@ class DirectoryUsage:
     n_bytes: int  # every regular file's bytes
 
 
+def model_fingerprint(model_path: Path, state_identity: str) -> str:
+    """The fingerprint slot records carry: the whole model file's SHA-256 with *state_identity*.
+
+    Blocking: it reads every byte of the model once (about a second a GiB), which is why the
+    loader calls it only with ``--slot-save-path``.  The prompt cache's ``state_identity``
+    alone samples the file, which two fine-tunes of one base can pass.
+    """
+    digest = hashlib.sha256()
+    with model_path.open("rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+    return hashlib.sha256(f"{digest.hexdigest()}:{state_identity}".encode()).hexdigest()
+
+
 @attrs.frozen(kw_only=True)
 class SlotFileStore:
     """The slot directory and its quota; ``save_lock`` makes this server's saves take turns.
@@ -147,6 +163,7 @@ class SlotFileStore:
     directory: Path
     max_bytes: int
     max_files: int
+    fingerprint: str  # the served model's and settings' (model_fingerprint), which records name
     save_lock: trio.Lock = attrs.field(factory=trio.Lock, eq=False, repr=False)
 
     def path(self, name: str) -> Path:
