@@ -141,7 +141,9 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         default_grammar=default_grammar,
         memory_guard=memory_guard,
         max_queue=settings.server.max_queue,
-        workers=Workers(max_jobs=settings.server.cpu_jobs, guard=memory_guard),
+        workers=Workers(
+            max_jobs=settings.server.cpu_jobs, guard=memory_guard, max_waiting=settings.server.max_queue
+        ),
         spm_infill=serving.spm_infill,
         slot_files=slot_files,
         aliases=aliases,

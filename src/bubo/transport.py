@@ -162,7 +162,8 @@ class ConnectionLimiter:
     tell them apart: what keeps ``/health`` answering is that holding a
     connection without a running request buys no place at the cap.  Only when
     every connection has a request running, its body in, is the newcomer
-    refused; those are bounded by the slots and ``--max-queue``.
+    refused; those are bounded by the slots and ``--max-queue`` (waiting for a
+    slot, and waiting for a worker to read a body: ``service.work.Workers``).
     """
 
     cap: int

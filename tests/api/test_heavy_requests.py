@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 from quart_trio import QuartTrio
 
 from bubo.api import _context as api_context
@@ -20,7 +22,7 @@ from bubo.api.ollama import routes as ollama_routes
 from bubo.api.ollama import translate as ollama_translate
 from bubo.api.responses import translate as responses_translate
 from bubo.config import Settings
-from bubo.errors import InsufficientMemory
+from bubo.errors import InsufficientMemory, QueueFull
 from bubo.server import create_app
 from bubo.service import chat as service_chat
 from bubo.service import generation as service_generation
@@ -248,6 +250,21 @@ class TestWorkers:
                     await trio.sleep(0.001)
             release.set()
         assert most == 2
+
+    async def test_at_most_max_waiting_wait_for_a_worker(self) -> None:
+        """Past max_waiting callers waiting, one more is refused with 503 queue_full and a short Retry-After."""
+        workers = Workers(max_jobs=1, max_waiting=2)
+        release = threading.Event()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # one running, two waiting
+                nursery.start_soon(workers.run, functools.partial(release.wait, 10))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(QueueFull) as refused:
+                await workers.run(lambda: None)
+            release.set()
+        assert refused.value.headers == {"Retry-After": "1"}
+        assert "--max-queue" in refused.value.message
+        assert await workers.run(lambda: 7) == 7  # room again once they ran
 
     async def test_memory_is_admitted_against_what_running_jobs_hold(self) -> None:
         """A job's memory need counts the jobs already running: 60 + 60 MiB do not fit in 100 MiB."""

@@ -111,7 +111,11 @@ def create_router_app(
         cards=ollama.read_cards(entries),
         cards_of=ollama.read_cards,
         catalog=lambda: load_catalog(settings.router),
-        workers=Workers(max_jobs=settings.server.cpu_jobs, guard=_body_guard(settings)),
+        workers=Workers(
+            max_jobs=settings.server.cpu_jobs,
+            guard=_body_guard(settings),
+            max_waiting=settings.server.max_queue,
+        ),
     )
     app.extensions[ROUTER_KEY] = router
     app.register_blueprint(blueprint)

@@ -21,9 +21,17 @@ from typing import TypeVar
 import attrs
 import trio
 
+from bubo.errors import QueueFull
+
 from .memory import MemoryGuard
 
-__all__ = ["DEFAULT_MAX_JOBS", "PARSE_BYTES_PER_BYTE", "PREPARE_BYTES_PER_CHAR", "Workers"]
+__all__ = [
+    "DEFAULT_MAX_JOBS",
+    "PARSE_BYTES_PER_BYTE",
+    "PREPARE_BYTES_PER_CHAR",
+    "WORKER_RETRY_AFTER_S",
+    "Workers",
+]
 
 T = TypeVar("T")
 
@@ -32,16 +40,25 @@ DEFAULT_MAX_JOBS = 2
 # (see docs/operations.md): parsing a JSON body into Python objects and structuring it, and
 # rendering a prompt and tokenizing it (the text, its rendered copy, the ids, the library's
 # per-batch encodings).
+WORKER_RETRY_AFTER_S = 1
+"""What a client refused a worker should wait before trying again, in seconds (a job takes milliseconds)."""
 PARSE_BYTES_PER_BYTE = 4
 PREPARE_BYTES_PER_CHAR = 8
 
 
 @attrs.define
 class Workers:
-    """Runs blocking jobs in worker threads, ``max_jobs`` at a time, each admitted against memory."""
+    """Runs blocking jobs in worker threads, ``max_jobs`` at a time, each admitted against memory.
+
+    At most ``max_waiting`` callers wait for a worker (None: any number); one more is
+    refused with 503 ``queue_full``.  A request waiting for a worker holds its
+    connection as a running one does, so the bound keeps one client's flood of
+    bodies from holding every connection (``bubo serve``'s cap) behind the workers.
+    """
 
     max_jobs: int = DEFAULT_MAX_JOBS
     guard: MemoryGuard | None = None
+    max_waiting: int | None = None
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _reserved_bytes: int = attrs.field(default=0, init=False)
 
@@ -62,8 +79,19 @@ class Workers:
         Raises:
             InsufficientMemory: *need_bytes* is more than is available now,
                 beside what the running jobs hold (as the guard decides).
+            QueueFull: ``max_waiting`` callers already wait for a worker.
 
         """
+        waiting = self._limiter.statistics().tasks_waiting
+        if (
+            self.max_waiting is not None
+            and waiting >= self.max_waiting
+            and not self._limiter.available_tokens
+        ):
+            raise QueueFull(
+                f"{waiting} requests already wait for a worker (the server's --max-queue); try again shortly",
+                retry_after_s=WORKER_RETRY_AFTER_S,
+            )
         async with self._limiter:
             if self.guard is not None and need_bytes:
                 self.guard.admit_bytes(need_bytes, reserved_bytes=self._reserved_bytes)
