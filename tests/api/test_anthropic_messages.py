@@ -145,6 +145,31 @@ class TestMessages:
         assert delta["usage"]["output_tokens"] == 2
 
 
+class TestEmptyMessages:
+    @pytest.mark.parametrize("system", [None, "Be brief."])
+    async def test_served_as_llama_server_serves_it(
+        self, app, fake_engine: FakeEngine, script: FakeScript, tokenizer, system
+    ) -> None:
+        """``messages: []`` is a message (as in llama-server): the prompt is the system turn alone, or none,
+        and the assistant's opened turn; count_tokens counts that same prompt."""
+        script.reply = "Hello"
+        body = message(messages=[]) if system is None else message(messages=[], system=system)
+        client = app.test_client()
+        response = await client.post(PATH, json=body)
+        assert response.status_code == 200
+        payload = await response.get_json()
+        assert (payload["type"], payload["content"]) == ("message", [{"type": "text", "text": "Hello"}])
+        prompt_tokens = fake_engine.requests[-1].prompt_tokens
+        prompt = tokenizer.decode(prompt_tokens)
+        assert "user" not in prompt
+        assert prompt.endswith("assistant\n")
+        assert ("system\nBe brief." in prompt) == (system is not None)
+        counted = await client.post(
+            PATH + "/count_tokens", json={k: v for k, v in body.items() if k != "max_tokens"}
+        )
+        assert await counted.get_json() == {"input_tokens": len(prompt_tokens)}
+
+
 class TestErrors:
     @pytest.mark.parametrize(
         ("body", "status", "kind", "code", "fragment"),

@@ -72,6 +72,17 @@ def test_count_tokens(client: anthropic.Anthropic) -> None:
     assert counted.input_tokens > 10
 
 
+def test_empty_messages(client: anthropic.Anthropic) -> None:
+    """``messages: []`` is answered as llama-server answers it: a message written from the system turn alone,
+    whose prompt is the one count_tokens counts."""
+    message = client.messages.create(model="bubo", max_tokens=3, system=SYSTEM, messages=[])
+    assert message.type == "message"
+    assert message.content[0].type == "text"
+    assert message.usage.output_tokens > 0
+    counted = client.messages.count_tokens(model="bubo", system=SYSTEM, messages=[])
+    assert message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) == counted.input_tokens
+
+
 def test_errors(client: anthropic.Anthropic) -> None:
     """Errors arrive as the SDK's typed exceptions with Anthropic error types."""
     with pytest.raises(anthropic.NotFoundError) as not_found:

@@ -188,11 +188,13 @@ def chat_prompt(
     renders them there, or folds them into the next user turn; see
     :mod:`bubo.templates`).  Content a text model cannot read becomes a
     placeholder, except in the newest user turn, where it is refused.
+
+    An empty ``messages`` array is served as llama-server serves it: the
+    template renders the system prompt alone (or nothing) and opens the
+    assistant's turn.  Only an absent ``messages`` is refused.
     """
-    if not messages:
-        raise InvalidRequest(
-            "messages is required and must be a non-empty array", code="missing_messages", param="messages"
-        )
+    if messages is None:
+        raise InvalidRequest("messages is required", code="missing_messages", param="messages")
     omissions = omissions or Omissions()
     deferred = {t.name: t for t in tools or () if t.defer_loading}
     newest_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
