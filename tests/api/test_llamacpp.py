@@ -261,16 +261,27 @@ class TestIntrospection:
 
     @pytest.mark.parametrize("path", ["/slots", "/v1/slots"])
     async def test_slots(self, app, path) -> None:
-        """/slots describes the one session slot."""
+        """/slots describes the one session slot; before its first task, without its task's fields (llama-server's)."""
         body = await (await app.test_client().get(path)).get_json()
         assert body == [
             {
-                "id": 0, "id_task": -1, "n_ctx": 2048, "speculative": False, "is_processing": False,
+                "id": 0, "n_ctx": 2048, "speculative": False, "is_processing": False,
                 "is_sleeping": False, "state": "idle", "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0,
-                "n_prompt_tokens_cache": 0, "shared_tokens": 0, "params": {"lora": []},
-                "next_token": [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}],
+                "n_prompt_tokens_cache": 0, "shared_tokens": 0,
             }
         ]  # fmt: skip
+
+    async def test_slot_shows_its_last_task(self, app, script: FakeScript) -> None:
+        """After a task, the slot shows it: id_task, params.lora and next_token beside the prompt counts."""
+        script.reply = "one two"
+        client = app.test_client()
+        await client.post("/completion", json={"prompt": "x"})
+        [entry] = await (await client.get("/slots")).get_json()
+        assert entry["id_task"] >= 0
+        assert entry["n_prompt_tokens_processed"] + entry["n_prompt_tokens_cache"] >= 1
+        assert entry["params"] == {"lora": []}
+        assert entry["next_token"] == [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}]
+        assert {"n_prompt_tokens", "shared_tokens"} <= entry.keys()
 
     @pytest.mark.parametrize("path", ["/metrics", "/v1/metrics"])
     async def test_metrics(self, app, script: FakeScript, path) -> None:
