@@ -308,16 +308,34 @@ class TestIntrospection:
             assert f"\n{name} " in text or text.startswith(f"{name} ") or f"# TYPE {name} " in text
         assert "llamacpp:tokens_predicted_total 1.0" in text
 
-    async def test_n_tokens_max_keeps_llama_server_name(self, app, script: FakeScript) -> None:
-        """A sample named llamacpp:n_tokens_max, as llama-server and the docs have it (no _total)."""
+    async def test_llama_server_types(self, app, script: FakeScript) -> None:
+        """Each llamacpp: family has llama-server's type, and its one sample llama-server's name."""
         script.reply = "one two"
         client = app.test_client()
         await client.post("/completion", json={"prompt": "x"})
         text = (await (await client.get("/metrics")).get_data()).decode()
-        samples = [
-            line.split(" ")[0] for line in text.splitlines() if line.startswith("llamacpp:n_tokens_max")
-        ]
-        assert samples == ["llamacpp:n_tokens_max"]
+        types = dict(
+            line.removeprefix("# TYPE ").split(" ")
+            for line in text.splitlines()
+            if line.startswith("# TYPE llamacpp:")
+        )
+        counters = {
+            "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max",
+            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+            "spec_decode_num_drafts_total",
+        }  # fmt: skip
+        gauges = {
+            "prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+            "n_busy_slots_per_decode", "kv_cache_usage_ratio", "kv_cache_tokens", "prompt_cache_hit_ratio",
+        }  # fmt: skip
+        assert types == {f"llamacpp:{name}": "counter" for name in counters} | {
+            f"llamacpp:{name}": "gauge" for name in gauges
+        }
+        samples = [line.split(" ")[0] for line in text.splitlines() if line.startswith("llamacpp:")]
+        assert sorted(samples) == sorted(types)
+        [longest] = [line for line in text.splitlines() if line.startswith("llamacpp:n_tokens_max ")]
+        assert float(longest.split(" ")[1]) >= 1  # the request is counted (0 before it)
 
 
 class TestOps:
