@@ -261,16 +261,27 @@ class TestIntrospection:
 
     @pytest.mark.parametrize("path", ["/slots", "/v1/slots"])
     async def test_slots(self, app, path) -> None:
-        """/slots describes the one session slot."""
+        """/slots describes the one session slot; before its first task, without its task's fields (llama-server's)."""
         body = await (await app.test_client().get(path)).get_json()
         assert body == [
             {
-                "id": 0, "id_task": -1, "n_ctx": 2048, "speculative": False, "is_processing": False,
+                "id": 0, "n_ctx": 2048, "speculative": False, "is_processing": False,
                 "is_sleeping": False, "state": "idle", "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0,
-                "n_prompt_tokens_cache": 0, "shared_tokens": 0, "params": {"lora": []},
-                "next_token": [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}],
+                "n_prompt_tokens_cache": 0, "shared_tokens": 0,
             }
         ]  # fmt: skip
+
+    async def test_slot_shows_its_last_task(self, app, script: FakeScript) -> None:
+        """After a task, the slot shows it: id_task, params.lora and next_token beside the prompt counts."""
+        script.reply = "one two"
+        client = app.test_client()
+        await client.post("/completion", json={"prompt": "x"})
+        [entry] = await (await client.get("/slots")).get_json()
+        assert entry["id_task"] >= 0
+        assert entry["n_prompt_tokens_processed"] + entry["n_prompt_tokens_cache"] >= 1
+        assert entry["params"] == {"lora": []}
+        assert entry["next_token"] == [{"has_next_token": False, "n_decoded": 0, "n_remain": -1}]
+        assert {"n_prompt_tokens", "shared_tokens"} <= entry.keys()
 
     @pytest.mark.parametrize("path", ["/metrics", "/v1/metrics"])
     async def test_metrics(self, app, script: FakeScript, path) -> None:
@@ -297,16 +308,34 @@ class TestIntrospection:
             assert f"\n{name} " in text or text.startswith(f"{name} ") or f"# TYPE {name} " in text
         assert "llamacpp:tokens_predicted_total 1.0" in text
 
-    async def test_n_tokens_max_keeps_llama_server_name(self, app, script: FakeScript) -> None:
-        """A sample named llamacpp:n_tokens_max, as llama-server and the docs have it (no _total)."""
+    async def test_llama_server_types(self, app, script: FakeScript) -> None:
+        """Each llamacpp: family has llama-server's type, and its one sample llama-server's name."""
         script.reply = "one two"
         client = app.test_client()
         await client.post("/completion", json={"prompt": "x"})
         text = (await (await client.get("/metrics")).get_data()).decode()
-        samples = [
-            line.split(" ")[0] for line in text.splitlines() if line.startswith("llamacpp:n_tokens_max")
-        ]
-        assert samples == ["llamacpp:n_tokens_max"]
+        types = dict(
+            line.removeprefix("# TYPE ").split(" ")
+            for line in text.splitlines()
+            if line.startswith("# TYPE llamacpp:")
+        )
+        counters = {
+            "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max",
+            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+            "spec_decode_num_drafts_total",
+        }  # fmt: skip
+        gauges = {
+            "prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+            "n_busy_slots_per_decode", "kv_cache_usage_ratio", "kv_cache_tokens", "prompt_cache_hit_ratio",
+        }  # fmt: skip
+        assert types == {f"llamacpp:{name}": "counter" for name in counters} | {
+            f"llamacpp:{name}": "gauge" for name in gauges
+        }
+        samples = [line.split(" ")[0] for line in text.splitlines() if line.startswith("llamacpp:")]
+        assert sorted(samples) == sorted(types)
+        [longest] = [line for line in text.splitlines() if line.startswith("llamacpp:n_tokens_max ")]
+        assert float(longest.split(" ")[1]) >= 1  # the request is counted (0 before it)
 
 
 class TestOps:

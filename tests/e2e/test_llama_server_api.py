@@ -62,12 +62,20 @@ class TestEndpoints:
         assert raw["tokens_evaluated"] == chat["usage"]["prompt_tokens"]
 
     def test_props_slots_metrics(self, http: httpx.Client) -> None:
-        """/props, /slots and /metrics answer."""
+        """/props, /slots and /metrics answer, with llama-server's slot fields and metric types."""
         assert http.get("/props").json()["model_alias"] == "bubo"
-        assert http.get("/slots").json()[0]["n_ctx"] == 2048
+        slots = http.get("/slots").json()
+        assert slots[0]["n_ctx"] == 2048
+        # a slot shows its task's fields once it has run one, and none before
+        assert all(len({"id_task", "params", "next_token"} & slot.keys()) in (0, 3) for slot in slots)
         metrics = http.get("/metrics").text
         assert "llamacpp:prompt_tokens_total" in metrics
         assert "llamacpp:requests_deferred 0.0" in metrics
+        lines = metrics.splitlines()
+        assert {"# TYPE llamacpp:n_tokens_max counter", "# TYPE llamacpp:requests_processing gauge"} <= set(
+            lines
+        )
+        assert any(line.startswith("llamacpp:n_tokens_max ") for line in lines)
 
     def test_latency_histograms(self, http: httpx.Client) -> None:
         """A real streamed request adds one first token, its gaps, one queue wait and one finished request."""

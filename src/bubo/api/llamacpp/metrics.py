@@ -1,7 +1,8 @@
-"""``GET /metrics``: Prometheus text through prometheus-client, llama-server's names.
+"""``GET /metrics``: Prometheus text, llama-server's names and types.
 
-A custom collector reads the engine's statistics at scrape time, so nothing is
-counted twice and no metric object outlives the app (no global registry).
+The engine's statistics are read at scrape time, so nothing is counted twice
+and no metric object outlives the app (no global registry); llama-server's
+families are written as it prints them, Bubo's own through prometheus-client.
 ``prompt_tokens_seconds`` and ``predicted_tokens_seconds`` are averages over
 the server's life (llama-server resets them per scrape, which makes a second
 scraper see zeros).  The Responses store's size is Bubo's own
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.utils import floatToGoString
 
 from bubo.api._latency import LatencyHistograms
 from bubo.engine import EngineStatistics
@@ -26,57 +28,65 @@ __all__ = ["CONTENT_TYPE", "render_metrics"]
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
-class _EngineCollector:
-    """Yields one metric family per llama-server metric from a statistics snapshot."""
+def _llama_server_families(s: EngineStatistics) -> Iterator[tuple[str, str, str, float]]:
+    """``(name, type, help, value)`` of each llama-server metric, with llama-server's type."""
+    counters = (
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+         s.prompt_tokens_total),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+         s.prompt_tokens_cached_total),
+        ("prompt_seconds_total", "Total time spent processing prompts", s.prompt_seconds_total),
+        ("tokens_predicted_total", "Number of generation tokens processed", s.tokens_predicted_total),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+         s.tokens_predicted_seconds_total),
+        ("n_decode_total", "Total number of llama_decode() calls", s.n_decode_total),
+        # a counter in llama-server, under this name (no _total)
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+         s.draft_tokens_total),
+        ("spec_decode_num_accepted_tokens_total",
+         "Speculative: Total draft tokens accepted by the target model", s.draft_accepted_total),
+        ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+         s.draft_steps_total),
+    )  # fmt: skip
+    for name, help_text, value in counters:
+        yield f"llamacpp:{name}", "counter", help_text, value
+    prompt_rate = s.prompt_tokens_total / s.prompt_seconds_total if s.prompt_seconds_total else 0.0
+    predict_rate = (
+        s.tokens_predicted_total / s.tokens_predicted_seconds_total
+        if s.tokens_predicted_seconds_total
+        else 0.0
+    )
+    lookups = s.prompt_tokens_total + s.prompt_tokens_cached_total
+    gauges = (
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_rate),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", predict_rate),
+        ("requests_processing", "Number of requests processing", s.requests_processing),
+        ("requests_deferred", "Number of requests deferred", s.requests_deferred),
+        ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         s.n_busy_slots_per_decode),
+        ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
+         s.kv_cache_tokens / s.kv_cache_capacity if s.kv_cache_capacity else 0.0),
+        ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
+        ("prompt_cache_hit_ratio", "Share of prompt tokens served from the prompt cache",
+         s.prompt_tokens_cached_total / lookups if lookups else 0.0),
+    )  # fmt: skip
+    for name, help_text, value in gauges:
+        yield f"llamacpp:{name}", "gauge", help_text, value
 
-    def __init__(self, read: Callable[[], EngineStatistics]) -> None:
-        self._read = read
 
-    def collect(self) -> Iterator[Metric]:
-        s = self._read()
-        counters = (
-            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
-             s.prompt_tokens_total),
-            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
-             s.prompt_tokens_cached_total),
-            ("prompt_seconds_total", "Total time spent processing prompts", s.prompt_seconds_total),
-            ("tokens_predicted_total", "Number of generation tokens processed", s.tokens_predicted_total),
-            ("tokens_predicted_seconds_total", "Total time spent generating tokens",
-             s.tokens_predicted_seconds_total),
-            ("n_decode_total", "Total number of llama_decode() calls", s.n_decode_total),
-            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
-             s.draft_tokens_total),
-            ("spec_decode_num_accepted_tokens_total",
-             "Speculative: Total draft tokens accepted by the target model", s.draft_accepted_total),
-            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
-             s.draft_steps_total),
-        )  # fmt: skip
-        for name, help_text, value in counters:
-            yield CounterMetricFamily(f"llamacpp:{name}", help_text, value=value)
-        prompt_rate = s.prompt_tokens_total / s.prompt_seconds_total if s.prompt_seconds_total else 0.0
-        predict_rate = (
-            s.tokens_predicted_total / s.tokens_predicted_seconds_total
-            if s.tokens_predicted_seconds_total
-            else 0.0
-        )
-        lookups = s.prompt_tokens_total + s.prompt_tokens_cached_total
-        gauges = (
-            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_rate),
-            ("predicted_tokens_seconds", "Average generation throughput in tokens/s", predict_rate),
-            ("requests_processing", "Number of requests processing", s.requests_processing),
-            ("requests_deferred", "Number of requests deferred", s.requests_deferred),
-            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-             s.n_busy_slots_per_decode),
-            ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage",
-             s.kv_cache_tokens / s.kv_cache_capacity if s.kv_cache_capacity else 0.0),
-            ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
-            # llama-server's name; a counter family would print it as n_tokens_max_total
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", s.n_tokens_max),
-            ("prompt_cache_hit_ratio", "Share of prompt tokens served from the prompt cache",
-             s.prompt_tokens_cached_total / lookups if lookups else 0.0),
-        )  # fmt: skip
-        for name, help_text, value in gauges:
-            yield GaugeMetricFamily(f"llamacpp:{name}", help_text, value=value)
+def _llama_server_text(s: EngineStatistics) -> bytes:
+    """llama-server's families in the text format, each name printed as llama-server prints it.
+
+    Written here rather than through prometheus-client, whose counter families
+    always print a ``_total`` name: llama-server's ``n_tokens_max`` is a counter
+    without one.
+    """
+    lines = []
+    for name, kind, help_text, value in _llama_server_families(s):
+        sample = floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped in prometheus-client
+        lines.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} {sample}\n")
+    return "".join(lines).encode()
 
 
 class _StoreCollector:
@@ -112,7 +122,6 @@ def render_metrics(
 ) -> bytes:
     """The Prometheus text exposition of the engine's and the Responses store's statistics, and latencies."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(read))
     registry.register(_StoreCollector(store))
     registry.register(latency)
-    return generate_latest(registry)
+    return _llama_server_text(read()) + generate_latest(registry)

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from bubo.api._constraints import output_constraint
 from bubo.api._llama_fields import lora_scales
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
@@ -387,10 +389,12 @@ def lora_list(scales: Sequence[float]) -> list[wire.LoraScaleEntry]:
 
 
 def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = False) -> wire.Slot:
-    """One ``/slots`` entry; *speculative*: a draft model drafts for it (llama-server's ``speculative``)."""
-    return wire.Slot(
+    """One ``/slots`` entry; *speculative*: a draft model drafts for it (llama-server's ``speculative``).
+
+    A slot that has run no task yet (``id_task`` -1) shows no task fields, as llama-server's.
+    """
+    entry = wire.Slot(
         id=stats.id,
-        id_task=stats.id_task,
         n_ctx=stats.n_ctx,
         speculative=speculative,
         is_processing=stats.is_processing,
@@ -400,6 +404,12 @@ def slot(stats: SlotStatistics, *, speculative: bool = False, sleeping: bool = F
         n_prompt_tokens_processed=stats.n_prompt_tokens_processed,
         n_prompt_tokens_cache=stats.n_prompt_tokens_cache,
         shared_tokens=stats.n_prompt_tokens_shared,
+    )
+    if stats.id_task < 0:
+        return entry
+    return attrs.evolve(
+        entry,
+        id_task=stats.id_task,
         params=wire.SlotParams(lora=lora_list(stats.lora)),
         next_token=[
             wire.NextToken(has_next_token=True, n_decoded=stats.n_decoded, n_remain=stats.n_remain)

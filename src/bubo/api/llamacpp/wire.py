@@ -365,10 +365,14 @@ class NextToken:
 
 @attrs.frozen(kw_only=True)
 class Slot:
-    """One ``/slots`` entry."""
+    """One ``/slots`` entry.
+
+    ``id_task``, ``params`` and ``next_token`` describe the slot's current or
+    last task, so a slot that has run none leaves them out, as llama-server's;
+    the prompt token counts are always there (0), as the API reference lists them.
+    """
 
     id: int
-    id_task: int
     n_ctx: int
     speculative: bool
     is_processing: bool
@@ -378,5 +382,6 @@ class Slot:
     n_prompt_tokens_processed: int
     n_prompt_tokens_cache: int
     shared_tokens: int  # of n_prompt_tokens_cache, those taken from another slot's cells
-    params: SlotParams
-    next_token: list[NextToken]
+    id_task: int | None = None
+    params: SlotParams | None = None
+    next_token: list[NextToken] | None = None
