@@ -343,10 +343,14 @@ def _capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def request_running(server: Server) -> socket.socket:
     """A connection whose request runs with its body in: a streamed /completion, its answer begun.
 
-    With one slot, the first generates and the others wait for it; the client reads no further.
+    With one slot, the first generates and the others wait for it; the client reads no further.  The
+    end of text is ignored, so the first runs for the whole test: a generation that ended would leave
+    its connection idle, a place a newcomer may take.
     """
     sock = connect(server)
-    body = json.dumps({"prompt": "Count to one thousand.", "n_predict": 512, "stream": True}).encode()
+    body = json.dumps(
+        {"prompt": "Count to one thousand.", "n_predict": 4096, "ignore_eos": True, "stream": True}
+    ).encode()
     sock.sendall(
         b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
@@ -413,13 +417,12 @@ class TestConnectionCap:
     def test_excess_is_refused_when_every_connection_is_busy(self, capped: Server) -> None:
         busy = [request_running(capped) for _ in range(32)]
         try:
-            refused = connect(capped)
-            status, headers, body = http1_response(refused)
-            assert status == 503
-            assert headers["retry-after"] == "1"
-            assert json.loads(body)["error"]["code"] == "too_many_connections"
-            assert closed_by_server(refused)
-            refused.close()
+            with connect(capped) as refused:
+                status, headers, body = http1_response(refused)
+                assert status == 503
+                assert headers["retry-after"] == "1"
+                assert json.loads(body)["error"]["code"] == "too_many_connections"
+                assert closed_by_server(refused)
         finally:
             for sock in busy:
                 sock.close()
