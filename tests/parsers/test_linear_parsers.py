@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given, reject, settings
 from hypothesis import strategies as st
 
 from bubo.api.responses._custom_input import CustomInput
@@ -84,7 +83,7 @@ class TestJsonPrefix:
         except json.JSONDecodeError:
             assert progress is not Progress.COMPLETE
         except RecursionError:
-            pytest.skip("deeper than Python's parser")
+            reject()  # deeper than Python's own parser: no reference to compare with; another example
         else:
             assert (progress, reader.end) == (Progress.COMPLETE, end)
 
