@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -58,8 +58,20 @@ class Exchange:
 
 
 @asynccontextmanager
-async def exchange(app: Any, path: str, body: bytes, method: str = "POST") -> AsyncIterator[Exchange]:
-    """Run one request against *app*; leaving the block waits for the app to finish."""
+async def exchange(
+    app: Any,
+    path: str,
+    body: bytes,
+    method: str = "POST",
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = ((b"content-type", b"application/json"),),
+    more_body: bool = False,
+) -> AsyncIterator[Exchange]:
+    """Run one request against *app*; leaving the block waits for the app to finish.
+
+    *headers* follow ``Host: localhost``; with *more_body* the body is only its first part (the
+    client never sends the rest).
+    """
     to_app, app_receive = trio.open_memory_channel[dict[str, Any]](math.inf)
     app_send, from_app = trio.open_memory_channel[dict[str, Any]](math.inf)
     scope = {
@@ -72,12 +84,12 @@ async def exchange(app: Any, path: str, body: bytes, method: str = "POST") -> As
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+        "headers": [(b"host", b"localhost"), *headers],
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8080),
         "extensions": {},
     }
-    await to_app.send({"type": "http.request", "body": body, "more_body": False})
+    await to_app.send({"type": "http.request", "body": body, "more_body": more_body})
     async with trio.open_nursery() as nursery:
         nursery.start_soon(app, scope, app_receive.receive, app_send.send)
         yield Exchange(from_app, to_app)

@@ -9,12 +9,11 @@ is read; curl, SDKs and the chat page's own requests are served as before.
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
 
 import attrs
 import pytest
 import trio
+from tests._asgi import exchange
 from tests.conftest import wait_until_ready
 
 from bubo.config import Settings
@@ -232,30 +231,13 @@ class TestHost:
 
 async def test_the_body_is_not_read(app, fake_engine: FakeEngine) -> None:
     """A refused upload that never ends is answered at once, without waiting for (or reading) its body."""
-    to_app, app_receive = trio.open_memory_channel[dict[str, Any]](math.inf)
-    app_send, from_app = trio.open_memory_channel[dict[str, Any]](math.inf)
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"localhost"), (b"origin", EVIL.encode()), (b"content-length", b"33554432")],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-        "extensions": {},
-    }
-    await to_app.send({"type": "http.request", "body": b"x" * 65536, "more_body": True})
+    headers = [(b"origin", EVIL.encode()), (b"content-length", b"33554432")]
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(app.app, scope, app_receive.receive, app_send.send)
-            start = await from_app.receive()
-            assert start["type"] == "http.response.start"
-            assert start["status"] == 403
-            assert (b"connection", b"close") in [(k.lower(), v) for k, v in start["headers"]]
-            await to_app.send({"type": "http.disconnect"})
+        async with exchange(
+            app.app, "/v1/chat/completions", b"x" * 65536, headers=headers, more_body=True
+        ) as connection:
+            await connection.read_all()
+            assert connection.status == 403
+            assert connection.headers["connection"] == "close"
+            await connection.disconnect()
     assert fake_engine.requests == []
