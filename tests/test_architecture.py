@@ -55,6 +55,7 @@ RESTRICTED = {
     "jinja2": {"templates"},
     "tokenizers": {"tokenizer"},
     "prometheus_client": {"api"},
+    "PIL": {"engine"},
 }
 # The engine modules that hold llama.cpp objects.  The rest of the engine (the decode loop, a
 # generation and its parts, slots, the fake engine) is written against engine/_protocols.py and is
@@ -66,6 +67,8 @@ NATIVE_ENGINE = {
     "_kv",
     "_sampler",
     "_embedder",
+    "_projector",
+    "_vision",
     "_grammar",
     "probe",
     "vocab",

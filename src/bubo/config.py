@@ -195,6 +195,11 @@ class LoadSettings:
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: Pooling | None = None  # embeddings: None: the model's own
+    mmproj: Path | None = None  # the image projector; None: the model reads text only
+    mmproj_offload: bool = True  # the projector on the GPU where there is one
+    image_min_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    image_max_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    image_max_pixels: int = attrs.field(default=50_000_000, validator=_positive)
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
     max_unread_mib: int = attrs.field(
         default=16, validator=_positive
@@ -525,6 +530,11 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _optional_gguf_file(text: str) -> Path | None:
+    """A GGUF file, or ``off`` (none: what the option's ``--no-…`` flag sends)."""
+    return None if text.strip().lower() == "off" else _gguf_file(text)
+
+
 def _json_object_file(text: str) -> dict[str, Any]:
     path = _existing_file(text)
     try:
@@ -796,6 +806,20 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--pooling",), ("model", "pooling"), _choice_of(Pooling),
            "how embeddings pool the token states: " + _listed(Pooling) + " (default: the model's)",
            "TYPE"),
+    Option(("-mm", "--mmproj"), ("model", "mmproj"), _optional_gguf_file,
+           "a multimodal projector (llama.cpp's mmproj GGUF) made for the model: requests may then hold "
+           "images (default: none; the model reads text only)", "PATH", off_flags=("--no-mmproj",)),
+    Option(("--mmproj-offload",), ("model", "mmproj_offload"), _switch,
+           "run the projector on the GPU where there is one ({default})", "on|off",
+           off_flags=("--no-mmproj-offload",)),
+    Option(("--image-min-tokens",), ("model", "image_min_tokens"), _int,
+           "the fewest tokens a dynamic-resolution projector gives an image (default: the projector's)",
+           "N"),
+    Option(("--image-max-tokens",), ("model", "image_max_tokens"), _int,
+           "the most tokens a dynamic-resolution projector gives an image (default: the projector's)", "N"),
+    Option(("--image-max-pixels",), ("model", "image_max_pixels"), _int,
+           "the largest image a request may send, in pixels (width times height), refused with a 400 "
+           "before it is decoded ({default})", "N"),
     Option(("--slot-save-path",), ("serving", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),

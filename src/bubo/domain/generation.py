@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from .media import PlacedImage
 from .sampling import DraftLimits, SamplingParams
 
 __all__ = [
@@ -111,6 +112,8 @@ class GenerationRequest:
     speculative: DraftLimits = attrs.field(factory=DraftLimits)  # how it may draft, if the engine drafts
     # each loaded LoRA adapter's scale, by id (0: not applied); None: the engine's scales when it starts
     lora: tuple[float, ...] | None = None
+    # images whose embedding positions the prompt holds (stand-in ids in ``prompt_tokens``), in order
+    images: tuple[PlacedImage, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

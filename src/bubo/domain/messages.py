@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 import attrs
 
+from .media import ImageInput
+
 __all__ = ["ChatPrompt", "InputGrammar", "Message", "Role", "ToolCall", "ToolSpec"]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -70,6 +72,10 @@ class ChatPrompt:
     and ``continue_final_message`` are what the request said (None: it did not
     say); the template decides from them and the messages, one rule for every
     dialect (a final assistant message is continued unless the request says otherwise).
+
+    A model that takes images reads each of ``images`` where its translation
+    wrote ``media_marker`` (:func:`bubo.domain.media.new_media_marker`) in a
+    message's text; the prompt is split there once rendered.
     """
 
     messages: tuple[Message, ...]
@@ -77,3 +83,6 @@ class ChatPrompt:
     template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    # the images the messages' text refers to, in order: each stands where ``media_marker`` is written
+    images: tuple[ImageInput, ...] = ()
+    media_marker: str = ""

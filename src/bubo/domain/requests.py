@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
+from .media import DEFAULT_MEDIA_MARKER, ImageInput
 from .messages import ChatPrompt
 from .sampling import DraftOverrides, SamplingOverrides
 
@@ -136,3 +137,6 @@ class CompletionRequest:
     options: GenerationOptions = attrs.field(factory=GenerationOptions)
     output_format: OutputFormat | None = None
     grammar: RawGrammar | None = None  # at most one of output_format and grammar
+    # images read where the prompt's text holds ``media_marker`` (llama-server's ``multimodal_data``)
+    images: tuple[ImageInput, ...] = ()
+    media_marker: str = DEFAULT_MEDIA_MARKER

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
 from ._kv import SequenceCache, SnapshotStore
+from ._projector import Projector
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
 from .base import EngineFailure
@@ -47,10 +48,12 @@ class LlamaContext:
         reuse_chunk: int = 0,
         adapters: Sequence[Any] = (),
         disk: DiskTier | None = None,
+        projector: Projector | None = None,
     ) -> None:
         """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
 
-        *adapters* are the loaded LoRA adapters (``llama_adapter_lora`` pointers), by id.
+        *adapters* are the loaded LoRA adapters (``llama_adapter_lora`` pointers), by id; *projector*
+        the images' (``--mmproj``), over the same model.
         """
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
@@ -82,6 +85,7 @@ class LlamaContext:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._adapters = tuple(adapters)
         self._applied: AdapterSet = NO_ADAPTERS
+        self.projector = projector
 
     def use_adapters(self, adapters: AdapterSet) -> None:
         """Apply *adapters* to the decodes that follow (``llama_set_adapters_lora``; cheap when unchanged).
@@ -146,6 +150,36 @@ class LlamaContext:
             entry.cache.extend(entry.tokens)
         self._totals.decoded(len(entries))
         return starts
+
+    def decode_image(self, entry: BatchEntry) -> int:
+        """Encode *entry*'s image and evaluate its embeddings after its sequence's tokens; the logits' index.
+
+        The projector decodes the embeddings in batches of its own (non-causal
+        within the image where the model asks for it), so the last logits are
+        those of the last decode (index -1).
+
+        Raises:
+            EngineFailure: the projector or llama.cpp failed (the sequence is as before the call).
+
+        """
+        image, cache = entry.image, entry.cache
+        if image is None or self.projector is None:
+            raise EngineFailure("an image reached a context without a projector")
+        try:
+            self.projector.evaluate(
+                self.ctx,
+                image.handle,
+                n_past=len(cache.tokens),
+                seq_id=cache.seq_id,
+                n_batch=self.n_batch,
+                logits_last=entry.last_logits,
+            )
+        except EngineFailure:
+            cache.discard_uncommitted()  # the first of its batches may have been written
+            raise
+        cache.extend(entry.tokens)
+        self._totals.decoded(1)
+        return -1
 
     def _failed(self, status: int, entries: Sequence[BatchEntry]) -> None:
         """Raise for a failed ``llama_decode``.

@@ -395,6 +395,15 @@ class DecodeLoop:
         if not self._active:
             return
         batch = self._next_batch()
+        images = [(member, entry) for member, entry in batch if entry.image is not None]
+        if len(images) < len(batch):
+            self._decode_text([(member, entry) for member, entry in batch if entry.image is None])
+        for member, entry in images:
+            if member in self._active:  # a failure in the text batch may have ended it
+                self._decode_image(member, entry)
+
+    def _decode_text(self, batch: list[tuple[_Member, BatchEntry]]) -> None:
+        """Evaluate the step's tokens in one ``llama_decode`` and hand each generation its part."""
         timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].generation.prefilling
         cells = _cells_attended(entry for _, entry in batch)
         started = time.perf_counter()
@@ -414,14 +423,33 @@ class DecodeLoop:
         if timed and self._drafting is not None:  # the drafting policy models one generation's steps
             self._drafting.observe_decode(len(batch[0][1].tokens), took)
         for (member, entry), start in zip(batch, starts, strict=True):
-            try:
-                member.generation.evaluated(entry, start)
-            except Exception as error:  # noqa: BLE001 - a bug fails its own request only
-                self._fail(member, error)
-                continue
-            if member.generation.done:
-                self._active.remove(member)
-                self._end(member, None)
+            self._evaluated(member, entry, start)
+
+    def _decode_image(self, member: _Member, entry: BatchEntry) -> None:
+        """Encode and evaluate one prompt's image, alone (the projector decodes its own batches).
+
+        Its time is not the prefill budget's evidence: an image's cost is the encoder's, not per token.
+        """
+        try:
+            self._context.use_adapters(member.generation.adapters)
+            index = self._context.decode_image(entry)
+        except ContextFull:
+            self._make_room([member])
+            return
+        except EngineFailure as failure:
+            self._decode_failed(failure, [member])
+            return
+        self._evaluated(member, entry, index)
+
+    def _evaluated(self, member: _Member, entry: BatchEntry, index: int) -> None:
+        try:
+            member.generation.evaluated(entry, index)
+        except Exception as error:  # noqa: BLE001 - a bug fails its own request only
+            self._fail(member, error)
+            return
+        if member.generation.done:
+            self._active.remove(member)
+            self._end(member, None)
 
     def _log_step(self, batch: list[tuple[_Member, BatchEntry]], took: float) -> None:
         """One line a step: what it carried and what it cost (the prefill budget's evidence)."""

@@ -110,7 +110,7 @@ class Generation:
             eog=setup.eog,
             n_ctx_train=context.n_ctx_train,
             fits=self._feeder.fits,
-            shifts=setup.context_shift,
+            shifts=setup.context_shift and not request.images,
         )
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
         self._policy = setup.drafting
@@ -161,7 +161,8 @@ class Generation:
             raise EngineFailure(msg)
         self._started = time.perf_counter()
         self._sampler = self._make_sampler(request)
-        self._sampler.remember(prompt)
+        # an image's stand-in ids are no tokens: the penalties see the prompt's text only
+        self._sampler.remember([token for token in prompt if token >= 0] if request.images else prompt)
         self._drafts = self._draft_source()
         feeder = self._feeder
         self._cache_report = feeder.reuse()
@@ -177,7 +178,7 @@ class Generation:
     def _draft_source(self) -> DraftSource | None:
         """The draft model's drafts if the engine has one, else prompt lookup's (None: no drafting)."""
         request = self.request
-        if request.speculative.n_max <= 0:
+        if request.speculative.n_max <= 0 or request.images:  # drafts know nothing of an image's positions
             return None
         if self._drafter is not None:
             return self._drafter.drafts(self.slot.id, request.prompt_tokens, p_min=request.speculative.p_min)

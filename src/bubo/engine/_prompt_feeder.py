@@ -7,9 +7,17 @@ context stops there, unless the engine shifts the context (llama-server's
 ``--context-shift``): then, before the token that would not fit is evaluated,
 the first ``n_keep`` tokens stay, half of the rest are dropped and the later
 cells move down (:meth:`KvSequence.shift`), and the generation goes on.
+
+An image in the prompt is read whole, in a chunk of its own (its embeddings,
+encoded by the projector), and never split: a cached prefix that ends inside
+an image's positions is cut back to the image's start, a text chunk stops
+before it, and a prompt with images is never shifted (an image's cells cannot
+be half dropped).
 """
 
 from __future__ import annotations
+
+import attrs
 
 from bubo.domain.generation import CacheReport, GenerationRequest
 
@@ -28,10 +36,11 @@ class PromptFeeder:
         """*n_ctx*: what the sequence may hold; *shift*: go on past it (where the memory can move cells)."""
         self._request = request
         self._prompt = request.prompt_tokens
+        self._images = {placed.at: placed for placed in request.images}
         self._cache = cache
         self._n_ctx = n_ctx
         self._bos = bos
-        self.shifting = shift and cache.can_shift()
+        self.shifting = shift and cache.can_shift() and not request.images
         self.at = 0  # the next prompt token to evaluate
         self.n_cached = 0  # prompt tokens the sequence already held
         self.shifts = 0
@@ -46,6 +55,10 @@ class PromptFeeder:
             reuse=request.cache_prompt,
             adapters=adapter_set(request.lora or ()),
         )
+        for placed in request.images:
+            if placed.at < self.n_cached < placed.end:  # never half an image
+                self.n_cached = self._cache.truncate(placed.at)
+                report = attrs.evolve(report, shared_tokens=min(report.shared_tokens, self.n_cached))
         self.at = self.n_cached
         return report
 
@@ -65,9 +78,26 @@ class PromptFeeder:
         return self.at - self.n_cached
 
     def chunk(self, room: int) -> BatchEntry:
-        """Up to *room* prompt tokens for the next batch (logits after the prompt's last)."""
-        chunk = self._prompt[self.at : self.at + room]
-        return BatchEntry(self._cache, chunk, last_logits=self.at + len(chunk) == len(self._prompt))
+        """Up to *room* prompt tokens for the next batch (logits after the prompt's last).
+
+        An image whose positions start here is the whole chunk, whatever *room*;
+        a text chunk ends before the next image.
+        """
+        placed = self._images.get(self.at)
+        if placed is not None:
+            chunk = self._prompt[self.at : placed.end]
+            return BatchEntry(
+                self._cache, chunk, last_logits=placed.end == len(self._prompt), image=placed.image
+            )
+        end = min(self.at + room, len(self._prompt))
+        end = min([end, *(at for at in self._images if self.at < at < end)])
+        chunk = self._prompt[self.at : end]
+        return BatchEntry(self._cache, chunk, last_logits=end == len(self._prompt))
+
+    @property
+    def next_is_image(self) -> bool:
+        """Whether the next prompt chunk is an image (read alone, whatever the step's room)."""
+        return self.at in self._images
 
     def read(self, n_tokens: int) -> None:
         """*n_tokens* more of the prompt were evaluated."""

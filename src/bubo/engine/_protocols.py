@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
+from bubo.domain.media import PromptImage
 
 from .base import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
@@ -96,12 +97,17 @@ class KvSequence(Protocol):
 
 @attrs.frozen
 class BatchEntry:
-    """Tokens of one sequence in a batch; logits for every one (a draft to verify) or only the last."""
+    """Tokens of one sequence in a batch; logits for every one (a draft to verify) or only the last.
+
+    With ``image``, ``tokens`` are that image's stand-in ids and the entry is
+    its embeddings: :meth:`DecodeContext.decode_image` evaluates it alone.
+    """
 
     cache: KvSequence
     tokens: tuple[int, ...]
     all_logits: bool = False
     last_logits: bool = True  # a prompt chunk that does not end the prompt needs none
+    image: PromptImage | None = None
 
 
 class DecodeContext(Protocol):
@@ -157,6 +163,16 @@ class DecodeContext(Protocol):
         Raises:
             ContextFull: no room in the KV cache (the sequences are as before the call).
             EngineFailure: the decode failed (fatal when the context is unusable).
+
+        """
+        ...
+
+    def decode_image(self, entry: BatchEntry) -> int:
+        """Encode *entry*'s image and evaluate its embeddings after its sequence's tokens; the logits' index.
+
+        Raises:
+            ContextFull: no room in the KV cache (the sequence is as before the call).
+            EngineFailure: the projector or llama.cpp failed.
 
         """
         ...

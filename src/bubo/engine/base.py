@@ -31,6 +31,7 @@ import numpy.typing as npt
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationFailed, GenerationRequest, GrammarSpec
+from bubo.domain.media import PromptImage
 from bubo.domain.modes import Pooling
 from bubo.domain.sampling import SamplingParams
 from bubo.errors import BuboError, DeviceLost, InternalError, InvalidRequest, ServiceUnavailable
@@ -49,6 +50,7 @@ __all__ = [
     "EngineStatistics",
     "FimTokens",
     "GrammarRejected",
+    "ImageReader",
     "LoraAdapter",
     "ModelInfo",
     "RepackDecision",
@@ -203,12 +205,40 @@ class EmbeddingModel(Protocol):
         ...
 
 
+class ImageReader(Protocol):
+    """Image files to prompt input, blocking (call from a worker thread); see ``engine/_vision.py``."""
+
+    @property
+    def max_pixels(self) -> int:
+        """The most pixels (width times height) an image may have."""
+        ...
+
+    @property
+    def encoder_bytes(self) -> int:
+        """The working memory encoding one image takes (the memory guard's estimate)."""
+        ...
+
+    def read_image(self, data: bytes, *, param: str) -> PromptImage:
+        """Decode *data* (PNG, JPEG, WebP, GIF, BMP) and tokenize it for the prompt.
+
+        Raises:
+            InvalidRequest: not a readable image, or over :attr:`max_pixels` (``param`` names it).
+
+        """
+        ...
+
+
 class Engine(Protocol):
     """What the service layer needs from a decode engine."""
 
     @property
     def embedder(self) -> EmbeddingModel | None:
         """The embedding model (``--embeddings``), or None when embeddings are not served."""
+        ...
+
+    @property
+    def vision(self) -> ImageReader | None:
+        """What reads images into prompts (``--mmproj``), or None for a model that reads text only."""
         ...
 
     @property
@@ -375,6 +405,8 @@ class SlotEngine(abc.ABC):
     channel_buffer: float = _CHANNEL_BUFFER
     # The embedding model, where the engine serves embeddings (see Engine.embedder).
     embedder: EmbeddingModel | None = None
+    # What reads images, where the model takes them (see Engine.vision).
+    vision: ImageReader | None = None
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ from bubo.domain.generation import (
     TokenLogprob,
     TopLogprob,
 )
+from bubo.domain.media import PromptImage, stand_in_ids
 from bubo.domain.modes import Pooling
 
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, Job, cross
@@ -50,7 +51,7 @@ from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
 from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
 from .slots import Slot, common_prefix
 
-__all__ = ["FakeEmbedder", "FakeEngine", "fake_model_info"]
+__all__ = ["FakeEmbedder", "FakeEngine", "FakeVision", "fake_model_info"]
 
 _PIECES = re.compile(r"\s*\S+|\s+")
 
@@ -130,6 +131,35 @@ class FakeEmbedder:
         return pooled
 
 
+@attrs.define
+class FakeVision:
+    """Images without a projector: decoded as the real engine decodes them, ``n_positions`` stand-ins each.
+
+    Every image read is kept in ``read``, in order.
+    """
+
+    n_positions: int = 4
+    max_pixels: int = 1_000_000
+    encoder_bytes: int = 0
+    read: list[PromptImage] = attrs.field(factory=list)
+
+    def read_image(self, data: bytes, *, param: str) -> PromptImage:
+        """Like :meth:`bubo.engine._vision.Vision.read_image`."""
+        from ._images import decode_image  # noqa: PLC0415 - Pillow, only when a test sends an image
+
+        bitmap = decode_image(data, param=param, max_pixels=self.max_pixels)
+        digest = hashlib.sha256(f"{bitmap.width}x{bitmap.height}:".encode() + bitmap.rgb).digest()
+        image = PromptImage(
+            tokens=stand_in_ids(digest, self.n_positions),
+            start=0,
+            n_positions=self.n_positions,
+            digest=digest.hex(),
+            handle=bitmap,
+        )
+        self.read.append(image)
+        return image
+
+
 @attrs.frozen
 class _KvMirror:
     """A slot's "KV sequence": the last prompt it ran."""
@@ -165,10 +195,12 @@ class FakeEngine(SlotEngine):
         n_slots: int = 1,
         similarity: float = 0.1,
         embedder: FakeEmbedder | None = None,
+        vision: FakeVision | None = None,
         lora: Sequence[LoraAdapter] = (),
     ) -> None:
         super().__init__(info or fake_model_info(), n_slots=n_slots, similarity=similarity, lora=lora)
         self.embedder = embedder
+        self.vision = vision
         self.script = script or FakeScript()
         self.requests: list[GenerationRequest] = []
         self.slots_used: list[int] = []  # the slot each request ran in, in order

@@ -54,6 +54,7 @@ from ._kv import SnapshotStore, saved_token_count
 from ._model_drafts import Drafter
 from ._prefill_budget import DEFAULT_GAP_S, PrefillBudget
 from ._sampler import Sampler, dry_key
+from ._vision import Vision
 from .base import (
     CacheContents,
     EngineFailure,
@@ -123,6 +124,11 @@ class LlamaOptions:
     cache_disk_max_age_days: float = 7.0  # another model's (settings') directory unused this long is deleted
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
     pooling: Pooling | None = None  # the embeddings' pooling; None: the model's
+    mmproj: Path | None = None  # the image projector (--mmproj); None: the model reads text only
+    mmproj_offload: bool = True  # the projector on the GPU where there is one
+    image_min_tokens: int | None = None  # a dynamic-resolution projector's bounds; None: its own
+    image_max_tokens: int | None = None
+    image_max_pixels: int = 50_000_000  # the largest image read (width times height), checked before decoding
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
     draft_model_path: Path | None = None  # a draft model drafts instead of prompt lookup (--model-draft)
     n_ctx_draft: int = 0  # the draft context's tokens per slot; 0: as the main context's
@@ -371,10 +377,18 @@ class LlamaEngine(SlotEngine):
         )
         for slot, cache in zip(self.slots, context.caches, strict=True):
             slot.mirror = cache
+        try:
+            self._open_vision(model)
+        except BaseException:
+            self._close_draft()
+            context.close()
+            raise
+        context.projector = None if self.vision is None else self.vision.projector
         if isinstance(self.embedder, Embedder):
             try:
                 self.embedder.open(model)
             except BaseException:
+                self._close_vision()
                 self._close_draft()
                 context.close()
                 raise
@@ -387,11 +401,32 @@ class LlamaEngine(SlotEngine):
                     pooling=options.pooling,
                 )
             except BaseException:
+                self._close_vision()
                 self._close_draft()
                 context.close()
                 raise
 
-    # ---- sleeping while idle: the weights, the context and the embedder go; the slots' counters stay ----
+    def _open_vision(self, model: object) -> None:
+        """Open the image projector over *model* (``--mmproj``): again after a sleep, or the first time."""
+        options = self._options
+        if isinstance(self.vision, Vision):
+            self.vision.open(model)
+        elif options.mmproj is not None:
+            self.vision = Vision(
+                options.mmproj,
+                model,
+                use_gpu=options.mmproj_offload,
+                n_threads=options.n_threads_batch or options.n_threads,
+                image_min_tokens=options.image_min_tokens,
+                image_max_tokens=options.image_max_tokens,
+                max_pixels=options.image_max_pixels,
+            )
+
+    def _close_vision(self) -> None:
+        if isinstance(self.vision, Vision):
+            self.vision.close()  # kept: it opens again over the next model (vision is None: text only)
+
+    # ---- sleeping while idle: the weights, the context, the embedder and the projector go ----
 
     def _fall_asleep(self) -> None:
         """Stop the decode thread, then free the context, the embedder and the weights (nothing holds them).
@@ -436,6 +471,7 @@ class LlamaEngine(SlotEngine):
         self._close_draft()
         if isinstance(self.embedder, Embedder):
             self.embedder.close()  # kept: it opens again over the next model (embedder is None: not served)
+        self._close_vision()
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None

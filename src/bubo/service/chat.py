@@ -24,7 +24,7 @@ from bubo.templates import THINK_CLOSE, THINK_OPEN
 
 from .generation import PreparedGeneration, bias_chars, compile_grammar, generation_request
 from .output import OutputPlan
-from .prompt import RenderedPrompt, count_chat, render_chat, stable_prompt
+from .prompt import RenderedPrompt, count_chat, image_work_bytes, reading_images, render_chat, stable_prompt
 from .runtime import Runtime
 from .work import PREPARE_BYTES_PER_CHAR
 
@@ -97,8 +97,12 @@ async def prepare_chat(
         return schemas, rendered, checked
 
     need_bytes = (prompt_chars(prompt) + bias_chars(request.options)) * PREPARE_BYTES_PER_CHAR
+    need_bytes += image_work_bytes(runtime, prompt.images)
     # schemas are checked (their normal form, their references bundled) in the worker too: off the event loop
-    checked_schemas, rendered, checked = await runtime.workers.run(render_and_check, need_bytes=need_bytes)
+    async with reading_images(runtime, prompt.images):
+        checked_schemas, rendered, checked = await runtime.workers.run(
+            render_and_check, need_bytes=need_bytes
+        )
     inside = starts_inside_thinking(rendered.text)
     may_think = runtime.template.supports_thinking
     thinking = inside or may_think

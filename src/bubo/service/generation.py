@@ -43,7 +43,7 @@ from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
 from .latency import RequestTimeline
 from .output import OutputPlan, output_events
-from .prompt import RenderedPrompt, tokenize_raw
+from .prompt import RenderedPrompt, image_work_bytes, reading_images, tokenize_raw
 from .runtime import Runtime
 from .work import PREPARE_BYTES_PER_CHAR
 
@@ -87,7 +87,13 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
             output = request.output_format
             checked = attrs.evolve(output, schema=check_schema(output.schema, output.param))
             planned = output_grammar(checked.schema, starts_inside=False, may_think=False), output.param
-        rendered = tokenize_raw(runtime, request.prompt, n_ctx=runtime.engine.info.n_ctx)
+        rendered = tokenize_raw(
+            runtime,
+            request.prompt,
+            n_ctx=runtime.engine.info.n_ctx,
+            images=request.images,
+            media_marker=request.media_marker,
+        )
         prepared = PreparedGeneration(
             prompt=rendered,
             request=generation_request(runtime, rendered, request.options, prompt_param="prompt"),
@@ -95,7 +101,9 @@ async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> Pr
         return prepared, planned, checked
 
     chars = sum(len(p) for p in request.prompt if isinstance(p, str)) + bias_chars(request.options)
-    prepared, planned, checked = await runtime.workers.run(prepare, need_bytes=chars * PREPARE_BYTES_PER_CHAR)
+    need_bytes = chars * PREPARE_BYTES_PER_CHAR + image_work_bytes(runtime, request.images)
+    async with reading_images(runtime, request.images):
+        prepared, planned, checked = await runtime.workers.run(prepare, need_bytes=need_bytes)
     grammar = runtime.default_grammar if planned is None else await compile_grammar(runtime, *planned)
     plan = OutputPlan() if checked is None else OutputPlan(schema=checked.schema, schema_param=checked.param)
     return attrs.evolve(prepared, request=attrs.evolve(prepared.request, grammar=grammar), plan=plan)
@@ -148,10 +156,12 @@ def generation_request(
         raise ContextOverflow(n_prompt_tokens=n_prompt, n_ctx=n_ctx, param=prompt_param)
     max_tokens = runtime.defaults.n_predict if options.max_tokens is None else options.max_tokens
     if runtime.memory_guard is not None:
+        vision = runtime.engine.vision
         runtime.memory_guard.admit(
             min(n_ctx, n_prompt + max_tokens) if max_tokens >= 0 else n_ctx,
             output_bytes=most_new_tokens(runtime.engine.info, n_prompt, max_tokens)
             * logprob_bytes(options.n_probs),
+            image_bytes=vision.encoder_bytes if rendered.images and vision is not None else 0,
         )
     sampling = _sampling(runtime, options)
     runtime.engine.prepare_sampling(sampling)  # on this worker thread, not the decode thread
@@ -170,6 +180,7 @@ def generation_request(
         post_sampling_probs=options.post_sampling_probs,
         speculative=runtime.defaults.speculative.with_overrides(options.speculative),
         lora=_lora(runtime, options),
+        images=rendered.images,
     )
 
 

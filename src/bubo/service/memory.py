@@ -138,10 +138,12 @@ class MemoryGuard:
         """The estimated memory one generation of *n_tokens* (prompt and output) needs."""
         return n_tokens * self.kv_bytes_per_token + self.step_bytes + WORKING_MARGIN_BYTES
 
-    def admit(self, n_tokens: int, *, output_bytes: int = 0) -> None:
+    def admit(self, n_tokens: int, *, output_bytes: int = 0, image_bytes: int = 0) -> None:
         """Check a generation of *n_tokens* against what the machine can give.
 
-        *output_bytes* is what its answer may hold besides the text (its log-probabilities).
+        *output_bytes* is what its answer may hold besides the text (its
+        log-probabilities); *image_bytes* what encoding its images needs (the
+        projector's working memory: one image is encoded at a time).
 
         Raises:
             InsufficientMemoryPermanent: it needs more than the machine could ever give.
@@ -149,12 +151,18 @@ class MemoryGuard:
             InsufficientMemory: it needs more than is available now.
 
         """
+        parts = [f"{n_tokens} tokens of state"]
+        advice = ["shorten the prompt or max_tokens"]
+        if output_bytes:
+            parts.append(f"{_mib(output_bytes)} MiB of log-probabilities")
+            advice.append("ask for fewer n_probs")
+        if image_bytes:
+            parts.append(f"{_mib(image_bytes)} MiB to encode an image")
+            advice.append("remove the image")
         self._check(
-            self.need_bytes(n_tokens) + output_bytes,
-            what=f"({n_tokens} tokens of state"
-            + (f", {_mib(output_bytes)} MiB of log-probabilities)" if output_bytes else ")"),
-            advice="shorten the prompt or max_tokens"
-            + (", or ask for fewer n_probs" if output_bytes else ""),
+            self.need_bytes(n_tokens) + output_bytes + image_bytes,
+            what="(" + ", ".join(parts) + ")",
+            advice=", or ".join([", ".join(advice[:-1]), advice[-1]]) if len(advice) > 1 else advice[0],
         )
 
     def admit_bytes(self, need_bytes: int, *, reserved_bytes: int = 0) -> None:

@@ -6,25 +6,31 @@ Generation, ``/apply-template``, ``/tokenize``-free counting and Anthropic's
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Literal
 
 import attrs
 
+from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput, PlacedImage
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import PromptPiece
-from bubo.errors import BuboError, ContextOverflow, InvalidRequest
+from bubo.errors import BuboError, ContextOverflow, InvalidRequest, UnsupportedContent
 from bubo.tokenizer import Tokenizer
 
 from .runtime import Runtime
 
 __all__ = [
+    "DECODE_BYTES_PER_PIXEL",
     "BosRule",
     "RenderedPrompt",
     "count_chat",
+    "image_work_bytes",
     "min_tokens",
     "raw_tokens",
+    "reading_images",
     "render_chat",
     "stable_prompt",
     "tokenize_raw",
@@ -33,10 +39,15 @@ __all__ = [
 
 @attrs.frozen(kw_only=True)
 class RenderedPrompt:
-    """The prompt text and its token ids (BOS included when the model adds one)."""
+    """The prompt text and its token ids (BOS included when the model adds one).
+
+    With ``images``, ``tokens`` hold each image's run (:class:`PromptImage`) where
+    the text held its marker, and ``text`` still holds the markers.
+    """
 
     text: str
     tokens: tuple[int, ...]
+    images: tuple[PlacedImage, ...] = ()
 
 
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -66,6 +77,25 @@ def stable_prompt(prompt: ChatPrompt) -> ChatPrompt:
     return attrs.evolve(prompt, messages=messages)
 
 
+DECODE_BYTES_PER_PIXEL = 8
+"""Working memory per pixel while an image is decoded and converted (its file's mode, then RGB)."""
+
+
+def image_work_bytes(runtime: Runtime, images: Sequence[ImageInput]) -> int:
+    """What reading *images* may take besides their files: one decoded at a time, at the largest allowed."""
+    vision = runtime.engine.vision
+    if not images or vision is None:
+        return 0
+    return vision.max_pixels * DECODE_BYTES_PER_PIXEL
+
+
+def reading_images(runtime: Runtime, images: Sequence[ImageInput]) -> AbstractAsyncContextManager[None]:
+    """Hold the model awake while *images* are read (the projector sleeps with it); nothing without images."""
+    if not images:
+        return contextlib.nullcontext()
+    return runtime.engine.awake()
+
+
 def render_chat(runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = None) -> RenderedPrompt:
     """Render *prompt* with the chat template and tokenize it.
 
@@ -78,10 +108,69 @@ def render_chat(runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = Non
     """
     text = _chat_text(runtime, prompt)
     room = None if n_ctx is None else n_ctx - 1  # a prompt of n_ctx tokens or more does not fit
-    tokens = _text_tokens(
-        runtime.tokenizer, text, room, 0, _context_overflow(n_ctx, "messages"), add_special=True
-    )
+    overflow = _context_overflow(n_ctx, "messages")
+    if prompt.images:
+        tokens, images = _with_images(runtime, text, prompt.images, prompt.media_marker, room, overflow)
+        return RenderedPrompt(text=text, tokens=tuple(tokens), images=images)
+    tokens = _text_tokens(runtime.tokenizer, text, room, 0, overflow, add_special=True)
     return RenderedPrompt(text=text, tokens=tuple(tokens))
+
+
+def _with_images(
+    runtime: Runtime,
+    text: str,
+    images: Sequence[ImageInput],
+    marker: str,
+    room: int | None,
+    overflow: Callable[[int, bool], BuboError],
+    *,
+    add_special: bool = True,
+    parse_special: bool = True,
+) -> tuple[list[int], tuple[PlacedImage, ...]]:
+    """The ids of *text* with each *marker* replaced by the next image's run (read by the engine's projector).
+
+    The text between markers is tokenized piece by piece, as llama.cpp's mtmd
+    does (special tokens added to the first piece only).
+
+    Raises:
+        UnsupportedContent: the model reads text only.
+        InvalidRequest: an image is not readable, or the template dropped one (not every marker is left).
+        BuboError: *overflow*'s error.
+
+    """
+    vision = runtime.engine.vision
+    if vision is None:
+        raise UnsupportedContent("image", param=images[0].param)
+    pieces = text.split(marker)
+    if len(pieces) != len(images) + 1:
+        raise InvalidRequest(
+            f"the prompt holds {len(pieces) - 1} of the request's {len(images)} images "
+            "(the chat template left some out)",
+            param=images[0].param,
+        )
+    tokenizer = runtime.tokenizer
+    tokens: list[int] = []
+    placed: list[PlacedImage] = []
+    for index, piece in enumerate(pieces):
+        tokens.extend(
+            _text_tokens(
+                tokenizer,
+                piece,
+                room,
+                len(tokens),
+                overflow,
+                add_special=add_special and index == 0,
+                parse_special=parse_special,
+            )
+        )
+        if index == len(images):
+            break
+        image = vision.read_image(images[index].data, param=images[index].param)
+        placed.append(PlacedImage(at=len(tokens) + image.start, image=image))
+        tokens.extend(image.tokens)
+        if room is not None and len(tokens) > room:
+            raise overflow(len(tokens), True)  # noqa: FBT003
+    return tokens, tuple(placed)
 
 
 def count_chat(runtime: Runtime, prompt: ChatPrompt) -> int:
@@ -187,20 +276,59 @@ def _text_tokens(
 
 
 def tokenize_raw(
-    runtime: Runtime, prompt: tuple[PromptPiece, ...], *, param: str = "prompt", n_ctx: int | None = None
+    runtime: Runtime,
+    prompt: tuple[PromptPiece, ...],
+    *,
+    param: str = "prompt",
+    n_ctx: int | None = None,
+    images: Sequence[ImageInput] = (),
+    media_marker: str = DEFAULT_MEDIA_MARKER,
 ) -> RenderedPrompt:
     """A raw prompt for generation: its ids (:func:`raw_tokens`, BOS in front as llama-server adds) and text.
 
+    With *images* (llama-server's ``multimodal_data``) the prompt is text, and
+    each *media_marker* in it is the next image.
+
     Raises:
-        InvalidRequest: a token id is outside the vocabulary.
+        InvalidRequest: a token id is outside the vocabulary; token ids beside images; an unreadable image.
+        UnsupportedContent: images for a model that reads text only.
         ContextOverflow: with *n_ctx*, the prompt has *n_ctx* tokens or more.
 
     """
     tokenizer = runtime.tokenizer
     room = None if n_ctx is None else n_ctx - 1  # a prompt of n_ctx tokens or more does not fit
+    if images:
+        return _raw_with_images(runtime, prompt, param, room, n_ctx, images, media_marker)
     tokens = raw_tokens(tokenizer, prompt, param=param, room=room, overflow=_context_overflow(n_ctx, param))
     text = "".join(p if isinstance(p, str) else tokenizer.decode([p]) for p in prompt)
     return RenderedPrompt(text=text, tokens=tuple(tokens))
+
+
+def _raw_with_images(
+    runtime: Runtime,
+    prompt: tuple[PromptPiece, ...],
+    param: str,
+    room: int | None,
+    n_ctx: int | None,
+    images: Sequence[ImageInput],
+    media_marker: str,
+) -> RenderedPrompt:
+    """:func:`tokenize_raw` for a text prompt with images: the model's BOS in front unless it is there."""
+    texts = [piece for piece in prompt if isinstance(piece, str)]
+    if len(texts) != len(prompt):
+        raise InvalidRequest("a prompt with multimodal_data must be text, not token ids", param=param)
+    text = "".join(texts)
+    tokenizer = runtime.tokenizer
+    bos = tokenizer.bos_id if tokenizer.add_bos else None
+    tokens, placed = _with_images(
+        runtime, text, images, media_marker, room, _context_overflow(n_ctx, param), add_special=False
+    )
+    if bos is not None and tokens[:1] != [bos]:
+        tokens.insert(0, bos)
+        placed = tuple(attrs.evolve(image, at=image.at + 1) for image in placed)
+        if room is not None and len(tokens) > room:
+            raise _context_overflow(n_ctx, param)(len(tokens), False)  # noqa: FBT003
+    return RenderedPrompt(text=text, tokens=tuple(tokens), images=placed)
 
 
 def _context_overflow(n_ctx: int | None, param: str) -> Callable[[int, bool], BuboError]:

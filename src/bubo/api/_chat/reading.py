@@ -35,7 +35,7 @@ async def chat_request_without_model(runtime: Runtime) -> ChatRequest:
     def translated(body: wire.ChatCompletionRequest) -> ChatRequest:
         if body.model is not None:
             runtime.check_model(body.model)
-        return translate.chat_request(body)
+        return translate.chat_request(body, takes_images=runtime.engine.vision is not None)
 
     _, chat = await read_body(runtime, wire.ChatCompletionRequest, translated)
     return chat

@@ -10,6 +10,7 @@ from typing import Protocol
 import attrs
 
 from bubo.api._constraints import output_constraint
+from bubo.api._images import ImageCollector
 from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
@@ -43,8 +44,8 @@ class SamplingFields(Protocol):
     def logit_bias(self) -> dict[str, float] | None: ...
 
 
-def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
-    """The domain request for a chat completion.
+def chat_request(body: wire.ChatCompletionRequest, *, takes_images: bool = False) -> ChatRequest:
+    """The domain request for a chat completion (*takes_images*: the model reads ``image_url`` parts).
 
     Raises:
         InvalidRequest: ``missing_messages``, ``unsupported_n``, or a field out of range.
@@ -71,8 +72,11 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
         else (body.max_tokens, "max_tokens")
     )
     omissions = Omissions()
+    images = ImageCollector(omissions, takes_images=takes_images)
     newest_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
-    messages = tuple(_message(m, i, omissions, refuse=i == newest_user) for i, m in enumerate(body.messages))
+    messages = tuple(
+        _message(m, i, omissions, images, refuse=i == newest_user) for i, m in enumerate(body.messages)
+    )
     return ChatRequest(
         prompt=ChatPrompt(
             messages=messages,
@@ -80,6 +84,8 @@ def chat_request(body: wire.ChatCompletionRequest) -> ChatRequest:
             template_kwargs=body.chat_template_kwargs or {},
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
+            images=images.images,
+            media_marker=images.marker,
         ),
         options=GenerationOptions(
             max_tokens=max_tokens(limit, limit_param),
@@ -229,13 +235,15 @@ def _role(role: str) -> Role:
     return "system" if role == "developer" else role  # type: ignore[return-value]
 
 
-def _message(message: wire.ChatMessage, index: int, omissions: Omissions, *, refuse: bool) -> Message:
+def _message(
+    message: wire.ChatMessage, index: int, omissions: Omissions, images: ImageCollector, *, refuse: bool
+) -> Message:
     param = f"messages[{index}]"
     if message.content is None and message.role != "assistant":
         raise InvalidRequest(f"a {message.role} message needs content", param=f"{param}.content")
     return Message(
         role=_role(message.role),
-        content=_content(message.content, f"{param}.content", omissions, refuse=refuse),
+        content=_content(message.content, f"{param}.content", omissions, images, refuse=refuse),
         reasoning=message.reasoning_content if message.reasoning_content is not None else message.reasoning,
         tool_calls=tuple(
             ToolCall(
@@ -256,15 +264,26 @@ _OMITTED_KINDS = {"image_url": "image", "input_audio": "audio", "file": "file"}
 
 
 def _content(
-    content: str | list[wire.ContentPart] | None, param: str, omissions: Omissions, *, refuse: bool
+    content: str | list[wire.ContentPart] | None,
+    param: str,
+    omissions: Omissions,
+    images: ImageCollector,
+    *,
+    refuse: bool,
 ) -> str | None:
-    """A message's text; an image, audio or file part is a placeholder, or (with *refuse*) a 400."""
+    """A message's text, its images at their markers (a model that takes them).
+
+    An image for a text model, an audio or a file part is a placeholder, or (with *refuse*) a 400.
+    """
     if content is None or isinstance(content, str):
         return content
     texts = []
     for index, part in enumerate(content):
         if isinstance(part, wire.TextPart):
             texts.append(part.text)
+        elif isinstance(part, wire.ImagePart):
+            url = part.image_url.url
+            texts.append(images.data_uri(url, f"{param}[{index}]", field=".image_url.url", refuse=refuse))
         elif refuse:
             raise UnsupportedContent(part.type, param=f"{param}[{index}]")
         else:

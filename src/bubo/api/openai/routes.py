@@ -42,7 +42,7 @@ async def chat_completions() -> Response:
 
     def translated(body: chat_wire.ChatCompletionRequest) -> ChatRequest:
         runtime.check_model(body.model)
-        return chat_translate.chat_request(body)
+        return chat_translate.chat_request(body, takes_images=runtime.engine.vision is not None)
 
     body, chat = await read_body(runtime, chat_wire.ChatCompletionRequest, translated)
     report_omitted(chat.omitted)
