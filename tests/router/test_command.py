@@ -55,6 +55,22 @@ def test_the_command_serves_one_file_on_loopback_under_the_model_s_name() -> Non
     )
 
 
+def test_a_model_s_projector_is_the_child_s_mmproj() -> None:
+    """llama-server's layout: the mmproj file in a model's subdirectory is loaded with that model."""
+    entry = CatalogEntry(
+        name="gemma", path=Path("/m/gemma/gemma.gguf"), projector=Path("/m/gemma/mmproj.gguf")
+    )
+    parsed = _parser().parse_args(child_command(entry, 4321, ())[3:])
+    assert parsed.model__mmproj == "/m/gemma/mmproj.gguf"
+
+
+def test_the_router_s_own_projector_is_not_every_child_s() -> None:
+    """--mmproj belongs to one model: a router started with it does not hand it to each child."""
+    assert inherited_flags({"model__mmproj": "/m/mmproj.gguf", "model__ctx_size": "512"}) == (
+        "--ctx-size=512",
+    )
+
+
 def test_a_name_or_file_that_looks_like_a_flag_is_still_the_child_s_value() -> None:
     """bubo serve reads the command back as the model's file and name, even when they begin with '-'."""
     entry = CatalogEntry(name="-tiny", path=Path("-m/-tiny.gguf"))

@@ -44,6 +44,15 @@ class TestReading:
         assert (small.aliases, small.tags) == (("fast", "tiny"), ("local",))
         assert (small.load_on_startup, small.stop_timeout, small.dedup) == (True, 5.0, False)
 
+    def test_a_section_turns_the_projector_off_or_names_its_own(self, tmp_path: Path) -> None:
+        """no-mmproj = true is --mmproj=off (the child then reads text only); mmproj = PATH names a file."""
+        (tmp_path / "mmproj.gguf").write_bytes(b"GGUF")
+        text = f"[a]\nno-mmproj = true\n[b]\nmmproj = {tmp_path / 'mmproj.gguf'}\n"
+        a, b = presets(tmp_path, text)
+        assert (a.args, b.args) == (("--mmproj=off",), (f"--mmproj={tmp_path / 'mmproj.gguf'}",))
+        with pytest.raises(ConfigError, match="only true turns it off"):
+            presets(tmp_path, "[a]\nno-mmproj = false\n")
+
     @pytest.mark.parametrize(
         ("text", "message"),
         [

@@ -3,8 +3,9 @@
 A ``NAME.gguf`` file in the directory is the model ``NAME``; a subdirectory
 ``NAME/`` holding GGUFs is the model ``NAME`` (multi-file models): its first
 shard (``…-00001-of-…``) or else its one other GGUF is the file to load.
-Files whose name contains ``mmproj`` are multimodal projectors, listed but
-not loaded (Bubo serves text models). A name with a comma is skipped (with a
+Files whose name contains ``mmproj`` are multimodal projectors, never a
+model: the one in a model's subdirectory is loaded with it (``--mmproj``),
+as llama-server does. A name with a comma is skipped (with a
 warning): ``--served-model-name`` reads commas as separators between names.
 
 A ``--models-preset`` section (``presets.py``) gives a directory model its
@@ -39,7 +40,7 @@ class CatalogEntry:
 
     name: str
     path: Path
-    projector: Path | None = None  # a multimodal projector beside it (not loaded)
+    projector: Path | None = None  # the multimodal projector in its subdirectory (the child's --mmproj)
     args: tuple[str, ...] = ()  # its preset's flags for the child
     aliases: tuple[str, ...] = ()  # more names requests may use
     tags: tuple[str, ...] = ()  # informational

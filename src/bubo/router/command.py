@@ -36,6 +36,7 @@ CHILD_HOST = "127.0.0.1"
 _RESERVED_DESTS = frozenset(
     {
         ("model", "path"),
+        ("model", "mmproj"),  # each model's own projector, found beside it (or its preset's)
         ("serving", "served_model_name"),
         ("server", "hosts"),
         ("server", "port"),
@@ -188,10 +189,12 @@ def child_command(
 ) -> tuple[str, ...]:
     """``python -m bubo serve --model=FILE --host=127.0.0.1 --port=PORT --served-model-name=NAME …``.
 
-    The names are the model's and its aliases (the child answers to each); then its tags, its preset's
-    flags, the router's own and the load's *extra*, each later one winning (the precedence of
-    llama-server's presets: the command line over a model's section over ``[*]``).  Each value is
-    attached to its flag, so a file or model name that begins with ``-`` is still a value.
+    The names are the model's and its aliases (the child answers to each); then the projector in its
+    subdirectory (``--mmproj``; a preset's ``mmproj`` or ``no-mmproj`` comes later and wins), its
+    tags, its preset's flags, the router's own and the load's *extra*, each later one winning (the
+    precedence of llama-server's presets: the command line over a model's section over ``[*]``).
+    Each value is attached to its flag, so a file or model name that begins with ``-`` is still a
+    value.
     """
     return (
         sys.executable,
@@ -202,6 +205,7 @@ def child_command(
         f"--host={CHILD_HOST}",
         f"--port={port}",
         f"--served-model-name={','.join(entry.names)}",
+        *((f"--mmproj={entry.projector}",) if entry.projector is not None else ()),
         *((f"--tags={','.join(entry.tags)}",) if entry.tags else ()),
         *entry.args,
         *inherited,

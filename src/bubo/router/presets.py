@@ -139,6 +139,10 @@ def _flag(key: str, value: str, where: str) -> str:
     if option.dest in _RESERVED or option.dest[0] == "router":
         raise ConfigError(f"{where}: set by the router for each model")
     long = next(flag for flag in option.flags if flag.startswith("--"))
+    if off and not option.is_switch:  # ``no-mmproj = true``: the option's value is off
+        if not _truth(value, where):
+            raise ConfigError(f"--models-preset {where}: only true turns it off; leave it out otherwise")
+        return f"{long}=off"
     if option.is_switch:
         on = _truth(value, where)
         return f"{long}={'off' if on == off else 'on'}"
