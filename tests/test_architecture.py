@@ -66,6 +66,7 @@ NATIVE_ENGINE = {
     "_kv",
     "_sampler",
     "_embedder",
+    "_projector",
     "_grammar",
     "probe",
     "vocab",
