@@ -18,6 +18,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 import pytest
+from llama_cpp import mtmd_cpp
 
 from bubo.engine._images import Bitmap
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
@@ -152,6 +153,23 @@ class TestLoading:
             ProjectorRefused, match=r"llama.cpp could not load the projector .* \(n_embd 576\)"
         ):
             load(wrong, model, output_width=None)
+
+    def test_a_projector_placing_images_with_m_rope_is_refused_and_freed(
+        self, mmproj, model, monkeypatch
+    ) -> None:
+        """Forced: llama.cpp says M-RoPE only over an M-RoPE text model (Qwen2-VL's), which no fixture is."""
+        native_free = mtmd_cpp.mtmd_free
+        freed: list[int] = []
+
+        def free(ctx: int) -> None:
+            freed.append(ctx)
+            native_free(ctx)
+
+        monkeypatch.setattr(mtmd_cpp, "mtmd_decode_use_mrope", lambda _ctx: True)
+        monkeypatch.setattr(mtmd_cpp, "mtmd_free", free)
+        with pytest.raises(ProjectorRefused, match=r"M-RoPE positions .*: such models are not supported yet"):
+            load(mmproj, model, output_width=None)
+        assert len(freed) == 1  # the context mtmd made is not leaked
 
     def test_a_file_that_is_no_projector_is_refused(self, model, model_path) -> None:
         """The text model itself, passed as a projector: mtmd returns NULL and that is a refusal."""
