@@ -126,16 +126,16 @@ def text_tokens(model: object, text: str) -> tuple[int, ...]:
 
 
 def evaluate(projector: Projector, context: Context, media: MediaTokens, *, seq_id: int = 0) -> int:
-    return projector.evaluate(context.ctx, media, n_past=0, seq_id=seq_id, n_batch=64, logits_last=True)
+    return projector.evaluate(context.ctx, media, n_past=0, seq_id=seq_id, n_batch=64, logits_last=False)
 
 
 class TestLoading:
     def test_the_projector_takes_images_only(self, projector) -> None:
         assert (projector.vision, projector.audio) == (True, False)
 
-    def test_one_images_encoder_work_is_its_embeddings_twice(self, projector, model) -> None:
-        """4 embeddings of SmolLM2's 576 floats, in mtmd's output and in llama.cpp's input."""
-        assert projector.encoder_bytes() == 2 * IMAGE_TOKENS * llama_cpp.llama_model_n_embd_inp(model) * 4
+    def test_one_images_encoder_work_is_its_embeddings_three_times(self, projector, model) -> None:
+        """4 embeddings of SmolLM2's 576 floats: mtmd's output, the engine's copy, llama.cpp's input."""
+        assert projector.encoder_bytes() == 3 * IMAGE_TOKENS * llama_cpp.llama_model_n_embd_inp(model) * 4
 
     def test_a_projector_for_another_width_is_refused_by_its_file_before_mtmd(self, model, tmp_path) -> None:
         """The width read from the file is compared first: the message names both widths exactly."""
@@ -297,6 +297,104 @@ class TestEvaluate:
             small.close()
 
 
+class TestEncodeApart:
+    def test_workers_encode_while_the_decode_thread_decodes_and_get_the_serial_embeddings(
+        self, projector, context
+    ) -> None:
+        """Four workers encode (taking turns inside) while this thread evaluates: each gets what one alone gets."""
+        medias = [projector.tokenize(picture(32, 32, seed)) for seed in range(4)]
+        expected = [projector.encode(media) for media in medias]
+        assert expected[0].shape == (IMAGE_TOKENS, projector.n_embd)
+        results: list[list[npt.NDArray[np.float32]]] = [[] for _ in medias]
+        errors: list[BaseException] = []
+        start = threading.Barrier(len(medias) + 1)
+
+        def work(index: int) -> None:
+            try:
+                start.wait()
+                results[index].extend(projector.encode(medias[index]) for _ in range(5))
+            except BaseException as error:  # noqa: BLE001 (reported to the test thread below)
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(medias))]
+        for thread in threads:
+            thread.start()
+        start.wait()
+        for _ in range(5):
+            context.clear()
+            assert evaluate(projector, context, medias[0]) == IMAGE_TOKENS
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+        for want, got in zip(expected, results, strict=True):
+            assert all(np.array_equal(want, each) for each in got)
+
+    def test_embeddings_encoded_apart_read_as_evaluate_reads_them(self, projector, context) -> None:
+        """encode in a worker, then evaluate_encoded on the decode thread: the same logits as evaluate."""
+        media = projector.tokenize(picture(32, 32))
+        evaluate(projector, context, media, seq_id=0)
+        whole = context.decode(media.after, position=IMAGE_TOKENS, seq_id=0)
+        encoded: list[npt.NDArray[np.float32]] = []
+        worker = threading.Thread(target=lambda: encoded.append(projector.encode(media)))
+        worker.start()
+        worker.join(timeout=60)
+        n_past = projector.evaluate_encoded(context.ctx, media, encoded[0], n_past=0, seq_id=1, n_batch=64)
+        assert n_past == IMAGE_TOKENS
+        assert np.array_equal(context.decode(media.after, position=IMAGE_TOKENS, seq_id=1), whole)
+
+    def test_embeddings_of_another_shape_are_refused(self, projector, context) -> None:
+        media = projector.tokenize(picture(32, 32))
+        with pytest.raises(EngineFailure, match=r"not the image's float32 \(4, 576\)"):
+            projector.evaluate_encoded(
+                context.ctx, media, np.zeros((3, 576), np.float32), n_past=0, seq_id=0, n_batch=64
+            )
+        assert context.last_position(0) == -1
+
+
+class TestEvaluateFailures:
+    def test_asking_for_logits_at_an_image_is_refused(self, projector, context) -> None:
+        """llama.cpp computes none there: the flag it would ignore is an error, before any work."""
+        with pytest.raises(EngineFailure, match="an image's positions have no logits"):
+            projector.evaluate(
+                context.ctx,
+                projector.tokenize(picture(32, 32)),
+                n_past=0,
+                seq_id=0,
+                n_batch=64,
+                logits_last=True,
+            )
+        assert context.last_position(0) == -1
+
+    def test_a_failed_decode_is_an_error_and_leaves_the_sequence_as_it_was(self, projector, context) -> None:
+        """A sequence with room for 2 more cells, an image of 4: llama_decode finds no slot (1), not fatal."""
+        room = llama_cpp.llama_n_ctx_seq(context.ctx)
+        filler = (28,) * 62
+        for start in range(0, room - 2, len(filler)):
+            context.decode(filler[: room - 2 - start], position=start, seq_id=0)
+        assert context.last_position(0) == room - 3
+        with pytest.raises(EngineFailure, match=r"could not decode the image \(status 1\)") as failed:
+            projector.evaluate(
+                context.ctx,
+                projector.tokenize(picture(32, 32)),
+                n_past=room - 2,
+                seq_id=0,
+                n_batch=64,
+                logits_last=False,
+            )
+        assert not failed.value.fatal
+        assert context.last_position(0) == room - 3
+        context.clear()
+        assert evaluate(projector, context, projector.tokenize(picture(32, 32))) == IMAGE_TOKENS
+
+    def test_a_sequence_the_context_lacks_is_refused_before_llama_cpp_sees_it(
+        self, projector, context
+    ) -> None:
+        """llama.cpp would abort the process on it; the projector refuses it first."""
+        media = projector.tokenize(picture(32, 32))
+        with pytest.raises(EngineFailure, match=r"the context has no sequence 7 \(it has 2\)"):
+            projector.evaluate(context.ctx, media, n_past=0, seq_id=7, n_batch=64, logits_last=False)
+
+
 class TestClose:
     def test_a_closed_projector_refuses_work_and_its_tokens_still_free(self, mmproj, model) -> None:
         projector = load(mmproj, model, output_width=None)
@@ -304,6 +402,8 @@ class TestClose:
         projector.close()
         with pytest.raises(EngineFailure, match="the projector was closed"):
             projector.tokenize(picture(32, 32))
+        with pytest.raises(EngineFailure, match="the projector was closed"):
+            projector.encode(media)
         chunks = weakref.ref(media._chunks)
         del media
         gc.collect()

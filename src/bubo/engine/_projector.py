@@ -12,9 +12,12 @@ Threads: ``mtmd_tokenize`` reads the context only (llama.cpp documents it as
 thread-safe on a shared context, and llama-server calls it from its HTTP
 threads while its main loop encodes), so :meth:`~Projector.tokenize` runs in
 request worker threads while the decode thread evaluates.  Encoding writes the
-context's one output buffer and decoding writes the llama.cpp context, so
-:meth:`~Projector.evaluate` belongs to the decode thread alone.  :meth:`~Projector.close`
-waits for the tokenizations under way and refuses later ones.
+context's one output buffer, so encodes take turns (:meth:`~Projector.encode`,
+any thread: the vision tower, an image's costly part, need not hold the decode
+thread); decoding the embeddings writes the llama.cpp context, so
+:meth:`~Projector.evaluate_encoded` (and :meth:`~Projector.evaluate`, which
+encodes then decodes) belongs to the decode thread.  :meth:`~Projector.close`
+waits for the tokenizations and the encode under way and refuses later ones.
 
 Refused at load, with a message that says why (never a NULL dereference):
 
@@ -37,6 +40,8 @@ from pathlib import Path
 
 import attrs
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
 from llama_cpp import mtmd_cpp
 
 from bubo.errors import InvalidRequest
@@ -121,6 +126,7 @@ class Projector:
         self._marker: bytes = mtmd_cpp.mtmd_default_marker()
         self._guard = threading.Condition()
         self._tokenizing = 0
+        self._encoding = threading.Lock()  # one encode at a time: mtmd has one output buffer
         self._probe_tokens = 0  # set by load: the embeddings of a large image
 
     @classmethod
@@ -247,6 +253,28 @@ class Projector:
             mtmd_cpp.mtmd_input_chunks_free(chunks)
             raise
 
+    def encode(self, media: MediaTokens) -> npt.NDArray[np.float32]:
+        """*media*'s image through the vision tower: its ``(n_image, n_embd)`` embeddings (blocking).
+
+        Any thread: encodes take turns (mtmd writes one output buffer, copied
+        here before the next may start), so a worker thread may encode while
+        the decode thread decodes the other requests' tokens; the tower is the
+        costly part of an image (seconds for a real one on a CPU).
+
+        Raises:
+            EngineFailure: the projector was closed, or mtmd could not encode the image.
+
+        """
+        with self._encoding:  # close() frees the context only while holding it
+            ctx = self._ctx
+            if ctx is None:
+                raise EngineFailure("the projector was closed")
+            status = mtmd_cpp.mtmd_encode_chunk(ctx, media._chunks.image)  # noqa: SLF001 (the engine's handle)
+            if status != 0:
+                raise EngineFailure(f"the projector could not encode the image (mtmd status {status})")
+            output = mtmd_cpp.mtmd_get_output_embd(ctx)
+            return np.ctypeslib.as_array(output, shape=(media.n_image, self.n_embd)).copy()
+
     def evaluate(
         self,
         context: object,
@@ -257,27 +285,64 @@ class Projector:
         n_batch: int,
         logits_last: bool,
     ) -> int:
-        """Encode *media*'s image, decode its embeddings at ``n_past…`` in *seq_id*; the new n_past.
+        """Encode *media*'s image and decode its embeddings at ``n_past…`` in *seq_id*; the new n_past.
 
-        Decode thread only (it writes the mtmd context's output and the llama.cpp
-        *context*).  Only the image is evaluated: ``before`` and ``after`` are
-        ordinary prompt tokens.  llama.cpp computes no logits at an image's
-        positions (its helper ignores *logits_last* there), so a prompt's
-        logits come from the text after it.  A projector whose images attend
-        to each other (Gemma 3: ``mtmd_decode_use_non_causal``) has the whole
-        image decoded in one batch with causal attention off, then on again;
-        the image must then fit one micro-batch.  On failure the positions from
-        *n_past* on are removed from *seq_id*, so the sequence is as before.
+        :meth:`encode`, then :meth:`evaluate_encoded` (see there).  *logits_last*
+        is llama.cpp's helper's flag, which it ignores for images: no logits are
+        computed at an image's positions, so a prompt's logits come from the
+        text after it (``after``), and a True here is refused.
 
         Raises:
             EngineFailure: the image cannot be evaluated (fatal when llama.cpp's compute failed).
 
         """
-        if self._ctx is None:
+        if logits_last:
+            raise EngineFailure("an image's positions have no logits: evaluate the text after it last")
+        embeddings = self.encode(media)
+        return self.evaluate_encoded(
+            context, media, embeddings, n_past=n_past, seq_id=seq_id, n_batch=n_batch
+        )
+
+    def evaluate_encoded(
+        self,
+        context: object,
+        media: MediaTokens,
+        embeddings: npt.NDArray[np.float32],
+        *,
+        n_past: int,
+        seq_id: int,
+        n_batch: int,
+    ) -> int:
+        """Decode *media*'s *embeddings* (from :meth:`encode`) at ``n_past…`` in *seq_id*; the new n_past.
+
+        Decode thread only: it decodes into the llama.cpp *context* and, for a
+        projector whose images attend to each other (Gemma 3:
+        ``mtmd_decode_use_non_causal``), turns the context's causal attention
+        off for the image and on again after it; the image is then decoded in
+        one batch, so it must fit one micro-batch (and the sequence must hold
+        nothing at ``n_past`` or after, which the image would see).  Only the
+        image is evaluated: ``before`` and ``after`` are ordinary prompt tokens.
+        On failure the positions from *n_past* on are removed from *seq_id*, so
+        the sequence is as before.
+
+        Raises:
+            EngineFailure: the image cannot be decoded (fatal when llama.cpp's compute failed).
+
+        """
+        ctx = self._ctx
+        if ctx is None:
             raise EngineFailure("the projector was closed")
-        image = media._chunks.image  # noqa: SLF001 (the engine's own handle, private to the wire)
+        n_seq_max = llama_cpp.llama_n_seq_max(context)
+        if not 0 <= seq_id < n_seq_max:  # llama.cpp aborts the process on a sequence it does not have
+            raise EngineFailure(f"the context has no sequence {seq_id} (it has {n_seq_max})")
+        if embeddings.shape != (media.n_image, self.n_embd) or embeddings.dtype != np.float32:
+            raise EngineFailure(
+                f"the embeddings are {embeddings.dtype} {embeddings.shape}, not the image's "
+                f"float32 ({media.n_image}, {self.n_embd})"
+            )
+        image = media._chunks.image  # noqa: SLF001 (the engine's own handle)
         batch = min(n_batch, llama_cpp.llama_n_batch(context))
-        if mtmd_cpp.mtmd_decode_use_non_causal(self._ctx, image):
+        if mtmd_cpp.mtmd_decode_use_non_causal(ctx, image):
             n_ubatch = llama_cpp.llama_n_ubatch(context)
             if media.n_image > n_ubatch:
                 raise EngineFailure(
@@ -286,14 +351,24 @@ class Projector:
                     f"other, so one image is decoded at once"
                 )
             batch = max(batch, media.n_image)
+        contiguous = np.ascontiguousarray(embeddings)
         new_n_past = llama_cpp.llama_pos(n_past)
-        status = mtmd_cpp.mtmd_helper_eval_chunk_single(
-            self._ctx, context, image, n_past, seq_id, batch, logits_last, ctypes.byref(new_n_past)
+        status = mtmd_cpp.mtmd_helper_decode_image_chunk(
+            ctx,
+            context,
+            image,
+            contiguous.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            n_past,
+            seq_id,
+            batch,
+            ctypes.byref(new_n_past),
+            mtmd_cpp.mtmd_helper_post_decode_callback(),  # NULL: no callback after each sub-batch
+            None,
         )
         if status != 0:
             llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(context), seq_id, n_past, -1)
             raise EngineFailure(
-                f"the projector could not evaluate the image (status {status})",
+                f"the projector could not decode the image (status {status})",
                 fatal=status <= _FATAL_DECODE_STATUS,
             )
         return int(new_n_past.value)
@@ -303,24 +378,29 @@ class Projector:
 
         mtmd reserves its encoder's compute buffer at load, for its largest
         image (the warm-up encode), so that is the load's, not an image's.  An
-        image then needs its output embeddings twice: in mtmd's output buffer
-        and in llama.cpp's input tensor for the decode, ``n_image * n_embd``
-        floats each.  ``n_image`` is that of a 1024x1024 probe image tokenized
-        at load: every image of a fixed-resolution projector (Gemma 3) has as
-        many; a dynamic one gives about a megapixel's (within its
-        ``image_max_tokens``).  Not counted: the preprocessed image a
-        :class:`MediaTokens` holds until dropped (the encoder's input size,
-        ``3 * side * side`` floats).
+        image then needs its output embeddings three times over, ``n_image *
+        n_embd`` floats each: mtmd's output buffer, the copy :meth:`encode`
+        returns, and llama.cpp's input tensor for the decode.  ``n_image`` is
+        that of a 1024x1024 probe image tokenized at load: every image of a
+        fixed-resolution projector (Gemma 3) has as many; a dynamic one gives
+        about a megapixel's (within its ``image_max_tokens``).  Not counted:
+        the preprocessed image a :class:`MediaTokens` holds until dropped (the
+        encoder's input size, ``3 * side * side`` floats).
         """
-        return 2 * self._probe_tokens * self.n_embd * _F32
+        return 3 * self._probe_tokens * self.n_embd * _F32
 
     def close(self) -> None:
-        """Free the mtmd context once the tokenizations under way end; later calls are refused."""
+        """Free the mtmd context once the tokenizations and the encode under way end; later ones are refused.
+
+        Call it after the decode thread stopped (nothing waits for an
+        evaluation).  The :class:`MediaTokens` made meanwhile stay valid to free.
+        """
         with self._guard:
             ctx, self._ctx = self._ctx, None
             self._guard.wait_for(lambda: self._tokenizing == 0)
-        if ctx is not None:
-            mtmd_cpp.mtmd_free(ctx)
+        with self._encoding:
+            if ctx is not None:
+                mtmd_cpp.mtmd_free(ctx)
 
 
 def _read_chunks(chunks: int, status: int, bitmap: Bitmap, digest: bytes, param: str | None) -> MediaTokens:
