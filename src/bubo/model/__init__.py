@@ -13,3 +13,5 @@ from .memory import is_quantized as is_quantized
 from .memory import kv_bytes_per_token as kv_bytes_per_token
 from .naming import ALIAS as ALIAS
 from .naming import model_id_from_path as model_id_from_path
+from .projector import ProjectorInfo as ProjectorInfo
+from .projector import read_projector as read_projector

@@ -1,0 +1,1 @@
+"""Tiny random-weight GGUFs built at test time with the ``gguf`` package: they prove plumbing, not quality."""
