@@ -24,11 +24,13 @@ from bubo.model import (
     GGUFError,
     GGUFMetadata,
     KvCacheSize,
+    ProjectorInfo,
     check_lora_adapter,
     kv_bytes_per_token,
     model_id_from_path,
     read_metadata,
     read_model_card,
+    read_projector,
 )
 from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
@@ -82,7 +84,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
     lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
-    options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora)
+    projector = _projector(model.mmproj)  # before llama.cpp too: a projector of another width is refused
+    options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora, projector=projector)
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
         model.repack,
@@ -187,13 +190,36 @@ def cache_ram_mib(setting: int, available_bytes: int) -> int:
     return min(CACHE_RAM_MAX_MIB, available_bytes // 4 // (1024 * 1024))
 
 
+def _projector(path: Path | None) -> ProjectorInfo | None:
+    """What the ``--mmproj`` file says of itself (None without one).
+
+    Raises:
+        bubo.model.GGUFError: it is not a readable GGUF projector.
+
+    """
+    if path is None:
+        return None
+    try:
+        info = read_projector(path)
+    except OSError as error:
+        raise GGUFError(f"cannot read the projector {path}: {error.strerror}") from None
+    logger.info("image projector: %s (%s)", path, info.projector_type)
+    return info
+
+
 def llama_options(
-    settings: Settings, path: Path, *, cache_ram_mib: int, lora: tuple[LoraFile, ...]
+    settings: Settings,
+    path: Path,
+    *,
+    cache_ram_mib: int,
+    lora: tuple[LoraFile, ...],
+    projector: ProjectorInfo | None = None,
 ) -> LlamaOptions:
     """The engine's options from the settings: the one place a load setting reaches the engine.
 
-    *path*, *cache_ram_mib* and *lora* are the settings as resolved at load time: the model file,
-    ``--cache-ram`` with auto sized, the adapters checked against the model.
+    *path*, *cache_ram_mib*, *lora* and *projector* are the settings as resolved at load time: the
+    model file, ``--cache-ram`` with auto sized, the adapters checked against the model, what the
+    ``--mmproj`` file says of itself.
     """
     model = settings.model
     return LlamaOptions(
@@ -228,6 +254,7 @@ def llama_options(
         embeddings=model.embeddings,
         pooling=model.pooling,
         mmproj=model.mmproj,
+        mmproj_output_width=None if projector is None else projector.output_width,
         mmproj_offload=model.mmproj_offload,
         image_min_tokens=model.image_min_tokens,
         image_max_tokens=model.image_max_tokens,

@@ -89,6 +89,7 @@ class ScriptedContext:
     held: list[int] = attrs.field(factory=list)  # tokens the first entry's sequence held after each decode
     applied: AdapterSet = ()  # the LoRA adapter set in force
     batch_adapters: list[AdapterSet] = attrs.field(factory=list)  # the set in force at each decode
+    images: list[BatchEntry] = attrs.field(factory=list)  # every image entry evaluated, in order
     _seen: list[tuple[int, ...]] = attrs.field(factory=list)  # the sequence up to each batch index
 
     @property
@@ -110,6 +111,13 @@ class ScriptedContext:
             entry.cache.extend(entry.tokens)
         self.held.append(len(entries[0].cache.tokens))
         return starts
+
+    def decode_image(self, entry: BatchEntry) -> int:
+        """An image's positions: recorded in ``images``; the logits after it are the last decode's (-1)."""
+        self.images.append(entry)
+        self._seen = [(*entry.cache.tokens, *entry.tokens)]
+        entry.cache.extend(entry.tokens)
+        return -1
 
     def next_at(self, index: int) -> int:
         """What the model says follows the tokens up to batch index *index*."""

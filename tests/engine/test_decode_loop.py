@@ -17,6 +17,7 @@ import attrs
 import pytest
 
 from bubo.domain.generation import StopCause
+from bubo.domain.media import PromptImage
 from bubo.engine._crossing import Job
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
@@ -26,6 +27,10 @@ from bubo.engine.lora import AdapterSet
 from bubo.errors import ServiceUnavailable
 
 WAIT_S = 10
+IMAGE_POSITIONS = 6
+IMAGE = PromptImage(
+    tokens=(-1,) * IMAGE_POSITIONS, start=0, n_positions=IMAGE_POSITIONS, digest="", handle=None
+)
 
 
 @attrs.define(eq=False)
@@ -65,6 +70,8 @@ class ScriptedContext:
     stuck: threading.Event = attrs.field(factory=threading.Event)  # a decode is blocked on wedged
     applied: AdapterSet = ()  # the LoRA adapter set in force
     batch_adapters: list[AdapterSet] = attrs.field(factory=list)  # the set in force at each decode
+    images: list[tuple[int, int, int]] = attrs.field(factory=list)  # (seq_id, positions, batches before)
+    image_failures: list[Exception] = attrs.field(factory=list)  # raised by the next image decodes
 
     def use_adapters(self, adapters: AdapterSet) -> None:
         self.applied = adapters
@@ -83,10 +90,18 @@ class ScriptedContext:
         self.batch_adapters.append(self.applied)
         starts, at = [], 0
         for entry in entries:
+            assert entry.image is None, "an image is never part of a batch"
             starts.append(at)
             at += len(entry.tokens)
             entry.cache.tokens.extend(entry.tokens)
         return starts
+
+    def decode_image(self, entry: BatchEntry) -> int:
+        if self.image_failures:
+            raise self.image_failures.pop(0)
+        self.images.append((entry.cache.seq_id, len(entry.tokens), len(self.batches)))
+        entry.cache.tokens.extend(entry.tokens)
+        return -1
 
 
 @attrs.define(eq=False)
@@ -119,8 +134,13 @@ class ScriptedSequence:
         if self.on_start is not None:
             self.on_start()
 
+    image_at: int | None = None  # where an image of IMAGE_POSITIONS positions starts in the prompt
+
     def prompt_entry(self, room: int) -> BatchEntry:
-        return BatchEntry(self.cache, (1,) * min(room, self.prompt - self.read))  # type: ignore[arg-type]
+        if self.read == self.image_at:
+            return BatchEntry(self.cache, (-1,) * IMAGE_POSITIONS, image=IMAGE)  # type: ignore[arg-type]
+        end = self.prompt if self.image_at is None or self.read > self.image_at else self.image_at
+        return BatchEntry(self.cache, (1,) * min(room, end - self.read))  # type: ignore[arg-type]
 
     def token_entry(self, *, alone: bool) -> BatchEntry:
         return BatchEntry(self.cache, (2,))  # type: ignore[arg-type]
@@ -254,6 +274,44 @@ def test_every_step_holds_each_generating_token_and_at_most_a_chunk_of_prompt() 
         for seq in (1, 2):
             read[seq] += batch.get(seq, 0)
     assert run.ended == {0: None, 1: None, 2: None}
+
+
+class TestAnImageInAPrompt:
+    """The projector evaluates an image alone, between steps; the other sequences go on around it."""
+
+    def test_is_evaluated_alone_whatever_the_room_and_the_prompt_goes_on_after_it(self) -> None:
+        run = Run(chunk=4)
+        stream = run.sequence(0, prompt=2, generate=20)
+        reading = run.sequence(1, prompt=18, generate=1)
+        reading.image_at = 5
+        try:
+            run.submit(stream, reading)
+            run.wait()
+        finally:
+            run.close()
+        ((seq_id, positions, before),) = run.context.images
+        assert (seq_id, positions) == (1, IMAGE_POSITIONS)  # 6 positions with a room of 4 a step
+        # the text before it was read in the batches before, and the stream kept its step
+        assert sum(dict(batch).get(1, 0) for batch in run.context.batches[:before]) == 5
+        assert all((0, 1) in batch for batch in run.context.batches[1:before])
+        assert reading.read == 18
+        assert run.ended == {0: None, 1: None}
+
+    def test_a_failed_image_ends_its_own_request_only(self) -> None:
+        run = Run(chunk=4)
+        run.context.image_failures.append(EngineFailure("the projector failed"))
+        stream = run.sequence(0, prompt=2, generate=20)
+        reading = run.sequence(1, prompt=18, generate=1)
+        reading.image_at = 0
+        try:
+            run.submit(stream, reading)
+            run.wait()
+        finally:
+            run.close()
+        assert isinstance(run.ended[1], EngineFailure)
+        assert run.ended[0] is None
+        assert stream.generated == 20
+        assert not run.lost
 
 
 class RecordingBudget(PrefillBudget):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bubo.domain.generation import GenerationRequest
+from bubo.domain.media import PlacedImage, PromptImage, stand_in_ids
 from bubo.engine._prompt_feeder import PromptFeeder
 
 from ._scripted import ScriptedKv
@@ -76,3 +77,76 @@ class TestTheContextsEnd:
         whole = ScriptedKv(tokens=list(range(40)))
         feeder(whole, n_ctx=41, shift=True, n_keep=-1).make_room()
         assert whole.shifted == [(20, 10)]
+
+
+def _image(at: int, n_positions: int = 4, seed: int = 1) -> PlacedImage:
+    image = PromptImage(
+        tokens=stand_in_ids(bytes([seed]) * 32, n_positions),
+        start=0,
+        n_positions=n_positions,
+        digest="",
+        handle=object(),
+    )
+    return PlacedImage(at=at, image=image)
+
+
+def _with_image(at: int, seed: int = 1) -> tuple[tuple[int, ...], PlacedImage]:
+    """PROMPT with a 4-position image's stand-ins in place of its tokens at..at+4."""
+    placed = _image(at, seed=seed)
+    return (*PROMPT[:at], *placed.image.tokens, *PROMPT[at + 4 :]), placed
+
+
+class TestAnImage:
+    """An image is read whole, alone, and never kept by half."""
+
+    def test_is_a_chunk_of_its_own_whatever_the_room(self) -> None:
+        prompt, placed = _with_image(6)
+        kv = ScriptedKv()
+        feed = feeder(kv, prompt=prompt, images=(placed,))
+        feed.reuse()
+        chunks = []
+        while feed.prefilling:
+            entry = feed.chunk(5)
+            chunks.append((len(entry.tokens), entry.image is not None, entry.last_logits))
+            kv.extend(entry.tokens)
+            feed.read(len(entry.tokens))
+        # the text chunk stops before the image; the image is 4 positions even with room for 5 or for 2
+        assert chunks == [(5, False, False), (1, False, False), (4, True, False), (5, False, False),
+                          (5, False, True)]  # fmt: skip
+        assert kv.tokens == list(prompt)
+
+    def test_with_little_room_is_still_whole(self) -> None:
+        prompt, placed = _with_image(0)
+        feed = feeder(ScriptedKv(), prompt=prompt, images=(placed,))
+        feed.reuse()
+        assert feed.next_is_image
+        assert len(feed.chunk(1).tokens) == 4
+
+    def test_a_second_turn_over_the_same_image_reuses_it(self) -> None:
+        prompt, placed = _with_image(6)
+        kv = ScriptedKv(tokens=list(prompt[:15]))
+        feed = feeder(kv, prompt=prompt, images=(placed,))
+        feed.reuse()
+        assert feed.n_cached == 15
+
+    def test_another_image_at_the_same_place_is_read_again(self) -> None:
+        cached, _ = _with_image(6, seed=1)
+        prompt, placed = _with_image(6, seed=2)
+        kv = ScriptedKv(tokens=list(cached))
+        feed = feeder(kv, prompt=prompt, images=(placed,))
+        feed.reuse()
+        assert feed.n_cached == 6
+
+    def test_a_cached_prefix_that_ends_inside_an_image_is_cut_to_its_start(self) -> None:
+        prompt, placed = _with_image(6)
+        kv = ScriptedKv(tokens=list(prompt[:8]))  # half the image
+        feed = feeder(kv, prompt=prompt, images=(placed,))
+        feed.reuse()
+        assert (feed.n_cached, kv.tokens) == (6, list(prompt[:6]))
+        assert feed.next_is_image
+
+    def test_a_prompt_with_an_image_never_shifts(self) -> None:
+        prompt, placed = _with_image(6)
+        feed = feeder(ScriptedKv(), n_ctx=24, shift=True, prompt=prompt, images=(placed,))
+        assert not feed.shifting
+        assert not feed.fits(4)

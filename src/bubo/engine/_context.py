@@ -21,6 +21,7 @@ from ._kv import SequenceCache, SnapshotStore
 from ._projector import Projector
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
+from ._vision import EncodedImage
 from .base import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters
@@ -152,31 +153,33 @@ class LlamaContext:
         return starts
 
     def decode_image(self, entry: BatchEntry) -> int:
-        """Encode *entry*'s image and evaluate its embeddings after its sequence's tokens; the logits' index.
+        """Evaluate *entry*'s image (encoded already, in a worker) after its sequence's tokens.
 
-        The projector decodes the embeddings in batches of its own (non-causal
-        within the image where the model asks for it), so the last logits are
-        those of the last decode (index -1).
+        The projector decodes the embeddings in a batch of its own (with the
+        attention inside the image the model asks for), so the image is always
+        a step's only entry.  No logits come of an image: the prompt's come
+        from the text after it, so the index returned is of no use (-1).
 
         Raises:
-            EngineFailure: the projector or llama.cpp failed (the sequence is as before the call).
+            ContextFull: no room in the KV cache (the sequence is as before the call).
+            EngineFailure: the projector or llama.cpp failed (the sequence is as before the call;
+                fatal when llama.cpp's compute failed).
 
         """
         image, cache = entry.image, entry.cache
         if image is None or self.projector is None:
             raise EngineFailure("an image reached a context without a projector")
-        try:
-            self.projector.evaluate(
-                self.ctx,
-                image.handle,
-                n_past=len(cache.tokens),
-                seq_id=cache.seq_id,
-                n_batch=self.n_batch,
-                logits_last=entry.last_logits,
-            )
-        except EngineFailure:
-            cache.discard_uncommitted()  # the first of its batches may have been written
-            raise
+        encoded = image.handle
+        if not isinstance(encoded, EncodedImage):
+            raise EngineFailure("an image that this engine's projector did not read")
+        self.projector.evaluate_encoded(
+            self.ctx,
+            encoded.media,
+            encoded.embeddings,
+            n_past=len(cache.tokens),
+            seq_id=cache.seq_id,
+            n_batch=self.n_batch,
+        )
         cache.extend(entry.tokens)
         self._totals.decoded(1)
         return -1

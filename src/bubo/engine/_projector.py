@@ -47,6 +47,7 @@ from llama_cpp import mtmd_cpp
 from bubo.errors import InvalidRequest
 
 from ._images import Bitmap
+from ._protocols import ContextFull
 from .base import EngineFailure
 
 __all__ = ["MediaTokens", "Projector", "ProjectorRefused"]
@@ -56,6 +57,7 @@ mtmd_logger = logging.getLogger("bubo.llama_cpp.mtmd")
 # ggml log levels (1 debug ... 4 error, 5 continuation) -> logging levels; mtmd's INFO chatter goes to DEBUG
 _LOG_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 _FATAL_DECODE_STATUS = -2  # llama_decode's compute failures (the context is unusable), as _context's
+_NO_KV_SLOT = 1  # llama_decode found no room in the KV cache: the decode loop makes room
 _PROBE_SIDE = 1024  # the square image whose token count sizes encoder_bytes (see there)
 _F32 = 4
 
@@ -326,6 +328,7 @@ class Projector:
         the sequence is as before.
 
         Raises:
+            ContextFull: the KV cache has no room for the image (a ``ContextFull`` is an ``EngineFailure``).
             EngineFailure: the image cannot be decoded (fatal when llama.cpp's compute failed).
 
         """
@@ -367,6 +370,8 @@ class Projector:
         )
         if status != 0:
             llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(context), seq_id, n_past, -1)
+            if status == _NO_KV_SLOT:
+                raise ContextFull("the context has no room left for the image")
             raise EngineFailure(
                 f"the projector could not decode the image (status {status})",
                 fatal=status <= _FATAL_DECODE_STATUS,

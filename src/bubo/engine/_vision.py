@@ -1,29 +1,54 @@
-"""Images into prompts: Pillow decodes the file, llama.cpp's projector (mtmd) tokenizes the pixels.
+"""Images into prompts: Pillow decodes the file, llama.cpp's projector (mtmd) tokenizes and encodes it.
 
 :class:`Vision` is the engine's :class:`~.base.ImageReader`.  It runs in the
-request workers (decoding and the projector's resizing are CPU work, off the
-event loop) and keeps the projector open over the loaded model: the engine
-closes it when the model sleeps and opens it over the next one, and a lock
-makes a close wait for a read in progress (the service reads images only
-while it holds the engine awake, so a read never finds it closed).
+request workers, so everything costly about an image happens off the event
+loop and off the decode thread: decoding, the projector's resizing, and the
+vision tower's encoding (seconds for a real image on a CPU, which the decode
+thread would otherwise spend while every other stream waits).  The decode
+thread only decodes the embeddings into the slot's sequence
+(:meth:`LlamaContext.decode_image`).
 
-An image's embedding positions are written into the prompt as stand-in ids
-(:func:`bubo.domain.media.stand_in_ids`).
+The embeddings of recently read images are kept by the image's digest, up to
+:data:`ENCODED_BYTES` (a second turn over the same image then costs neither
+the tower nor, when its cells are still cached, a decode).
+
+The engine closes the projector when the model sleeps and opens it over the
+next one; the service reads images only while it holds the engine awake, so
+a read never finds it closed (one that did would fail with an
+:class:`EngineFailure`, never touch freed memory: the projector refuses work
+once closed).  An image's positions are written into the prompt as stand-in
+ids (:func:`bubo.domain.media.stand_in_ids`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 from pathlib import Path
 
+import attrs
+import numpy as np
+import numpy.typing as npt
+
 from bubo.domain.media import PromptImage, stand_in_ids
 
 from ._images import decode_image
-from ._projector import Projector
+from ._projector import MediaTokens, Projector
 from .base import EngineFailure
 
-__all__ = ["Vision"]
+__all__ = ["ENCODED_BYTES", "EncodedImage", "Vision"]
+
+ENCODED_BYTES = 64 * 1024 * 1024
+"""The most bytes of embeddings kept for images read again (a real Gemma 3 image's: about 2.6 MB)."""
+
+
+@attrs.frozen(eq=False)
+class EncodedImage:
+    """A :class:`PromptImage`'s handle: the tokenized image and its embeddings, ready to decode."""
+
+    media: MediaTokens
+    embeddings: npt.NDArray[np.float32]
 
 
 class Vision:
@@ -39,11 +64,12 @@ class Vision:
         image_min_tokens: int | None,
         image_max_tokens: int | None,
         max_pixels: int,
+        output_width: int | None = None,
     ) -> None:
-        """Open the projector at *path* over *model*.
+        """Open the projector at *path* over *model* (*output_width*: its width as its file says).
 
         Raises:
-            EngineFailure: the projector cannot serve this model (its message says why).
+            ProjectorRefused: the projector cannot serve this model (its message says why).
 
         """
         self._load = functools.partial(
@@ -53,10 +79,13 @@ class Vision:
             n_threads=n_threads,
             image_min_tokens=image_min_tokens,
             image_max_tokens=image_max_tokens,
+            output_width=output_width,
         )
         self._max_pixels = max_pixels
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the projector reference and the kept embeddings
         self._projector: Projector | None = None
+        self._encoded: collections.OrderedDict[bytes, npt.NDArray[np.float32]] = collections.OrderedDict()
+        self._encoded_bytes = 0
         self.open(model)
 
     @property
@@ -72,7 +101,7 @@ class Vision:
 
     @property
     def projector(self) -> Projector:
-        """The open projector (the decode thread evaluates images with it).
+        """The open projector (the decode thread decodes images with it).
 
         Raises:
             EngineFailure: it is closed (the model sleeps).
@@ -90,28 +119,53 @@ class Vision:
             self._projector = projector
 
     def close(self) -> None:
-        """Free the projector, once no read is in progress."""
+        """Free the projector (once the reads under way end) and the kept embeddings."""
         with self._lock:
             projector, self._projector = self._projector, None
+            self._encoded.clear()
+            self._encoded_bytes = 0
         if projector is not None:
             projector.close()
 
     def read_image(self, data: bytes, *, param: str) -> PromptImage:
-        """Decode *data* and tokenize it for the prompt (blocking: a worker thread).
+        """Decode, tokenize and encode the image in *data* for a prompt (blocking: a worker thread).
 
         Raises:
-            InvalidRequest: not a readable image, or over :attr:`max_pixels`.
-            EngineFailure: the projector is closed.
+            InvalidRequest: not a readable image, or over :attr:`max_pixels` (``param`` names it).
+            EngineFailure: the projector is closed, or could not encode the image.
 
         """
         bitmap = decode_image(data, param=param, max_pixels=self._max_pixels)
-        with self._lock:
-            media = self.projector.tokenize(bitmap)
-        start = len(media.before)
+        projector = self.projector
+        media = projector.tokenize(bitmap, param=param)
+        embeddings = self._kept(media.digest)
+        if embeddings is None:
+            embeddings = projector.encode(media)
+            self._keep(media.digest, embeddings)
         return PromptImage(
             tokens=(*media.before, *stand_in_ids(media.digest, media.n_image), *media.after),
-            start=start,
+            start=len(media.before),
             n_positions=media.n_image,
             digest=media.digest.hex(),
-            handle=media,
+            handle=EncodedImage(media, embeddings),
         )
+
+    def _kept(self, digest: bytes) -> npt.NDArray[np.float32] | None:
+        with self._lock:
+            embeddings = self._encoded.get(digest)
+            if embeddings is not None:
+                self._encoded.move_to_end(digest)
+            return embeddings
+
+    def _keep(self, digest: bytes, embeddings: npt.NDArray[np.float32]) -> None:
+        """Keep *embeddings* for a later read of the same image, the least recently read going first."""
+        if embeddings.nbytes > ENCODED_BYTES:
+            return
+        with self._lock:
+            if self._projector is None or digest in self._encoded:  # closed, or another read kept it
+                return
+            self._encoded[digest] = embeddings
+            self._encoded_bytes += embeddings.nbytes
+            while self._encoded_bytes > ENCODED_BYTES:
+                _, dropped = self._encoded.popitem(last=False)
+                self._encoded_bytes -= dropped.nbytes

@@ -125,6 +125,7 @@ class LlamaOptions:
     embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
     pooling: Pooling | None = None  # the embeddings' pooling; None: the model's
     mmproj: Path | None = None  # the image projector (--mmproj); None: the model reads text only
+    mmproj_output_width: int | None = None  # its width as its file says (checked before mtmd reads it)
     mmproj_offload: bool = True  # the projector on the GPU where there is one
     image_min_tokens: int | None = None  # a dynamic-resolution projector's bounds; None: its own
     image_max_tokens: int | None = None
@@ -383,7 +384,7 @@ class LlamaEngine(SlotEngine):
             self._close_draft()
             context.close()
             raise
-        context.projector = None if self.vision is None else self.vision.projector
+        context.projector = self.vision.projector if isinstance(self.vision, Vision) else None
         if isinstance(self.embedder, Embedder):
             try:
                 self.embedder.open(model)
@@ -420,6 +421,7 @@ class LlamaEngine(SlotEngine):
                 image_min_tokens=options.image_min_tokens,
                 image_max_tokens=options.image_max_tokens,
                 max_pixels=options.image_max_pixels,
+                output_width=options.mmproj_output_width,
             )
 
     def _close_vision(self) -> None:

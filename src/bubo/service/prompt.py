@@ -134,7 +134,8 @@ def _with_images(
 
     Raises:
         UnsupportedContent: the model reads text only.
-        InvalidRequest: an image is not readable, or the template dropped one (not every marker is left).
+        InvalidRequest: an image is not readable, the template dropped one (not every marker is
+            left), or the prompt ends with one.
         BuboError: *overflow*'s error.
 
     """
@@ -170,6 +171,11 @@ def _with_images(
         tokens.extend(image.tokens)
         if room is not None and len(tokens) > room:
             raise overflow(len(tokens), True)  # noqa: FBT003
+    if placed and placed[-1].end == len(tokens):
+        raise InvalidRequest(
+            "the prompt ends with an image, whose positions give no logits: put text after it",
+            param=images[-1].param,
+        )
     return tokens, tuple(placed)
 
 

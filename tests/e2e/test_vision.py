@@ -1,0 +1,165 @@
+"""Images through a real `bubo serve`: SmolLM2 with a tiny random-weight projector built here.
+
+No registry reachable from here ships a vision model, so ``tests/_tiny_gguf/mmproj.py``
+builds a Gemma 3-type projector whose output width is SmolLM2's ``n_embd``.  Its
+weights are random: what the model "sees" is noise.  These tests therefore assert
+only on shapes, counts, cache reuse, determinism and errors, never on what the
+model says about an image.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from .._listener import Listener
+from .._tiny_gguf.mmproj import IMAGE_TOKENS, build_mmproj, n_embd_of
+from .conftest import (
+    Server,
+    bubo_command,
+    free_port,
+    openai_client,
+    start_server,
+    stop_server,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama]
+
+
+def png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    """A small PNG whose pixels depend on *seed* (a different seed: a different image)."""
+    image = Image.new("RGB", size)
+    image.putdata(
+        [
+            ((x * 5 + seed * 37) % 256, (y * 7 + seed) % 256, (x + y) % 256)
+            for y in range(size[1])
+            for x in range(size[0])
+        ]
+    )
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(name="mmproj", scope="module")
+def _mmproj(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Path:
+    return build_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf", n_embd=n_embd_of(model_path))
+
+
+@pytest.fixture(name="vision", scope="module")
+def _vision(tmp_path_factory: pytest.TempPathFactory, model_path: Path, mmproj: Path) -> Iterator[Server]:
+    port = free_port()
+    command = [bubo_command(), "serve", "--port", str(port), "-m", str(model_path), "--mmproj", str(mmproj)]
+    command += ["-c", "2048", "-np", "2", "--temp", "0"]
+    server = start_server(command, port, tmp_path_factory.mktemp("vision") / "serve.log")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(name="client")
+def _client(vision: Server) -> Iterator[openai.OpenAI]:
+    with openai_client(vision) as client:
+        yield client
+
+
+def chat_with(
+    client: openai.OpenAI, image: bytes | None, text: str = "What is in this picture?", **fields: object
+):
+    content: list[dict[str, object]] = [{"type": "text", "text": text}]
+    if image is not None:
+        content.append({"type": "image_url", "image_url": {"url": data_uri(image)}})
+    fields.setdefault("max_tokens", 4)
+    return client.chat.completions.create(
+        model="bubo", messages=[{"role": "user", "content": content}], **fields
+    )
+
+
+class TestOpenAIChat:
+    def test_the_image_s_positions_are_prompt_tokens(self, client: openai.OpenAI) -> None:
+        without = chat_with(client, None)
+        with_image = chat_with(client, png(1))
+        assert without.usage is not None and with_image.usage is not None
+        # the projector's 4 positions, its <start_of_image>/<end_of_image> text, the joining new line
+        assert with_image.usage.prompt_tokens >= without.usage.prompt_tokens + IMAGE_TOKENS
+        assert with_image.choices[0].finish_reason in ("length", "stop")
+
+    def test_a_second_turn_over_the_same_image_reads_it_from_the_cache(self, client: openai.OpenAI) -> None:
+        first = chat_with(client, png(2), text="Describe it.")
+        second = chat_with(client, png(2), text="Describe it.")
+        assert first.usage is not None and second.usage is not None
+        assert second.usage.prompt_tokens == first.usage.prompt_tokens
+        assert second.usage.prompt_tokens_details is not None
+        assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+
+    def test_another_image_is_read_again_from_where_it_starts(self, client: openai.OpenAI) -> None:
+        chat_with(client, png(3), text="Describe it.")
+        other = chat_with(client, png(4), text="Describe it.")
+        assert other.usage is not None and other.usage.prompt_tokens_details is not None
+        # the text before the image is reused; the image and everything after it is read again
+        assert other.usage.prompt_tokens_details.cached_tokens <= other.usage.prompt_tokens - IMAGE_TOKENS
+
+    def test_greedy_answers_over_an_image_are_deterministic(self, client: openai.OpenAI) -> None:
+        answers = {
+            chat_with(client, png(5), max_tokens=8, seed=1).choices[0].message.content for _ in range(2)
+        }
+        assert len(answers) == 1
+
+    def test_a_url_is_refused_and_never_fetched(self, client: openai.OpenAI) -> None:
+        with Listener() as listener, pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="bubo",
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "image_url", "image_url": {"url": f"{listener.url}/cat.png"}},
+                ]}],
+                max_tokens=4,
+            )  # fmt: skip
+        assert listener.connections == 0
+        assert refused.value.body["param"] == "messages[0].content[1].image_url.url"  # type: ignore[index]
+
+    def test_a_corrupt_image_is_a_400_and_the_server_serves_on(self, client: openai.OpenAI) -> None:
+        broken = png(6)[:60]  # a PNG cut short
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat_with(client, broken)
+        assert refused.value.body["param"] == "messages[0].content[1].image_url.url"  # type: ignore[index]
+        assert chat_with(client, png(6)).usage is not None
+
+
+def test_the_model_says_it_takes_images(vision: Server) -> None:
+    with httpx.Client(base_url=vision.base_url, timeout=30) as http:
+        props = http.get("/props").json()
+        models = http.get("/v1/models").json()
+    assert props["modalities"]["vision"] is True
+    assert "image" in models["data"][0]["architecture"]["input_modalities"]
+
+
+def test_a_projector_of_another_width_stops_start_up_with_one_clear_line(
+    tmp_path: Path, model_path: Path
+) -> None:
+    wrong = build_mmproj(tmp_path / "mmproj-64.gguf", n_embd=64)
+    command = [
+        bubo_command(),
+        "serve",
+        "--port",
+        str(free_port()),
+        "-m",
+        str(model_path),
+        "--mmproj",
+        str(wrong),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "64" in done.stderr and str(n_embd_of(model_path)) in done.stderr
+    assert "Traceback" not in done.stderr
