@@ -27,7 +27,9 @@ class TextBlock:
 
 @attrs.frozen(kw_only=True)
 class ImageBlock:
-    """An image; a text model reads only a placeholder for it (a 400 in the newest user turn)."""
+    """An image: a base64 ``source`` for a model that takes images; a text model reads a placeholder for it
+    (a 400 in the newest user turn).  ``source`` is checked in :mod:`.translate`, only where it is read.
+    """
 
     type: Literal["image"]
     source: dict[str, Any] | None = None

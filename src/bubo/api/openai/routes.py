@@ -134,10 +134,11 @@ def model_list(runtime: Runtime) -> wire.ModelList:
         vocab_type=info.vocab_type,
     )
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
+    vision = runtime.engine.vision is not None  # a projector (--mmproj): the model reads images
+    capabilities = ["completion", "multimodal"] if vision else ["completion"]  # llama-server's names
     return wire.ModelList(
-        models=[  # Bubo serves text models: llama-server adds "multimodal" only with --mmproj
-            wire.ListedModel(name=name, model=name, capabilities=["completion"])
-            for name in runtime.model_names
+        models=[
+            wire.ListedModel(name=name, model=name, capabilities=capabilities) for name in runtime.model_names
         ],
         data=[
             wire.Model(
@@ -149,7 +150,7 @@ def model_list(runtime: Runtime) -> wire.ModelList:
                 context_length=info.n_ctx,
                 max_model_len=info.n_ctx,
                 meta=meta,
-                architecture=wire.Architecture(input_modalities=["text"]),
+                architecture=wire.Architecture(input_modalities=["text", "image"] if vision else ["text"]),
             )
             for name in runtime.model_names
         ],
