@@ -486,3 +486,18 @@ async def test_debug_prompt_shows_the_marker(
     assert f"{DEFAULT_MEDIA_MARKER}\nWhat?" in body["prompt"]
     assert all(t >= 0 for t in body["tokens"])
     assert vision.read == []
+
+
+async def test_input_tokens_counts_the_images_tokens(vision_app, vision: FakeVision) -> None:
+    """llama-server's count of a chat request is the generation's prompt_tokens, images included."""
+    content = [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": data_uri(RED)}},
+    ]
+    body = {"model": "bubo", "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
+    client = vision_app.test_client()
+    counted = await client.post("/v1/chat/completions/input_tokens", json=body)
+    assert counted.status_code == 200, await counted.get_data()
+    chat = await (await client.post("/v1/chat/completions", json=body)).get_json()
+    assert (await counted.get_json())["input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert len(vision.read) == 2

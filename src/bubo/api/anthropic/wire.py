@@ -27,8 +27,10 @@ class TextBlock:
 
 @attrs.frozen(kw_only=True)
 class ImageBlock:
-    """An image: a base64 ``source`` for a model that takes images; a text model reads a placeholder for it
-    (a 400 in the newest user turn).  ``source`` is checked in :mod:`.translate`, only where it is read.
+    """An image: read from a base64 ``source`` by a model that takes images, else a placeholder.
+
+    A text model refuses it in the newest user turn.  ``source`` is checked in
+    :mod:`.translate`, only where the image is read.
     """
 
     type: Literal["image"]

@@ -16,7 +16,7 @@ from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.domain.requests import ChatRequest, CompletionRequest
 from bubo.model import ALIAS
-from bubo.service.chat import count_chat_request, prepare_chat
+from bubo.service.chat import count_chat_request, prepare_chat, render_chat_request
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
 
@@ -84,7 +84,13 @@ async def chat_input_tokens() -> Response:
     """
     runtime = require_runtime()
     chat = await chat_request_without_model(runtime)
-    n_tokens = await on_the_prompt(runtime, chat, lambda: count_chat_request(runtime, chat))
+
+    def count() -> int:
+        if chat.prompt.images:  # an image's tokens are the projector's: read as generation reads it
+            return len(render_chat_request(runtime, chat).tokens)
+        return count_chat_request(runtime, chat)
+
+    n_tokens = await on_the_prompt(runtime, chat, count)
     return json_response(wire.InputTokens(input_tokens=n_tokens))
 
 
