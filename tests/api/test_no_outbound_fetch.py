@@ -2,7 +2,9 @@
 
 A text model cannot read them; whether a dialect answers them with a 400 or
 serves the turn with a placeholder, the listener on 127.0.0.1 that each URL
-names hears nothing.  (Schema references: test_schema_references.py.)
+names hears nothing.  A model that takes images (``--mmproj``) answers an image
+by URL with a 400 naming its field, and its listener hears nothing either.
+(Schema references: test_schema_references.py.)
 """
 
 from __future__ import annotations
@@ -64,6 +66,25 @@ def bodies(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
                 "input": [{"role": "user", "content": [{"type": "input_image", "image_url": image}]}],
             },
         ),
+        "ollama chat images": (
+            "/api/chat",
+            {
+                "model": "bubo",
+                "stream": False,
+                "messages": [{"role": "user", "content": "What is it?", "images": [image]}],
+            },
+        ),
+        "ollama generate images": (
+            "/api/generate",
+            {"model": "bubo", "stream": False, "prompt": "What is it?", "images": [image]},
+        ),
+        "completion multimodal_data": (
+            "/completion",
+            {
+                "prompt": {"prompt_string": "<__media__> What is it?", "multimodal_data": [image]},
+                "n_predict": 4,
+            },
+        ),
         "responses input_file": (
             "/v1/responses",
             {
@@ -75,18 +96,31 @@ def bodies(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "chat image_url",
-        "messages image url",
-        "messages document url",
-        "responses input_image",
-        "responses input_file",
-    ],
+IMAGE_CASES = (
+    "chat image_url",
+    "messages image url",
+    "responses input_image",
+    "ollama chat images",
+    "ollama generate images",
+    "completion multimodal_data",
 )
+
+
+@pytest.mark.parametrize("case", [*IMAGE_CASES, "messages document url", "responses input_file"])
 async def test_a_url_in_the_content_is_not_fetched(app, listener: Listener, case: str) -> None:
     path, body = bodies(listener.url)[case]
     response = await app.test_client().post(path, json=body)
     assert response.status_code < 500, await response.get_data()
     assert listener.connections == 0
+
+
+@pytest.mark.parametrize("case", IMAGE_CASES)
+async def test_a_model_that_takes_images_refuses_an_image_url(
+    vision_app, vision, listener: Listener, case: str
+) -> None:
+    """A 400, nothing fetched, nothing read."""
+    path, body = bodies(listener.url)[case]
+    response = await vision_app.test_client().post(path, json=body)
+    assert response.status_code == 400, await response.get_data()
+    assert listener.connections == 0
+    assert vision.read == []

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import binascii
 
-from bubo.domain.media import ImageInput, new_media_marker
+import attrs
+
+from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput, new_media_marker
+from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import InvalidRequest, UnsupportedContent
 
 from ._omitted import Omissions
 
-__all__ = ["ImageCollector", "image_bytes", "refuse_url"]
+__all__ = ["ImageCollector", "image_bytes", "marked", "refuse_url", "shown_without_images"]
 
 _DATA_PREFIX = "data:"
 
@@ -100,3 +103,33 @@ class ImageCollector:
         path = param + field
         self._images.append(ImageInput(data=image_bytes(value, path, data_uri=data_uri), param=path))
         return self.marker
+
+
+def marked(messages: tuple[Message, ...], marker: str, replacement: str) -> tuple[Message, ...]:
+    """*messages* with each *marker* in their text replaced by *replacement* (the others as they are)."""
+    if not marker:
+        return messages
+    return tuple(
+        attrs.evolve(m, content=m.content.replace(marker, replacement))
+        if m.content is not None and marker in m.content
+        else m
+        for m in messages
+    )
+
+
+def shown_without_images(prompt: ChatPrompt) -> ChatPrompt:
+    """*prompt* to show, not to run: each image as llama.cpp's marker (``<__media__>``), none read.
+
+    ``/apply-template`` and ``/debug/prompt`` render the prompt's text; reading
+    an image needs the model awake and the projector's CPU time, and its
+    tokens would show as stand-ins.  The text shows where each image goes, as
+    llama-server's ``/apply-template`` does.
+    """
+    if not prompt.images:
+        return prompt
+    return attrs.evolve(
+        prompt,
+        messages=marked(prompt.messages, prompt.media_marker, DEFAULT_MEDIA_MARKER),
+        images=(),
+        media_marker="",
+    )

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from quart import Blueprint, Response, request
 
 from bubo.domain.addresses import is_loopback
+from bubo.domain.requests import ChatRequest
 from bubo.errors import NotFound
 from bubo.service.chat import prompt_chars, render_chat_request
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
@@ -21,6 +23,7 @@ from bubo.service.work import PREPARE_BYTES_PER_CHAR
 from ._chat import translate as chat_translate
 from ._chat import wire as chat_wire
 from ._context import api_context, read_body, require_runtime
+from ._images import shown_without_images
 from ._json import json_response
 
 __all__ = ["blueprint"]
@@ -38,9 +41,18 @@ async def _only_when_enabled_on_loopback() -> None:
 
 @blueprint.post("/debug/prompt")
 async def prompt() -> Response:
-    """A chat-completions body rendered and tokenized exactly as generation would, with each token's text."""
+    """A chat-completions body rendered and tokenized exactly as generation would, with each token's text.
+
+    Images are not read: each shows as llama.cpp's ``<__media__>`` marker, tokenized as text
+    (:func:`~bubo.api._images.shown_without_images`).
+    """
     runtime = require_runtime()
-    _, chat = await read_body(runtime, chat_wire.ChatCompletionRequest, chat_translate.chat_request)
+
+    def translated(body: chat_wire.ChatCompletionRequest) -> ChatRequest:
+        chat = chat_translate.chat_request(body, takes_images=runtime.engine.vision is not None)
+        return attrs.evolve(chat, prompt=shown_without_images(chat.prompt))
+
+    _, chat = await read_body(runtime, chat_wire.ChatCompletionRequest, translated)
     tokenizer = runtime.tokenizer
 
     def render() -> dict[str, Any]:

@@ -87,8 +87,12 @@ async def prepare_chat(
     def render_and_check() -> tuple[_CheckedSchemas, RenderedPrompt, GenerationRequest]:
         schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
         rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
-        if prefix:
-            rendered = attrs.evolve(rendered, tokens=(*prefix, *rendered.tokens))
+        if prefix:  # the images' positions move with the tokens
+            rendered = attrs.evolve(
+                rendered,
+                tokens=(*prefix, *rendered.tokens),
+                images=tuple(attrs.evolve(image, at=image.at + len(prefix)) for image in rendered.images),
+            )
         checked = attrs.evolve(
             generation_request(runtime, rendered, request.options, prompt_param="messages"),
             cache_tags=cache_tags(runtime, prompt),

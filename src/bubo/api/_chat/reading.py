@@ -13,6 +13,7 @@ from typing import TypeVar
 from bubo.api._context import read_body
 from bubo.domain.requests import ChatRequest
 from bubo.service.chat import prompt_chars
+from bubo.service.prompt import image_work_bytes, reading_images
 from bubo.service.runtime import Runtime
 from bubo.service.work import PREPARE_BYTES_PER_CHAR
 
@@ -42,5 +43,12 @@ async def chat_request_without_model(runtime: Runtime) -> ChatRequest:
 
 
 async def on_the_prompt(runtime: Runtime, chat: ChatRequest, job: Callable[[], T]) -> T:
-    """*job* (a render or a count of *chat*) on the workers, its memory sized by the prompt."""
-    return await runtime.workers.run(job, need_bytes=prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR)
+    """*job* (a render or a count of *chat*) on the workers, its memory sized by the prompt.
+
+    A prompt with images (a model that takes them) holds the model awake while
+    *job* may read them, and its memory counts their decoding.
+    """
+    images = chat.prompt.images
+    need_bytes = prompt_chars(chat.prompt) * PREPARE_BYTES_PER_CHAR + image_work_bytes(runtime, images)
+    async with reading_images(runtime, images):
+        return await runtime.workers.run(job, need_bytes=need_bytes)

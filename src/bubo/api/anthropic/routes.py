@@ -37,7 +37,7 @@ async def messages() -> Response:
 
     def translated(body: wire.MessagesRequest) -> ChatRequest:
         runtime.check_model(body.model)
-        return translate.messages_request(body)
+        return translate.messages_request(body, takes_images=runtime.engine.vision is not None)
 
     body, chat = await read_body(runtime, wire.MessagesRequest, translated)
     report_omitted(chat.omitted)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from bubo.api._images import ImageCollector, refuse_url
 from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_value_depth
 from bubo.api._numbers import check_sampling, check_token_limit
@@ -44,19 +45,20 @@ _STOP_REASONS = {
 }
 
 
-def messages_request(body: wire.MessagesRequest) -> ChatRequest:
-    """The domain request for ``POST /v1/messages``.
+def messages_request(body: wire.MessagesRequest, *, takes_images: bool = False) -> ChatRequest:
+    """The domain request for ``POST /v1/messages`` (*takes_images*: the model reads ``image`` blocks).
 
     Raises:
         InvalidRequest: no messages, ``max_tokens`` below 1 or over 32 bits, a sampler setting
-            out of range, unsupported content, disagreeing thinking controls.
+            out of range, unsupported content, an image that is not base64 data, disagreeing
+            thinking controls.
 
     """
     if body.max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {body.max_tokens}", param="max_tokens")
     check_token_limit(body.max_tokens, "max_tokens")
     return attrs.evolve(
-        count_request(body),
+        count_request(body, takes_images=takes_images),
         options=GenerationOptions(
             max_tokens=body.max_tokens,
             sampling=check_sampling(
@@ -68,13 +70,21 @@ def messages_request(body: wire.MessagesRequest) -> ChatRequest:
     )
 
 
-def count_request(body: wire.MessagesRequest | wire.CountTokensRequest) -> ChatRequest:
-    """The conversation as generation renders it (``count_tokens`` counts exactly this)."""
+def count_request(
+    body: wire.MessagesRequest | wire.CountTokensRequest, *, takes_images: bool = False
+) -> ChatRequest:
+    """The conversation as generation renders it (``count_tokens`` counts exactly this).
+
+    ``count_tokens`` reads no image (the contract: images are not supported there):
+    without *takes_images* each is a placeholder, or a 400 in the newest user turn.
+    """
     choice = body.tool_choice
     omissions = Omissions()
     messages = _cleared_thinking(body.messages, body.context_management)
     return ChatRequest(
-        prompt=chat_prompt(body.system, messages, body.tools, omissions),
+        prompt=chat_prompt(
+            body.system, messages, body.tools, omissions, ImageCollector(omissions, takes_images=takes_images)
+        ),
         tool_choice=_tool_choice(choice),
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         reasoning=_reasoning(body.thinking, body.output_config),
@@ -181,6 +191,7 @@ def chat_prompt(
     messages: list[wire.InputMessage] | None,
     tools: list[wire.Tool] | None,
     omissions: Omissions | None = None,
+    images: ImageCollector | None = None,
 ) -> ChatPrompt:
     """The conversation as the chat template sees it.
 
@@ -188,6 +199,8 @@ def chat_prompt(
     renders them there, or folds them into the next user turn; see
     :mod:`bubo.templates`).  Content a text model cannot read becomes a
     placeholder, except in the newest user turn, where it is refused.
+    *images* (of a model that takes them) collects each ``image`` block, in
+    the turns and in tool results, where its marker is written.
 
     An empty ``messages`` array is served as llama-server serves it: the
     template renders the system prompt alone (or nothing) and opens the
@@ -196,23 +209,27 @@ def chat_prompt(
     if messages is None:
         raise InvalidRequest("messages is required", code="missing_messages", param="messages")
     omissions = omissions or Omissions()
+    images = images or ImageCollector(omissions, takes_images=False)
     deferred = {t.name: t for t in tools or () if t.defer_loading}
     newest_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
-    reader = _Reader(omissions, deferred)
+    reader = _Reader(omissions, images, deferred)
     turns: list[Message] = []
     if system:
         text = system if isinstance(system, str) else "\n".join(block.text for block in system)
         turns.append(Message(role="system", content=text))
     for index, turn in enumerate(messages):
         turns.extend(reader.turn(turn, f"messages[{index}]", newest=index == newest_user))
-    return ChatPrompt(messages=tuple(turns), tools=_tools(tools or ()))
+    return ChatPrompt(
+        messages=tuple(turns), tools=_tools(tools or ()), images=images.images, media_marker=images.marker
+    )
 
 
 class _Reader:
     """Turns Anthropic blocks into domain messages for one request."""
 
-    def __init__(self, omissions: Omissions, deferred: dict[str, wire.Tool]) -> None:
+    def __init__(self, omissions: Omissions, images: ImageCollector, deferred: dict[str, wire.Tool]) -> None:
         self._omissions = omissions
+        self._images = images
         self._deferred = deferred
 
     def turn(self, turn: wire.InputMessage, param: str, *, newest: bool) -> list[Message]:
@@ -237,14 +254,16 @@ class _Reader:
                     )
                 case wire.ToolResultBlock() if turn.role == "user":
                     results.append(
-                        Message(role="tool", content=self._result(block), tool_call_id=block.tool_use_id)
+                        Message(
+                            role="tool", content=self._result(block, where), tool_call_id=block.tool_use_id
+                        )
                     )
                 case wire.ToolUseBlock() | wire.ToolResultBlock():
                     raise InvalidRequest(f"a {turn.role} turn cannot hold a {block.type} block", param=where)
-                case wire.ImageBlock() | wire.DocumentBlock() if newest and _unreadable(block):
-                    raise UnsupportedContent(block.type, param=where)
+                case wire.ImageBlock() | wire.DocumentBlock():
+                    texts.append(self._media(block, where, newest=newest))
                 case _:
-                    texts.append(self.text(block))
+                    texts.append(self.text(block, where))
         if turn.role == "assistant":
             return [
                 Message(
@@ -256,17 +275,52 @@ class _Reader:
             ]
         return [*results, Message(role=turn.role, content="\n".join(texts))] if texts else results
 
-    def _result(self, block: wire.ToolResultBlock) -> str:
+    def _result(self, block: wire.ToolResultBlock, param: str) -> str:
         content = block.content
         if content is None or isinstance(content, str):
             return content or ""
-        return "\n".join(self.text(part) for part in content)
+        return "\n".join(self.text(part, f"{param}.content[{index}]") for index, part in enumerate(content))
 
-    def text(self, block: wire.ResultBlock) -> str:
-        """A block as the text the model reads."""
+    def _media(self, block: wire.ImageBlock | wire.DocumentBlock, param: str, *, newest: bool) -> str:
+        """An image or a document in a turn; what the model cannot read in the newest user turn is a 400."""
+        if isinstance(block, wire.ImageBlock):
+            return self._image(block, param, refuse=newest)
+        if newest and _document_text(block) is None:
+            raise UnsupportedContent(block.type, param=param)
+        return self.text(block, param)
+
+    def _image(self, block: wire.ImageBlock, param: str, *, refuse: bool = False) -> str:
+        """An ``image`` block: its marker (a ``base64`` source), a placeholder (a text model), or a 400.
+
+        A ``url`` source is never fetched and a ``file`` source names a file
+        this server does not keep: both are a 400 naming ``source``.
+        """
+        source = block.source or {}
+        if not self._images.takes_images:
+            return self._images.base64("", param, refuse=refuse)
+        kind = source.get("type")
+        if kind == "url":
+            url = source.get("url")
+            raise refuse_url(url if isinstance(url, str) else "", f"{param}.source")
+        if kind != "base64":
+            raise InvalidRequest(
+                f'an image source must be {{"type": "base64", "media_type": …, "data": …}}, not {kind!r}: '
+                "this server fetches nothing and keeps no files",
+                code="image_url_not_supported" if kind == "file" else None,
+                param=f"{param}.source",
+            )
+        data = source.get("data")
+        if not isinstance(data, str):
+            raise InvalidRequest(
+                "a base64 image source needs its data (a string)", param=f"{param}.source.data"
+            )
+        return self._images.base64(data, param, field=".source.data")
+
+    def text(self, block: wire.ResultBlock, param: str) -> str:
+        """A block as the text the model reads (*param* names it)."""
         match block:
             case wire.ImageBlock():
-                return self._omissions.placeholder("image")
+                return self._image(block, param)
             case wire.DocumentBlock():
                 return _document_text(block) or self._omissions.placeholder("document")
             case wire.ToolReferenceBlock(tool_name=name):
@@ -287,10 +341,6 @@ def _block_text(block: wire.ResultBlock) -> str:
         case wire.OtherBlock():
             return _other_text(block)
     return ""
-
-
-def _unreadable(block: wire.ImageBlock | wire.DocumentBlock) -> bool:
-    return isinstance(block, wire.ImageBlock) or _document_text(block) is None
 
 
 def _document_text(block: wire.DocumentBlock) -> str | None:

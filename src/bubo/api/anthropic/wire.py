@@ -27,7 +27,11 @@ class TextBlock:
 
 @attrs.frozen(kw_only=True)
 class ImageBlock:
-    """An image; a text model reads only a placeholder for it (a 400 in the newest user turn)."""
+    """An image: read from a base64 ``source`` by a model that takes images, else a placeholder.
+
+    A text model refuses it in the newest user turn.  ``source`` is checked in
+    :mod:`.translate`, only where the image is read.
+    """
 
     type: Literal["image"]
     source: dict[str, Any] | None = None

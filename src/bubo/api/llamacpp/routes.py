@@ -13,6 +13,7 @@ from quart import Blueprint, Response, request
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, read_body, request_timeline, require_runtime, structured_body
 from bubo.api._errors import error_envelope
+from bubo.api._images import shown_without_images
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame, sse_response
@@ -231,12 +232,12 @@ async def completion() -> Response:
         if body.model is not None:
             runtime.check_model(body.model)
         check_id_slot(runtime, body.id_slot)
-        prompts = translate.prompts(body)
+        prompts = translate.prompts(body, takes_images=runtime.engine.vision is not None)
         if len(prompts) > MAX_PROMPTS:
             raise InvalidRequest(
                 f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt"
             )
-        return [translate.completion_request(body, prompt) for prompt in prompts]
+        return [translate.completion_request(body, prompt.pieces, prompt.images) for prompt in prompts]
 
     body, requests = await read_body(runtime, wire.CompletionRequest, translated)
     prepared = [await prepare_completion(runtime, one) for one in requests]
@@ -331,10 +332,14 @@ async def _collect_all(
 
 @blueprint.post("/apply-template")
 async def apply_template() -> Response:
-    """The chat-completions body rendered as prompt text, as generation renders it; no model needed."""
+    """The chat-completions body rendered as prompt text, as generation renders it; no model needed.
+
+    Images are shown as llama.cpp's ``<__media__>`` marker, not read (:func:`shown_without_images`).
+    """
     runtime = require_runtime()
     chat = await chat_request_without_model(runtime)
-    rendered = await on_the_prompt(runtime, chat, lambda: render_chat_request(runtime, chat))
+    shown = attrs.evolve(chat, prompt=shown_without_images(chat.prompt))
+    rendered = await on_the_prompt(runtime, shown, lambda: render_chat_request(runtime, shown))
     return json_response({"prompt": rendered.text})
 
 
@@ -449,7 +454,7 @@ async def props() -> Response:
                 n_ctx=info.n_ctx,
             ),
             total_slots=runtime.engine.n_slots,
-            modalities=wire.Modalities(vision=False, audio=False),
+            modalities=wire.Modalities(vision=runtime.engine.vision is not None, audio=False),
             template=template.source,
             chat_template=template.source,
             chat_template_origin=template.origin,

@@ -9,11 +9,13 @@ from typing import Any
 import attrs
 
 from bubo.api._constraints import output_constraint
+from bubo.api._images import image_bytes
 from bubo.api._llama_fields import lora_scales
 from bubo.api._numbers import check_bias, check_token_limit, draft_overrides, sampling_overrides, token_id
 from bubo.api._stops import stop_strings
 from bubo.api._usage import timings, usage
 from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
+from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput
 from bubo.domain.output import Done
 from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPiece
 from bubo.domain.sampling import BANNED, LogitBias, SamplingParams
@@ -24,6 +26,7 @@ from bubo.model import KvCacheSize
 from . import wire
 
 __all__ = [
+    "RawPrompt",
     "completion_request",
     "completion_result",
     "probabilities",
@@ -48,25 +51,35 @@ MAX_RESPONSE_FIELD_CHARS = 256
 """Characters of one ``response_fields`` path."""
 
 
-def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
+@attrs.frozen
+class RawPrompt:
+    """One prompt of a ``/completion`` body: its pieces, and the images its ``<__media__>`` markers place."""
+
+    pieces: tuple[PromptPiece, ...]
+    images: tuple[ImageInput, ...] = ()
+
+
+def prompts(body: wire.CompletionRequest, *, takes_images: bool = False) -> list[RawPrompt]:
     """The prompts of a ``/completion`` body, as llama-server reads ``prompt``.
 
     A text, an array of token ids, an array mixing ids and texts, or an object
     (``{"prompt_string": …}``) is one prompt; an array of texts, of such arrays
-    and of objects is several.
+    and of objects is several.  An object's ``multimodal_data`` (base64 images,
+    each read where ``prompt_string`` writes ``<__media__>``) needs a model that
+    takes images (*takes_images*).
 
     Raises:
-        InvalidRequest: no prompt, an empty one among several, a bare token id beside arrays, or
-            ``multimodal_data``.
+        InvalidRequest: no prompt, an empty one among several, a bare token id beside arrays,
+            ``multimodal_data`` for a text model, not base64, or not one image per marker.
 
     """
     prompt = body.prompt
     if prompt is None or prompt in ("", []):
         raise InvalidRequest("prompt is required", code="missing_prompt", param="prompt")
     if isinstance(prompt, str):
-        return [(prompt,)]
+        return [RawPrompt((prompt,))]
     if isinstance(prompt, wire.PromptObject):
-        return [_object_prompt(prompt, "prompt")]
+        return [_object_prompt(prompt, "prompt", takes_images=takes_images)]
     nested = any(isinstance(piece, list | wire.PromptObject) for piece in prompt)
     if any(isinstance(piece, int) for piece in prompt):  # one prompt: ids, or ids and texts mixed
         if nested:
@@ -76,25 +89,26 @@ def prompts(body: wire.CompletionRequest) -> list[tuple[PromptPiece, ...]]:
                 "not one",
                 param=f"prompt[{index}]",
             )
-        return [tuple(piece for piece in prompt if isinstance(piece, int | str))]
-    out: list[tuple[PromptPiece, ...]] = []
+        return [RawPrompt(tuple(piece for piece in prompt if isinstance(piece, int | str)))]
+    out: list[RawPrompt] = []
     for index, piece in enumerate(prompt):
         where = f"prompt[{index}]"
         if isinstance(piece, wire.PromptObject):
-            one = _object_prompt(piece, where)
+            one = _object_prompt(piece, where, takes_images=takes_images)
         elif isinstance(piece, list):
-            one = tuple(piece)
+            one = RawPrompt(tuple(piece))
         else:  # a text (a bare id was refused above)
-            one = (piece,)
-        if one in ((), ("",)):
+            one = RawPrompt((piece,))
+        if one.pieces in ((), ("",)):
             raise InvalidRequest("a prompt must not be empty", param=where)
         out.append(one)
     return out
 
 
-def _object_prompt(prompt: wire.PromptObject, param: str) -> tuple[PromptPiece, ...]:
-    """The prompt of ``{"prompt_string": text or ids and texts}``; ``multimodal_data`` is refused."""
-    if prompt.multimodal_data:
+def _object_prompt(prompt: wire.PromptObject, param: str, *, takes_images: bool) -> RawPrompt:
+    """The prompt of ``{"prompt_string": text or ids and texts, "multimodal_data": [base64, …]}``."""
+    data = prompt.multimodal_data
+    if data and not takes_images:
         raise InvalidRequest(
             "this model takes text only: a prompt cannot carry multimodal_data",
             param=f"{param}.multimodal_data",
@@ -102,11 +116,32 @@ def _object_prompt(prompt: wire.PromptObject, param: str) -> tuple[PromptPiece, 
     text = prompt.prompt_string
     if text is None or text in ("", []):
         raise InvalidRequest("a prompt object needs its prompt_string", param=f"{param}.prompt_string")
-    return (text,) if isinstance(text, str) else tuple(text)
+    if not data:
+        return RawPrompt((text,) if isinstance(text, str) else tuple(text))
+    if not isinstance(text, str):
+        raise InvalidRequest(
+            "a prompt with multimodal_data is a text (its prompt_string), not token ids",
+            param=f"{param}.prompt_string",
+        )
+    n_markers = text.count(DEFAULT_MEDIA_MARKER)
+    if n_markers != len(data):
+        raise InvalidRequest(
+            f"prompt_string holds {n_markers} {DEFAULT_MEDIA_MARKER} markers for {len(data)} multimodal_data "
+            "items: write one marker where each goes, in order",
+            param=f"{param}.multimodal_data",
+        )
+    where = f"{param}.multimodal_data"
+    images = tuple(
+        ImageInput(data=image_bytes(item, f"{where}[{i}]", data_uri=False), param=f"{where}[{i}]")
+        for i, item in enumerate(data)
+    )
+    return RawPrompt((text,), images)
 
 
-def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, ...]) -> CompletionRequest:
-    """The domain request for one prompt of a ``/completion`` body (:func:`prompts`).
+def completion_request(
+    body: wire.CompletionRequest, prompt: tuple[PromptPiece, ...], images: tuple[ImageInput, ...] = ()
+) -> CompletionRequest:
+    """The domain request for one prompt of a ``/completion`` body (:func:`prompts`) and its images.
 
     Raises:
         InvalidRequest: a bad ``n_predict``, ``n_probs``, ``logit_bias``, ``n_indent`` or
@@ -147,6 +182,8 @@ def completion_request(body: wire.CompletionRequest, prompt: tuple[PromptPiece, 
         ),
         output_format=output_format,
         grammar=grammar,
+        images=images,
+        media_marker=DEFAULT_MEDIA_MARKER,
     )
 
 

@@ -21,7 +21,8 @@ from bubo.api._usage import Timings, Usage
 class PromptObject:
     """A prompt given as an object, llama-server's multimodal shape: ``{"prompt_string": …}``.
 
-    ``multimodal_data`` (base64 media for the markers in the text) is refused: Bubo serves text models.
+    ``multimodal_data``: base64 images, one for each ``<__media__>`` marker of the text, in order (a
+    model that takes images; a text model refuses them).
     """
 
     prompt_string: str | list[int | str] | None = None

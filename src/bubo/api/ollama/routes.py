@@ -79,14 +79,15 @@ def _card(runtime: Runtime) -> ModelCard:
     return runtime.card
 
 
-def capabilities(*, fim: bool, embeddings: bool, thinking: bool) -> list[str]:
+def capabilities(*, fim: bool, embeddings: bool, thinking: bool, vision: bool = False) -> list[str]:
     """``capabilities``, in Ollama's order.
 
     Every model completes and calls tools (a template without a tools section
-    gets Bubo's); ``insert`` with fill-in-the-middle tokens; ``embedding`` with
-    ``--embeddings``; ``thinking`` for a template that thinks.
+    gets Bubo's); ``vision`` with a projector (``--mmproj``); ``insert`` with
+    fill-in-the-middle tokens; ``embedding`` with ``--embeddings``;
+    ``thinking`` for a template that thinks.
     """
-    found = ["completion", "tools"]
+    found = ["completion", *(["vision"] if vision else []), "tools"]
     found += ["insert"] if fim else []
     found += ["embedding"] if embeddings else []
     found += ["thinking"] if thinking else []
@@ -225,6 +226,7 @@ async def show() -> Response:
                 fim=info.fim is not None,
                 embeddings=runtime.engine.embedder is not None,
                 thinking=runtime.template.supports_thinking,
+                vision=runtime.engine.vision is not None,
             ),
             context_length=info.n_ctx,
             basename=requested if copilot else None,
@@ -253,7 +255,10 @@ async def chat() -> Response:
         return unload_answer("chat", model, await _load_or_unload(runtime, keep_alive))
     _check_thinking(runtime, body.think, model)
     # Translated by the workers (off the event loop), after the model and keep_alive, as Ollama orders them.
-    chat = await runtime.workers.run(functools.partial(translate.chat_request, body))
+    takes_images = runtime.engine.vision is not None
+    chat = await runtime.workers.run(
+        functools.partial(translate.chat_request, body, takes_images=takes_images)
+    )
     prepared = await prepare_chat(runtime, chat)
     chunks = ChatChunks(
         model=model, received=request_timeline().received, top_logprobs=bool(body.top_logprobs)
@@ -284,15 +289,23 @@ async def generate() -> Response:
     check_context = functools.partial(translate.check_context, body.context or (), runtime.tokenizer.n_vocab)
     context = await runtime.workers.run(check_context)  # every id read off the event loop
     with_context = True
+    takes_images = runtime.engine.vision is not None
     if body.suffix:
         prepared = await _infill(runtime, body, model, context)
     elif body.raw:
-        raw = await runtime.workers.run(functools.partial(translate.raw_request, body, (body.prompt,)))
+        raw = await runtime.workers.run(
+            functools.partial(translate.raw_request, body, (body.prompt,), takes_images=takes_images)
+        )
         prepared = await prepare_completion(runtime, raw)
         with_context = False  # Ollama leaves context out of raw answers
     else:
-        chat = await runtime.workers.run(functools.partial(translate.generate_chat_request, body))
+        chat = await runtime.workers.run(
+            functools.partial(translate.generate_chat_request, body, takes_images=takes_images)
+        )
         prepared = await prepare_chat(runtime, chat, prefix=context)
+    # An image's positions are stand-in ids, no token of the model: an answer over images has no
+    # context to send back (the client sends the images again, and the prompt cache keeps them).
+    with_context = with_context and not prepared.prompt.images
     chunks = GenerateChunks(
         model=model,
         received=request_timeline().received,
@@ -312,6 +325,8 @@ async def _infill(
 
     """
     info = runtime.engine.info
+    if body.images and runtime.engine.vision is not None:
+        raise InvalidRequest("fill-in-the-middle (a suffix) takes no images", param="images")
     fim = info.fim
     if fim is None:
         raise InvalidRequest(

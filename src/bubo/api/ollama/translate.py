@@ -11,15 +11,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from bubo.api._images import ImageCollector
 from bubo.api._nesting import check_value_depth
 from bubo.api._numbers import INT32_MAX
+from bubo.api._omitted import Omissions
 from bubo.domain.generation import GenerationStats, TokenLogprob
 from bubo.domain.ids import new_tool_call_id
+from bubo.domain.media import DEFAULT_MEDIA_MARKER
 from bubo.domain.messages import ChatPrompt, Message, Role, ToolCall, ToolSpec
 from bubo.domain.output import Done
 from bubo.domain.requests import ChatRequest, CompletionRequest, OutputFormat
@@ -126,12 +130,68 @@ def _no_images(images: list[str] | None, param: str) -> None:
         raise UnsupportedContent("image", param=param)
 
 
+_IMAGE_SLOT = "[img]"
+
+
+def _with_images(text: str, images: list[str] | None, param: str, collector: ImageCollector) -> str:
+    """*text* with its *images* placed as Ollama places them (a text model: a 400 naming *param*).
+
+    Each image takes the next ``[img]`` the text holds; those left over go
+    before the text, in order (Ollama writes ``[img-0][img-1]…`` in front).
+    """
+    if not images:
+        return text
+    if not collector.takes_images:
+        raise UnsupportedContent("image", param=param)
+    slots = text.split(_IMAGE_SLOT, len(images))
+    n_slotted = len(slots) - 1
+    # collected in the order the text holds them: the ones in front, then the slotted ones
+    before = [collector.base64(images[n], f"{param}[{n}]") for n in range(n_slotted, len(images))]
+    slotted = [collector.base64(images[n], f"{param}[{n}]") for n in range(n_slotted)]
+    pieces = [*before, slots[0]]
+    for marker, piece in zip(slotted, slots[1:], strict=True):
+        pieces += [marker, piece]
+    return "".join(pieces)
+
+
+_RAW_IMAGE_TAG = re.compile(r"\[img-(0|[1-9][0-9]*)\]")
+
+
+def _raw_with_images(prompt: str, images: list[str], collector: ImageCollector) -> str:
+    """A raw prompt whose ``[img-N]`` tags place ``images[N]``, as Ollama reads them.
+
+    The first ``[img-N]`` of each image is its place; a tag naming no image stays text.
+
+    Raises:
+        InvalidRequest: an image the prompt has no tag for (``param`` ``images[N]``).
+
+    """
+    places: dict[int, re.Match[str]] = {}
+    for match in _RAW_IMAGE_TAG.finditer(prompt):
+        number = int(match.group(1))
+        if number < len(images):
+            places.setdefault(number, match)
+    missing = next((n for n in range(len(images)) if n not in places), None)
+    if missing is not None:
+        raise InvalidRequest(
+            f"a raw prompt places each image with its tag: [img-{missing}] is not in the prompt",
+            param=f"images[{missing}]",
+        )
+    pieces: list[str] = []
+    end = 0
+    for number, match in sorted(places.items(), key=lambda item: item[1].start()):
+        pieces += [prompt[end : match.start()], collector.base64(images[number], f"images[{number}]")]
+        end = match.end()
+    pieces.append(prompt[end:])
+    return "".join(pieces)
+
+
 def _arguments(arguments: dict[str, Any] | None, param: str) -> str:
     check_value_depth(arguments or {}, param)
     return json.dumps(arguments or {}, ensure_ascii=False)
 
 
-def _message(message: wire.Message, index: int, pending: list[ToolCall]) -> Message:
+def _message(message: wire.Message, index: int, pending: list[ToolCall], images: ImageCollector) -> Message:
     """One message; *pending*: the assistant's calls not yet answered (a ``tool`` reply takes one)."""
     param = f"messages[{index}]"
     role = message.role.lower()
@@ -139,7 +199,9 @@ def _message(message: wire.Message, index: int, pending: list[ToolCall]) -> Mess
         raise InvalidRequest(
             f"role {message.role!r} is not one of system, user, assistant, tool", param=f"{param}.role"
         )
-    _no_images(message.images, f"{param}.images")
+    if message.images:
+        content = _with_images(message.content or "", message.images, f"{param}.images", images)
+        message = attrs.evolve(message, content=content)
     if role == "assistant":
         calls = tuple(
             ToolCall(
@@ -178,53 +240,78 @@ def _tools(tools: Sequence[wire.Tool]) -> tuple[ToolSpec, ...]:
     )
 
 
-def chat_request(body: wire.ChatRequest) -> ChatRequest:
+def chat_request(body: wire.ChatRequest, *, takes_images: bool = False) -> ChatRequest:
     """The domain request for ``/api/chat`` (its ``messages`` are non-empty: the route answers empty ones).
 
+    *takes_images*: the model reads each message's ``images`` (base64), placed as
+    Ollama places them; a text model refuses them.
+
     Raises:
-        InvalidRequest: an unknown role, images, a bad option, ``format`` or ``top_logprobs``.
+        InvalidRequest: an unknown role, images (a text model) or bad base64, a bad option,
+            ``format`` or ``top_logprobs``.
 
     """
     pending: list[ToolCall] = []
-    messages = tuple(_message(m, i, pending) for i, m in enumerate(body.messages or ()))
+    images = ImageCollector(Omissions(), takes_images=takes_images)
+    messages = tuple(_message(m, i, pending, images) for i, m in enumerate(body.messages or ()))
     return ChatRequest(
-        prompt=ChatPrompt(messages=messages, tools=_tools(body.tools or ())),
+        prompt=ChatPrompt(
+            messages=messages,
+            tools=_tools(body.tools or ()),
+            images=images.images,
+            media_marker=images.marker,
+        ),
         options=generation_options(body.options, n_probs=_n_probs(body.logprobs, body.top_logprobs)),
         reasoning=reasoning(body.think),
         output_format=output_format(body.format),
     )
 
 
-def generate_chat_request(body: wire.GenerateRequest) -> ChatRequest:
+def generate_chat_request(body: wire.GenerateRequest, *, takes_images: bool = False) -> ChatRequest:
     """``/api/generate`` with a template: ``system`` and ``prompt`` as a system and a user message.
 
+    *takes_images*: the model reads ``images``, placed in the user message as ``/api/chat`` places them.
+
     Raises:
-        InvalidRequest: images, a bad option, ``format`` or ``top_logprobs``.
+        InvalidRequest: images (a text model) or bad base64, a bad option, ``format`` or ``top_logprobs``.
 
     """
-    _no_images(body.images, "images")
+    images = ImageCollector(Omissions(), takes_images=takes_images)
     turns = [Message(role="system", content=body.system)] if body.system else []
-    turns.append(Message(role="user", content=body.prompt or ""))
+    turns.append(Message(role="user", content=_with_images(body.prompt or "", body.images, "images", images)))
     return ChatRequest(
-        prompt=ChatPrompt(messages=tuple(turns)),
+        prompt=ChatPrompt(messages=tuple(turns), images=images.images, media_marker=images.marker),
         options=generation_options(body.options, n_probs=_n_probs(body.logprobs, body.top_logprobs)),
         reasoning=reasoning(body.think),
         output_format=output_format(body.format),
     )
 
 
-def raw_request(body: wire.GenerateRequest, prompt: tuple[int | str, ...]) -> CompletionRequest:
+def raw_request(
+    body: wire.GenerateRequest, prompt: tuple[int | str, ...], *, takes_images: bool = False
+) -> CompletionRequest:
     """``/api/generate`` without a template (``raw``, or a ``suffix``'s fill-in-the-middle prompt).
 
+    With *takes_images* and ``images``, the prompt (one text) places each
+    image where it writes ``[img-N]`` (Ollama's tags, N from 0).
+
     Raises:
-        InvalidRequest: images, a bad option, ``format`` or ``top_logprobs``.
+        InvalidRequest: images (a text model, an image without its tag) or bad base64, a bad option,
+            ``format`` or ``top_logprobs``.
 
     """
-    _no_images(body.images, "images")
+    images = ImageCollector(Omissions(), takes_images=takes_images)
+    if body.images and takes_images:
+        text = "".join(piece for piece in prompt if isinstance(piece, str))
+        prompt = (_raw_with_images(text, body.images, images),)
+    else:
+        _no_images(body.images, "images")
     return CompletionRequest(
         prompt=prompt,
         options=generation_options(body.options, n_probs=_n_probs(body.logprobs, body.top_logprobs)),
         output_format=output_format(body.format),
+        images=images.images,
+        media_marker=images.marker or DEFAULT_MEDIA_MARKER,
     )
 
 

@@ -16,7 +16,7 @@ from bubo.api._sse import sse_response
 from bubo.domain.ids import new_id
 from bubo.domain.requests import ChatRequest, CompletionRequest
 from bubo.model import ALIAS
-from bubo.service.chat import count_chat_request, prepare_chat
+from bubo.service.chat import count_chat_request, prepare_chat, render_chat_request
 from bubo.service.generation import collect, open_output, prepare_completion
 from bubo.service.runtime import Runtime
 
@@ -84,7 +84,13 @@ async def chat_input_tokens() -> Response:
     """
     runtime = require_runtime()
     chat = await chat_request_without_model(runtime)
-    n_tokens = await on_the_prompt(runtime, chat, lambda: count_chat_request(runtime, chat))
+
+    def count() -> int:
+        if chat.prompt.images:  # an image's tokens are the projector's: read as generation reads it
+            return len(render_chat_request(runtime, chat).tokens)
+        return count_chat_request(runtime, chat)
+
+    n_tokens = await on_the_prompt(runtime, chat, count)
     return json_response(wire.InputTokens(input_tokens=n_tokens))
 
 
@@ -134,10 +140,11 @@ def model_list(runtime: Runtime) -> wire.ModelList:
         vocab_type=info.vocab_type,
     )
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
+    vision = runtime.engine.vision is not None  # a projector (--mmproj): the model reads images
+    capabilities = ["completion", "multimodal"] if vision else ["completion"]  # llama-server's names
     return wire.ModelList(
-        models=[  # Bubo serves text models: llama-server adds "multimodal" only with --mmproj
-            wire.ListedModel(name=name, model=name, capabilities=["completion"])
-            for name in runtime.model_names
+        models=[
+            wire.ListedModel(name=name, model=name, capabilities=capabilities) for name in runtime.model_names
         ],
         data=[
             wire.Model(
@@ -149,7 +156,7 @@ def model_list(runtime: Runtime) -> wire.ModelList:
                 context_length=info.n_ctx,
                 max_model_len=info.n_ctx,
                 meta=meta,
-                architecture=wire.Architecture(input_modalities=["text"]),
+                architecture=wire.Architecture(input_modalities=["text", "image"] if vision else ["text"]),
             )
             for name in runtime.model_names
         ],

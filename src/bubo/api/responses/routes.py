@@ -52,7 +52,9 @@ async def create() -> Response:
             if stored is None:
                 raise _not_stored(body.previous_response_id, "previous_response_id")
             previous = stored.conversation
-        return translate.responses_request(converter, body, previous)
+        return translate.responses_request(
+            converter, body, previous, takes_images=runtime.engine.vision is not None
+        )
 
     body, conversation = await read_body(runtime, wire.ResponsesRequest, translated)
     report_omitted(conversation.request.omitted)

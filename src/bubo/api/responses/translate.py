@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import cattrs
 
+from bubo.api._images import ImageCollector, marked
 from bubo.api._json import dumps
 from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
@@ -26,6 +27,7 @@ from .tools import CUSTOM_INPUT, OfferedTools, custom_input, offered_tools
 
 __all__ = [
     "CUSTOM_INPUT",
+    "IMAGE_NOT_KEPT",
     "Conversation",
     "OfferedTools",
     "answered",
@@ -51,7 +53,9 @@ class Conversation:
     """A request's conversation: what is sent to the template and what a continuation keeps.
 
     ``history`` excludes ``instructions``, which (as in OpenAI's API) do not
-    carry over to a response that continues this one.
+    carry over to a response that continues this one, and holds no image: the
+    store keeps text, so each image of this request is a placeholder there
+    (:data:`IMAGE_NOT_KEPT`) for the continuations that read it.
     """
 
     request: ChatRequest
@@ -59,13 +63,24 @@ class Conversation:
     tools: OfferedTools = attrs.field(factory=OfferedTools)
 
 
+IMAGE_NOT_KEPT = "[image: sent with an earlier response and not kept for its continuations]"
+"""What a continuation reads where an earlier request of the conversation sent an image."""
+
+
 def responses_request(
-    converter: cattrs.Converter, body: wire.ResponsesRequest, previous: Sequence[Message]
+    converter: cattrs.Converter,
+    body: wire.ResponsesRequest,
+    previous: Sequence[Message],
+    *,
+    takes_images: bool = False,
 ) -> Conversation:
     """The domain request for ``POST /v1/responses``, continuing *previous* turns.
 
+    *takes_images*: the model reads ``input_image`` parts (``image_url`` as a
+    ``data:`` URI); else each is a placeholder, or a 400 in the newest user message.
+
     Raises:
-        InvalidRequest: no input, an item reference, unsupported content,
+        InvalidRequest: no input, an item reference, unsupported content, an image by URL or file id,
             ``max_output_tokens`` below 1 or over 32 bits, a sampler setting out of range.
 
     """
@@ -75,12 +90,13 @@ def responses_request(
         raise InvalidRequest("max_output_tokens must be at least 1", param="max_output_tokens")
     check_token_limit(body.max_output_tokens, "max_output_tokens")
     omissions = Omissions()
+    images = ImageCollector(omissions, takes_images=takes_images)
     items = (
         [Message(role="user", content=body.input)]
         if isinstance(body.input, str)
-        else _messages(body.input, omissions)
+        else _messages(body.input, omissions, images)
     )
-    history = (*previous, *items)
+    history = (*previous, *marked(tuple(items), images.marker, IMAGE_NOT_KEPT))
     system = (Message(role="system", content=body.instructions),) if body.instructions else ()
     items_tools = [
         (f"input[{index}].tools", item.tools)
@@ -89,7 +105,12 @@ def responses_request(
     ]
     tools = offered_tools(converter, [("tools", body.tools or ()), *items_tools])
     request = ChatRequest(
-        prompt=ChatPrompt(messages=(*system, *history), tools=tools.specs),
+        prompt=ChatPrompt(
+            messages=(*system, *previous, *items),
+            tools=tools.specs,
+            images=images.images,
+            media_marker=images.marker,
+        ),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
             sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
@@ -148,7 +169,7 @@ def _output_format(text: wire.TextConfig | None) -> OutputFormat | None:
     raise InvalidRequest(f"text.format type {spec.get('type')!r} is not supported", param="text.format.type")
 
 
-def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Message]:
+def _messages(items: Sequence[wire.InputItem], omissions: Omissions, images: ImageCollector) -> list[Message]:
     out = _Turns()
     reasoning: list[str] = []
     newest_user = max(
@@ -161,7 +182,9 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
                 reasoning.extend(part.text for part in (item.content or item.summary or ()))
             case wire.MessageItem():
                 role = "system" if item.role == "developer" else item.role
-                text = _text(item.content, f"input[{index}].content", omissions, refuse=index == newest_user)
+                text = _text(
+                    item.content, f"input[{index}].content", omissions, images, refuse=index == newest_user
+                )
                 if role == "assistant":
                     out.add_assistant(reasoning, text=text)
                 else:
@@ -169,7 +192,7 @@ def _messages(items: Sequence[wire.InputItem], omissions: Omissions) -> list[Mes
             case wire.FunctionCallItem() | wire.CustomToolCallItem():
                 out.add_assistant(reasoning, call=_call(item, f"input[{index}]"))
             case wire.FunctionCallOutputItem() | wire.CustomToolCallOutputItem():
-                output = _text(item.output, f"input[{index}].output", omissions, refuse=False)
+                output = _text(item.output, f"input[{index}].output", omissions, images, refuse=False)
                 out.add(Message(role="tool", content=output, tool_call_id=item.call_id))
             case wire.AdditionalToolsItem():
                 pass  # offered with the request's tools
@@ -256,8 +279,18 @@ def _joined(values: list[str | None]) -> str | None:
     return "\n".join(present) if present else values[-1]
 
 
-def _text(content: str | list[wire.InputContent], param: str, omissions: Omissions, *, refuse: bool) -> str:
-    """The text of a message or an output; an image or file is a placeholder, or (with *refuse*) a 400."""
+def _text(
+    content: str | list[wire.InputContent],
+    param: str,
+    omissions: Omissions,
+    images: ImageCollector,
+    *,
+    refuse: bool,
+) -> str:
+    """The text of a message or an output, its images at their markers (a model that takes them).
+
+    An image for a text model, or a file, is a placeholder, or (with *refuse*) a 400.
+    """
     if isinstance(content, str):
         return content
     texts = []
@@ -267,13 +300,28 @@ def _text(content: str | list[wire.InputContent], param: str, omissions: Omissio
                 texts.append(text)
             case wire.RefusalIn(refusal=text):
                 texts.append(text)
+            case wire.InputImage():
+                texts.append(_image(part, f"{param}[{index}]", images, refuse=refuse))
             case _ if refuse:
                 raise UnsupportedContent(part.type, param=f"{param}[{index}]")
-            case wire.InputImage():
-                texts.append(omissions.placeholder("image"))
             case wire.InputFile():
                 texts.append(omissions.placeholder("file"))
     return "\n".join(texts)
+
+
+def _image(part: wire.InputImage, param: str, images: ImageCollector, *, refuse: bool) -> str:
+    """An ``input_image``: its ``image_url`` must be a ``data:`` URI (nothing is fetched, no file is kept)."""
+    if images.takes_images:
+        if part.image_url is None and part.file_id is not None:
+            raise InvalidRequest(
+                "an input_image by file_id is not supported: this server keeps no files; "
+                "send the image's bytes as a data: URI in image_url",
+                code="image_url_not_supported",
+                param=f"{param}.file_id",
+            )
+        if part.image_url is None:
+            raise InvalidRequest("an input_image needs image_url (a data: URI)", param=f"{param}.image_url")
+    return images.data_uri(part.image_url or "", param, field=".image_url", refuse=refuse)
 
 
 # ---- output --------------------------------------------------------------------------------
