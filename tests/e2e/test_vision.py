@@ -90,7 +90,8 @@ class TestOpenAIChat:
     def test_the_image_s_positions_are_prompt_tokens(self, client: openai.OpenAI) -> None:
         without = chat_with(client, None)
         with_image = chat_with(client, png(1))
-        assert without.usage is not None and with_image.usage is not None
+        assert without.usage is not None
+        assert with_image.usage is not None
         # the projector's 4 positions, its <start_of_image>/<end_of_image> text, the joining new line
         assert with_image.usage.prompt_tokens >= without.usage.prompt_tokens + IMAGE_TOKENS
         assert with_image.choices[0].finish_reason in ("length", "stop")
@@ -98,7 +99,8 @@ class TestOpenAIChat:
     def test_a_second_turn_over_the_same_image_reads_it_from_the_cache(self, client: openai.OpenAI) -> None:
         first = chat_with(client, png(2), text="Describe it.")
         second = chat_with(client, png(2), text="Describe it.")
-        assert first.usage is not None and second.usage is not None
+        assert first.usage is not None
+        assert second.usage is not None
         assert second.usage.prompt_tokens == first.usage.prompt_tokens
         assert second.usage.prompt_tokens_details is not None
         assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
@@ -106,7 +108,8 @@ class TestOpenAIChat:
     def test_another_image_is_read_again_from_where_it_starts(self, client: openai.OpenAI) -> None:
         chat_with(client, png(3), text="Describe it.")
         other = chat_with(client, png(4), text="Describe it.")
-        assert other.usage is not None and other.usage.prompt_tokens_details is not None
+        assert other.usage is not None
+        assert other.usage.prompt_tokens_details is not None
         # the text before the image is reused; the image and everything after it is read again
         assert other.usage.prompt_tokens_details.cached_tokens <= other.usage.prompt_tokens - IMAGE_TOKENS
 
@@ -161,5 +164,6 @@ def test_a_projector_of_another_width_stops_start_up_with_one_clear_line(
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
-    assert "64" in done.stderr and str(n_embd_of(model_path)) in done.stderr
+    assert "64" in done.stderr
+    assert str(n_embd_of(model_path)) in done.stderr
     assert "Traceback" not in done.stderr

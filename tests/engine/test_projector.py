@@ -22,6 +22,7 @@ from llama_cpp import mtmd_cpp
 
 from bubo.engine._images import Bitmap
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
+from bubo.engine._protocols import ContextFull
 from bubo.engine.base import EngineFailure
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector
@@ -365,14 +366,16 @@ class TestEvaluateFailures:
             )
         assert context.last_position(0) == -1
 
-    def test_a_failed_decode_is_an_error_and_leaves_the_sequence_as_it_was(self, projector, context) -> None:
-        """A sequence with room for 2 more cells, an image of 4: llama_decode finds no slot (1), not fatal."""
+    def test_no_room_for_the_image_is_context_full_and_leaves_the_sequence_as_it_was(
+        self, projector, context
+    ) -> None:
+        """Room for 2 more cells, an image of 4: llama_decode finds no slot (1); the loop makes room."""
         room = llama_cpp.llama_n_ctx_seq(context.ctx)
         filler = (28,) * 62
         for start in range(0, room - 2, len(filler)):
             context.decode(filler[: room - 2 - start], position=start, seq_id=0)
         assert context.last_position(0) == room - 3
-        with pytest.raises(EngineFailure, match=r"could not decode the image \(status 1\)") as failed:
+        with pytest.raises(ContextFull, match="no room left for the image") as failed:
             projector.evaluate(
                 context.ctx,
                 projector.tokenize(picture(32, 32)),
