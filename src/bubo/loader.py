@@ -15,7 +15,7 @@ import attrs
 
 from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, ServingSettings, Settings
 from bubo.domain.generation import GrammarSpec
-from bubo.engine import ModelInfo
+from bubo.engine import EmbeddingModel, ModelInfo
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
@@ -108,22 +108,25 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         raise
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
-    kv_cache = KvCacheSize.of(
-        metadata,
-        type_k=model.cache_type_k,
-        type_v=model.cache_type_v,
-        n_ctx=engine.statistics().kv_cache_capacity,
-    )
+    kv_cache = None
+    if info.generates:
+        kv_cache = KvCacheSize.of(
+            metadata,
+            type_k=model.cache_type_k,
+            type_v=model.cache_type_v,
+            n_ctx=engine.statistics().kv_cache_capacity,
+        )
+        held = f"KV cache {kv_cache.type_k}/{kv_cache.type_v} {kv_cache.bytes / 2**20:.1f} MiB"
+    else:
+        held = _encoder_use(engine.embedder)
     logger.info(
-        "model ready in %.1f s: %s (%s, %d-token context, KV cache %s/%s %.1f MiB, %s tokenizer, "
+        "model ready in %.1f s: %s (%s, %d-token context, %s, %s tokenizer, "
         "%s template, %s tool calls, weight repacking %s: %s)",
         time.perf_counter() - started,
         model_id,
         info.description,
         info.n_ctx,
-        kv_cache.type_k,
-        kv_cache.type_v,
-        kv_cache.bytes / 2**20,
+        held,
         tokenizer.name,
         template.origin,
         tool_parser,
@@ -161,6 +164,13 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             policy=settings.server.ollama_keep_alive,
         ),
     )
+
+
+def _encoder_use(embedder: EmbeddingModel | None) -> str:
+    """What an encoder (a model that cannot generate) is served for, for the ready line."""
+    pooling = "none" if embedder is None else embedder.pooling
+    use = "ranking (/rerank)" if pooling == "rank" else f"embeddings only ({pooling} pooling)"
+    return f"an encoder: no generation, no KV cache; {use}"
 
 
 def _slot_files(serving: ServingSettings, path: Path, info: ModelInfo) -> SlotFileStore | None:

@@ -79,13 +79,16 @@ def _card(runtime: Runtime) -> ModelCard:
     return runtime.card
 
 
-def capabilities(*, fim: bool, embeddings: bool, thinking: bool) -> list[str]:
+def capabilities(*, fim: bool, embeddings: bool, thinking: bool, generates: bool = True) -> list[str]:
     """``capabilities``, in Ollama's order.
 
-    Every model completes and calls tools (a template without a tools section
-    gets Bubo's); ``insert`` with fill-in-the-middle tokens; ``embedding`` with
-    ``--embeddings``; ``thinking`` for a template that thinks.
+    Every model that generates completes and calls tools (a template without a
+    tools section gets Bubo's); ``insert`` with fill-in-the-middle tokens;
+    ``embedding`` with ``--embeddings``; ``thinking`` for a template that thinks.
+    An encoder (BERT's kind) only embeds, as Ollama lists its embedding models.
     """
+    if not generates:
+        return ["embedding"]
     found = ["completion", "tools"]
     found += ["insert"] if fim else []
     found += ["embedding"] if embeddings else []
@@ -225,6 +228,7 @@ async def show() -> Response:
                 fim=info.fim is not None,
                 embeddings=runtime.engine.embedder is not None,
                 thinking=runtime.template.supports_thinking,
+                generates=info.generates,
             ),
             context_length=info.n_ctx,
             basename=requested if copilot else None,

@@ -136,7 +136,7 @@ def model_list(runtime: Runtime) -> wire.ModelList:
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
     return wire.ModelList(
         models=[  # Bubo serves text models: llama-server adds "multimodal" only with --mmproj
-            wire.ListedModel(name=name, model=name, capabilities=["completion"])
+            wire.ListedModel(name=name, model=name, capabilities=list(runtime.capabilities))
             for name in runtime.model_names
         ],
         data=[
