@@ -195,6 +195,7 @@ class LoadSettings:
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: Pooling | None = None  # embeddings: None: the model's own
+    reranking: bool = False  # serve /rerank: embeddings on, pooling rank (a reranker GGUF)
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
     max_unread_mib: int = attrs.field(
         default=16, validator=_positive
@@ -796,6 +797,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--pooling",), ("model", "pooling"), _choice_of(Pooling),
            "how embeddings pool the token states: " + _listed(Pooling) + " (default: the model's)",
            "TYPE"),
+    Option(("--reranking", "--rerank"), ("model", "reranking"), _switch,
+           "serve /rerank (/v1/rerank, /v1/reranking, /reranking) with a reranker GGUF: --embeddings on "
+           "with --pooling rank ({default}: they answer 501)", "on|off"),
     Option(("--slot-save-path",), ("serving", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),
