@@ -68,17 +68,29 @@ async def test_embeddings_still_served(encoder_app) -> None:
 
 
 @pytest.mark.parametrize(
-    ("embedder", "word"), [("mean", "embedding"), ("rank", "rerank")], indirect=["embedder"]
+    ("embedder", "word", "ollama"),
+    [("mean", "embedding", ["embedding"]), ("rank", "rerank", [])],
+    indirect=["embedder"],
 )
-async def test_listings_say_what_it_serves(encoder_app, word) -> None:
-    """/v1/models and /props list the encoder's use, not completion; Ollama's /api/show lists embedding."""
+async def test_listings_say_what_it_serves(encoder_app, word, ollama) -> None:
+    """/v1/models and /props list the encoder's use, not completion; Ollama lists embedding, and no word for rank."""
     client = encoder_app.test_client()
     models = await (await client.get("/v1/models")).get_json()
     assert {tuple(item["capabilities"]) for item in models["models"]} == {(word,)}
     props = await (await client.get("/props")).get_json()
     assert props["capabilities"] == [word]
     show = await (await client.post("/api/show", json={"model": "bubo"})).get_json()
-    assert show["capabilities"] == ["embedding"]
+    assert show["capabilities"] == ollama
+
+
+@pytest.mark.parametrize("embedder", ["rank"], indirect=True)
+@pytest.mark.parametrize(("path", "body"), [("/v1/embeddings", {"input": "hi"}), ("/api/embed", {"model": "bubo", "input": "hi"})])  # fmt: skip
+async def test_a_reranker_gives_no_embeddings(encoder_app, embedder, path, body) -> None:
+    """A reranker's scores are not embeddings: /v1/embeddings and /api/embed answer 400, pointing to /rerank."""
+    response = await encoder_app.test_client().post(path, json=body)
+    assert response.status_code == 400
+    assert "/rerank" in str(await response.get_json())
+    assert embedder.inputs == []
 
 
 async def test_a_generating_model_lists_completion(app) -> None:

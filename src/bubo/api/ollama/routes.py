@@ -85,10 +85,11 @@ def capabilities(*, fim: bool, embeddings: bool, thinking: bool, generates: bool
     Every model that generates completes and calls tools (a template without a
     tools section gets Bubo's); ``insert`` with fill-in-the-middle tokens;
     ``embedding`` with ``--embeddings``; ``thinking`` for a template that thinks.
-    An encoder (BERT's kind) only embeds, as Ollama lists its embedding models.
+    An encoder (BERT's kind) only embeds, as Ollama lists its embedding models
+    (a reranker lists nothing: Ollama has no word for ranking).
     """
     if not generates:
-        return ["embedding"]
+        return ["embedding"] if embeddings else []
     found = ["completion", "tools"]
     found += ["insert"] if fim else []
     found += ["embedding"] if embeddings else []
@@ -226,7 +227,7 @@ async def show() -> Response:
             parameters=_parameters(runtime),
             capabilities=capabilities(
                 fim=info.fim is not None,
-                embeddings=runtime.engine.embedder is not None,
+                embeddings=runtime.engine.embedder is not None and runtime.engine.embedder.pooling != "rank",
                 thinking=runtime.template.supports_thinking,
                 generates=info.generates,
             ),
@@ -390,6 +391,11 @@ async def _embedded(runtime: Runtime, texts: list[str], *, param: str, truncate:
     if embedder.pooling == "none":
         raise InvalidRequest(
             "the server pools no embeddings (--pooling none); start it with --pooling mean",
+            code="pooling_not_supported",
+        )
+    if embedder.pooling == "rank":
+        raise InvalidRequest(
+            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
             code="pooling_not_supported",
         )
     return await embed(runtime, texts, param=param, truncate=truncate)
