@@ -65,7 +65,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     """Load everything the model needs; blocking.
 
     Raises:
-        bubo.model.GGUFError: the file is not a readable GGUF, or a LoRA adapter does not fit the model.
+        bubo.model.GGUFError: the file is not a readable GGUF, a LoRA adapter does not fit the model, or
+            ``--reranking`` (``--pooling rank``) names a model without a classifier head.
         bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
         bubo.errors.InvalidRequest: the default grammar or JSON schema cannot constrain answers (``param``
             names the flag).
@@ -82,6 +83,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
     lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
+    _check_ranks(model, metadata)  # before llama.cpp: older builds abort on rank pooling without a head
     options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora)
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -263,6 +265,25 @@ def _lora_files(model: LoadSettings, metadata: GGUFMetadata) -> tuple[LoraFile, 
         )
         files.append(LoraFile(path, 0.0 if model.lora_init_without_apply else scale))
     return tuple(files)
+
+
+CLASSIFIER_TENSORS = frozenset({"cls.weight", "cls.output.weight"})
+"""A reranker's classifier head (llama.cpp's rank pooling reads either): one of them must be there."""
+
+
+def _check_ranks(model: LoadSettings, metadata: GGUFMetadata) -> None:
+    """Refuse rank pooling asked of a model that has no classifier head to rank with.
+
+    Raises:
+        bubo.model.GGUFError: ``--reranking`` or ``--pooling rank`` on such a model.
+
+    """
+    if (model.reranking or model.pooling == "rank") and not CLASSIFIER_TENSORS & metadata.tensors.keys():
+        flag = "--reranking" if model.reranking else "--pooling rank"
+        raise GGUFError(
+            f"{flag}: {model.path} has no classifier head (cls.weight or cls.output.weight): it is not a "
+            "reranker; serve a reranker GGUF, or start without the flag"
+        )
 
 
 def _default_grammar(settings: Settings) -> GrammarSpec | None:
