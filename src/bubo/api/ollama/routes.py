@@ -79,7 +79,7 @@ def _card(runtime: Runtime) -> ModelCard:
     return runtime.card
 
 
-def capabilities(*, fim: bool, embeddings: bool, thinking: bool, generates: bool = True) -> list[str]:
+def capabilities(*, fim: bool, embeddings: bool, thinking: bool, generates: bool) -> list[str]:
     """``capabilities``, in Ollama's order.
 
     Every model that generates completes and calls tools (a template without a
