@@ -128,6 +128,22 @@ async def _thinking_app(settings: Settings, make_runtime: RuntimeFactory) -> Asy
         yield test_app  # type: ignore[misc]
 
 
+@pytest.fixture(name="minilm_path", scope="session")
+def _minilm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2 converted to a BERT GGUF with mean pooling (43 MiB), once per session."""
+    from tests._tiny_gguf.minilm import write_minilm
+
+    return write_minilm(tmp_path_factory.mktemp("minilm") / "all-minilm-l6-v2.gguf")
+
+
+@pytest.fixture(name="reranker_path", scope="session")
+def _reranker_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT reranker with random weights (scores without meaning), once per session."""
+    from tests._tiny_gguf.reranker import write_reranker
+
+    return write_reranker(tmp_path_factory.mktemp("reranker") / "tiny-reranker.gguf")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In CI (BUBO_FAIL_ON_SKIP=1) a skipped test fails the run: every test must really run."""
     import os

@@ -200,6 +200,7 @@ class LoadSettings:
     image_min_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     image_max_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     image_max_pixels: int = attrs.field(default=50_000_000, validator=_positive)
+    reranking: bool = False  # serve /rerank: embeddings on, pooling rank (a reranker GGUF)
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
     max_unread_mib: int = attrs.field(
         default=16, validator=_positive
@@ -820,6 +821,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--image-max-pixels",), ("model", "image_max_pixels"), _int,
            "the largest image a request may send, in pixels (width times height), refused with a 400 "
            "before it is decoded ({default})", "N"),
+    Option(("--reranking", "--rerank"), ("model", "reranking"), _switch,
+           "serve /rerank (/v1/rerank, /v1/reranking, /reranking) with a reranker GGUF: --embeddings on "
+           "with --pooling rank ({default}: they answer 501)", "on|off"),
     Option(("--slot-save-path",), ("serving", "slot_save_path"), _directory,
            "directory where slot actions (POST /slots/{id}?action=save, restore) keep their files (default: "
            "none: the actions answer 501)", "PATH"),

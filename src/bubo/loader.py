@@ -15,7 +15,7 @@ import attrs
 
 from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, ServingSettings, Settings
 from bubo.domain.generation import GrammarSpec
-from bubo.engine import ModelInfo
+from bubo.engine import EmbeddingModel, ModelInfo
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 from bubo.engine.vocab import LlamaVocabTokenizer
@@ -67,7 +67,8 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     """Load everything the model needs; blocking.
 
     Raises:
-        bubo.model.GGUFError: the file is not a readable GGUF, or a LoRA adapter does not fit the model.
+        bubo.model.GGUFError: the file is not a readable GGUF, a LoRA adapter does not fit the model, or
+            ``--reranking`` (``--pooling rank``) names a model without a classifier head.
         bubo.engine.EngineFailure: llama.cpp could not load the model, or crashes on it in the probe.
         bubo.errors.InvalidRequest: the default grammar or JSON schema cannot constrain answers (``param``
             names the flag).
@@ -84,6 +85,7 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     snapshot_mib = cache_ram_mib(model.cache_ram, SystemMemory().read().available_bytes)
     logger.info("prompt-cache snapshots in host RAM: up to %d MiB (--cache-ram)", snapshot_mib)
     lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
+    _check_ranks(model, metadata)  # before llama.cpp: older builds abort on rank pooling without a head
     projector = _projector(model.mmproj)  # before llama.cpp too: a projector of another width is refused
     options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora, projector=projector)
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
@@ -111,22 +113,25 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
         raise
     info = engine.info
     memory_guard = _memory_guard(settings, metadata, info.n_vocab)
-    kv_cache = KvCacheSize.of(
-        metadata,
-        type_k=model.cache_type_k,
-        type_v=model.cache_type_v,
-        n_ctx=engine.statistics().kv_cache_capacity,
-    )
+    kv_cache = None
+    if info.generates:
+        kv_cache = KvCacheSize.of(
+            metadata,
+            type_k=model.cache_type_k,
+            type_v=model.cache_type_v,
+            n_ctx=engine.statistics().kv_cache_capacity,
+        )
+        held = f"KV cache {kv_cache.type_k}/{kv_cache.type_v} {kv_cache.bytes / 2**20:.1f} MiB"
+    else:
+        held = _encoder_use(engine.embedder)
     logger.info(
-        "model ready in %.1f s: %s (%s, %d-token context, KV cache %s/%s %.1f MiB, %s tokenizer, "
+        "model ready in %.1f s: %s (%s, %d-token context, %s, %s tokenizer, "
         "%s template, %s tool calls, weight repacking %s: %s)",
         time.perf_counter() - started,
         model_id,
         info.description,
         info.n_ctx,
-        kv_cache.type_k,
-        kv_cache.type_v,
-        kv_cache.bytes / 2**20,
+        held,
         tokenizer.name,
         template.origin,
         tool_parser,
@@ -164,6 +169,13 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
             policy=settings.server.ollama_keep_alive,
         ),
     )
+
+
+def _encoder_use(embedder: EmbeddingModel | None) -> str:
+    """What an encoder (a model that cannot generate) is served for, for the ready line."""
+    pooling = "none" if embedder is None else embedder.pooling
+    use = "ranking (/rerank)" if pooling == "rank" else f"embeddings only ({pooling} pooling)"
+    return f"an encoder: no generation, no KV cache; {use}"
 
 
 def _slot_files(serving: ServingSettings, path: Path, info: ModelInfo) -> SlotFileStore | None:
@@ -251,8 +263,8 @@ def llama_options(
         draft_model_path=model.model_draft,
         n_ctx_draft=model.ctx_size_draft,
         n_gpu_layers_draft=model.n_gpu_layers_draft,
-        embeddings=model.embeddings,
-        pooling=model.pooling,
+        embeddings=model.embeddings or model.reranking,
+        pooling="rank" if model.reranking else model.pooling,
         mmproj=model.mmproj,
         mmproj_output_width=None if projector is None else projector.output_width,
         mmproj_offload=model.mmproj_offload,
@@ -285,6 +297,25 @@ def _lora_files(model: LoadSettings, metadata: GGUFMetadata) -> tuple[LoraFile, 
         )
         files.append(LoraFile(path, 0.0 if model.lora_init_without_apply else scale))
     return tuple(files)
+
+
+CLASSIFIER_TENSORS = frozenset({"cls.weight", "cls.output.weight"})
+"""A reranker's classifier head (llama.cpp's rank pooling reads either): one of them must be there."""
+
+
+def _check_ranks(model: LoadSettings, metadata: GGUFMetadata) -> None:
+    """Refuse rank pooling asked of a model that has no classifier head to rank with.
+
+    Raises:
+        bubo.model.GGUFError: ``--reranking`` or ``--pooling rank`` on such a model.
+
+    """
+    if (model.reranking or model.pooling == "rank") and not CLASSIFIER_TENSORS & metadata.tensors.keys():
+        flag = "--reranking" if model.reranking else "--pooling rank"
+        raise GGUFError(
+            f"{flag}: {model.path} has no classifier head (cls.weight or cls.output.weight): it is not a "
+            "reranker; serve a reranker GGUF, or start without the flag"
+        )
 
 
 def _default_grammar(settings: Settings) -> GrammarSpec | None:

@@ -10,6 +10,7 @@ from bubo.config import load_settings
 from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import InvalidRequest
 from bubo.loader import cache_ram_mib, load_runtime
+from bubo.model import GGUFError
 from bubo.service.prompt import render_chat
 
 from .._models import gemma3_path
@@ -130,3 +131,28 @@ def test_cache_ram_auto_is_a_quarter_of_the_free_memory_up_to_llama_servers_8_gi
 ) -> None:
     """--cache-ram -1 (the default) takes a quarter of the memory available at start, at most 8 GiB."""
     assert cache_ram_mib(setting, available_gib * 1024**3) == expected_mib
+
+
+@pytest.mark.parametrize("flag", [{"model__reranking": "on"}, {"model__pooling": "rank"}])
+def test_rank_pooling_without_a_classifier_head_stops_the_start(
+    model_path: Path, flag: dict[str, str]
+) -> None:
+    """--reranking (or --pooling rank) on SmolLM2, which has no classifier head, is refused before llama.cpp loads."""
+    progress: list[float] = []
+    with pytest.raises(GGUFError, match="has no classifier head") as error:
+        load_runtime(load_settings({"model__ctx_size": "256", **flag}, environ={}), progress.append)
+    assert str(error.value).startswith("--reranking: " if "model__reranking" in flag else "--pooling rank: ")
+    assert progress == []  # llama.cpp never began loading the weights
+
+
+def test_a_reranker_loads_with_reranking(reranker_path: Path) -> None:
+    """--reranking on a reranker GGUF: rank pooling, no generation, listed for rerank."""
+    settings = load_settings({"model__path": str(reranker_path), "model__reranking": "on"}, environ={})
+    runtime = load_runtime(settings, lambda _: None)
+    try:
+        assert runtime.engine.embedder is not None
+        assert runtime.engine.embedder.pooling == "rank"
+        assert runtime.capabilities == ("rerank",)
+        assert runtime.kv_cache is None  # an encoder keeps none
+    finally:
+        runtime.engine.close()

@@ -15,14 +15,8 @@ __all__ = ["blueprint"]
 
 blueprint = Blueprint("ops", __name__)
 
-# Paths that exist on multimodal and reranking servers; a text model answers 501.
-NOT_IMPLEMENTED = (
-    "/v1/rerank",
-    "/v1/reranking",
-    "/rerank",
-    "/reranking",
-    "/sdapi/v1/<path:rest>",
-)
+# Paths that exist on image-generation servers; a text model answers 501 (/rerank: api/llamacpp/rerank.py).
+NOT_IMPLEMENTED = ("/sdapi/v1/<path:rest>",)
 
 
 @blueprint.get("/health")

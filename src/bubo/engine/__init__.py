@@ -15,6 +15,7 @@ from .base import EngineStatistics as EngineStatistics
 from .base import FimTokens as FimTokens
 from .base import GrammarRejected as GrammarRejected
 from .base import ModelInfo as ModelInfo
+from .base import PairFormat as PairFormat
 from .base import RepackDecision as RepackDecision
 from .base import SlotBusy as SlotBusy
 from .base import SlotFile as SlotFile

@@ -4,11 +4,15 @@ The generation context and its decode thread are untouched: this context has
 its own (small) KV cache and runs in whichever worker thread asks, one input
 at a time (a lock), each input decoded in one batch and forgotten after.  Like
 llama-server, an input must fit in one physical batch (``--ubatch-size``
-tokens): pooling needs every token of a sequence in the same micro-batch.
+tokens, and never more than the model's trained context): pooling needs every
+token of a sequence in the same micro-batch.
 
 Pooling is llama.cpp's (``--pooling``, default the model's own): ``none``
-gives one vector per token, ``rank`` a reranker's scores, the others one
-vector per input.
+gives one vector per token, ``rank`` a reranker's scores (``n_cls_out`` of
+them, where llama-cpp-python's ``Llama.embed`` would read ``n_embd``), the
+others one vector per input.  How a reranker's (query, document) pair is
+joined comes from the vocabulary and the GGUF's ``rerank`` template
+(:class:`~bubo.engine.base.PairFormat`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy.typing as npt
 
 from bubo.domain.modes import Pooling
 
-from .base import EngineFailure
+from .base import EngineFailure, PairFormat
 
 __all__ = ["POOLING_TYPES", "Embedder"]
 
@@ -52,7 +56,11 @@ class Embedder:
             EngineFailure: llama.cpp could not create it.
 
         """
-        n_tokens, n_threads, pooling = self._n_tokens, self._n_threads, self._pooling
+        n_threads, pooling = self._n_threads, self._pooling
+        # never past the trained context: an encoder's learned positions end there (BERT's 512), and a
+        # position past them would read outside its table
+        trained = llama_cpp.llama_model_n_ctx_train(model)
+        n_tokens = min(self._n_tokens, trained) if trained > 0 else self._n_tokens
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.n_ctx = params.n_batch = params.n_ubatch = n_tokens
@@ -74,6 +82,7 @@ class Embedder:
             else llama_cpp.llama_model_n_embd(model)
         )
         self._batch = llama_cpp.llama_batch_init(self.n_tokens, 0, 1)
+        self.pair_format: PairFormat = pair_format(model)
 
     def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """The embedding of *tokens*: shape ``(n_embd,)`` pooled, ``(len(tokens), n_embd)`` with ``none``.
@@ -125,3 +134,22 @@ class Embedder:
                 llama_cpp.llama_batch_free(self._batch)
                 llama_cpp.llama_free(self._ctx)
                 self._ctx = None
+
+
+def pair_format(model: object) -> PairFormat:
+    """How *model* reads a (query, document) pair, from its vocabulary's flags and its ``rerank`` template."""
+    template = llama_cpp.llama_model_chat_template(model, b"rerank")
+    vocab = llama_cpp.llama_model_get_vocab(model)
+
+    def added(flag: bool, token: int) -> int | None:
+        return token if flag and token >= 0 else None
+
+    eos = llama_cpp.llama_vocab_eos(vocab)
+    return PairFormat(
+        template=template.decode(errors="replace") if template else None,
+        bos=added(llama_cpp.llama_vocab_get_add_bos(vocab), llama_cpp.llama_vocab_bos(vocab)),
+        eos=added(
+            llama_cpp.llama_vocab_get_add_eos(vocab), eos if eos >= 0 else llama_cpp.llama_vocab_sep(vocab)
+        ),
+        sep=added(llama_cpp.llama_vocab_get_add_sep(vocab), llama_cpp.llama_vocab_sep(vocab)),
+    )

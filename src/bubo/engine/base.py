@@ -53,6 +53,7 @@ __all__ = [
     "ImageReader",
     "LoraAdapter",
     "ModelInfo",
+    "PairFormat",
     "RepackDecision",
     "SlotBusy",
     "SlotEngine",
@@ -158,6 +159,9 @@ class ModelInfo:
     # what a KV state of this model and these settings is (the disk tier's kv_identity): the model file's
     # content, llama.cpp's state format, the KV settings, the adapter files; slot files record it
     state_identity: str = ""
+    # a decoder with causal attention; False: an encoder (BERT's kind, no KV cache, no next token to
+    # sample), which serves embeddings or ranking only
+    generates: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -182,6 +186,25 @@ class CacheContents:
     disk_snapshots: tuple[SnapshotInfo, ...] = ()
 
 
+@attrs.frozen(kw_only=True)
+class PairFormat:
+    """How a reranker reads one (query, document) pair: llama.cpp's ``format_prompt_rerank``.
+
+    With the GGUF's ``rerank`` template (``tokenizer.chat_template.rerank``), its
+    ``{query}`` and ``{document}`` are replaced by the texts and the whole is
+    tokenized with special tokens parsed and none added.  Without one, the
+    texts are tokenized apart (specials neither added nor parsed) and joined as
+    ``[BOS] query [EOS] [SEP] document [EOS]``, each marker only where the
+    vocabulary adds it (None here: not added); EOS is the SEP token in a
+    vocabulary without EOS (BERT's: ``[CLS] query [SEP] document``).
+    """
+
+    template: str | None = None
+    bos: int | None = None
+    eos: int | None = None
+    sep: int | None = None
+
+
 class EmbeddingModel(Protocol):
     """Token ids to embeddings, blocking (call from a worker thread); see ``engine/_embedder.py``."""
 
@@ -197,7 +220,12 @@ class EmbeddingModel(Protocol):
 
     @property
     def n_embd(self) -> int:
-        """The length of each vector."""
+        """The length of each vector (a reranker's: its classifier's outputs, ``n_cls_out``)."""
+        ...
+
+    @property
+    def pair_format(self) -> PairFormat:
+        """How a (query, document) pair becomes one input (for ``rank`` pooling)."""
         ...
 
     def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:

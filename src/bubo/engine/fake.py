@@ -47,7 +47,7 @@ from bubo.domain.modes import Pooling
 
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, Job, cross
 from ._end_policy import EndPolicy
-from .base import EngineFailure, ModelInfo, RepackDecision, SlotEngine, SlotFile
+from .base import EngineFailure, ModelInfo, PairFormat, RepackDecision, SlotEngine, SlotFile
 from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
 from .slots import Slot, common_prefix
 
@@ -102,7 +102,8 @@ class FakeEmbedder:
 
     pooling: Pooling = "mean"
     n_tokens: int = 512
-    n_embd: int = 64
+    n_embd: int = 64  # with rank pooling, the scores per input (a reranker's classifier outputs)
+    pair_format: PairFormat = attrs.field(factory=PairFormat)
     inputs: list[tuple[int, ...]] = attrs.field(factory=list)  # every input embedded, in order
 
     def _vector(self, token: int) -> npt.NDArray[np.float32]:
@@ -125,7 +126,7 @@ class FakeEmbedder:
             case "last":
                 pooled = rows[-1]
             case "rank":
-                pooled = rows.mean(axis=0, dtype=np.float32)[:1]
+                pooled = rows.mean(axis=0, dtype=np.float32)[: self.n_embd]
             case _:
                 pooled = rows.mean(axis=0, dtype=np.float32)
         return pooled

@@ -285,6 +285,7 @@ class LlamaEngine(SlotEngine):
                 draft_model=None if self._draft is None else str(self._draft.path),
                 context_shift=options.context_shift,
                 state_identity=identity,
+                generates=_generates(model, context.ctx),
             ),
             n_slots=len(context.caches),
             similarity=options.slot_prompt_similarity,
@@ -393,7 +394,7 @@ class LlamaEngine(SlotEngine):
                 self._close_draft()
                 context.close()
                 raise
-        elif options.embeddings:
+        elif options.embeddings or not self._info.generates:  # an encoder serves nothing else
             try:
                 self.embedder = Embedder(
                     model,
@@ -890,6 +891,11 @@ def _disk_tier(options: LlamaOptions, identity: str) -> DiskTier | None:
     except OSError as error:
         logger.warning("the prompt cache has no disk tier: %s", error)
         return None
+
+
+def _generates(model: object, ctx: object) -> bool:
+    """Whether *model* can generate text: a decoder whose context attends causally (not BERT's kind)."""
+    return bool(llama_cpp.llama_model_has_decoder(model)) and bool(llama_cpp.llama_get_causal_attn(ctx))
 
 
 def _meta(model: object, key: str) -> str:

@@ -22,7 +22,13 @@ from bubo.parsers import ParserConfig
 from bubo.parsers.registry import tool_format
 from bubo.templates import THINK_CLOSE, THINK_OPEN
 
-from .generation import PreparedGeneration, bias_chars, compile_grammar, generation_request
+from .generation import (
+    PreparedGeneration,
+    bias_chars,
+    compile_grammar,
+    generation_request,
+    require_generation,
+)
 from .output import OutputPlan
 from .prompt import RenderedPrompt, count_chat, image_work_bytes, reading_images, render_chat, stable_prompt
 from .runtime import Runtime
@@ -81,7 +87,12 @@ async def prepare_chat(
 
     *prefix* are token ids placed before the rendered prompt (Ollama's ``context``: an
     earlier exchange the client sends back); the context check counts them.
+
+    Raises:
+        NotImplementedOnThisModel: the model cannot generate (an encoder).
+
     """
+    require_generation(runtime)
     prompt = _with_thinking_variables(runtime, request)  # offers no tools when tool_choice is "none"
 
     def render_and_check() -> tuple[_CheckedSchemas, RenderedPrompt, GenerationRequest]:

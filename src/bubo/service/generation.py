@@ -38,7 +38,7 @@ from bubo.domain.output import (
 from bubo.domain.requests import CompletionRequest, GenerationOptions, OutputFormat
 from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import EngineFailure, GrammarRejected, ModelInfo, logprob_bytes, request_scales
-from bubo.errors import ContextOverflow, InvalidRequest, QueueFull
+from bubo.errors import ContextOverflow, InvalidRequest, NotImplementedOnThisModel, QueueFull
 from bubo.grammar import check_request_grammar, check_schema, output_grammar
 
 from .latency import RequestTimeline
@@ -55,6 +55,7 @@ __all__ = [
     "most_new_tokens",
     "open_output",
     "prepare_completion",
+    "require_generation",
     "schema_grammar",
 ]
 
@@ -71,11 +72,32 @@ class PreparedGeneration:
     plan: OutputPlan = attrs.field(factory=OutputPlan)
 
 
+def require_generation(runtime: Runtime) -> None:
+    """Refuse generation on a model that cannot generate (an encoder: embeddings or ranking only).
+
+    Raises:
+        NotImplementedOnThisModel: llama-server's 501 for completions on an embedding-only server.
+
+    """
+    if not runtime.engine.info.generates:
+        embedder = runtime.engine.embedder
+        serves = "/rerank" if embedder is not None and embedder.pooling == "rank" else "/v1/embeddings"
+        raise NotImplementedOnThisModel(
+            f"this model does not generate text: it is an encoder ({runtime.engine.info.architecture}), "
+            f"served for {serves} only"
+        )
+
+
 async def prepare_completion(runtime: Runtime, request: CompletionRequest) -> PreparedGeneration:
     """Check, tokenize and plan a raw-prompt request by the workers (off the event loop); compile its grammar.
 
     The grammar or schema is checked in the same job, before the prompt is tokenized.
+
+    Raises:
+        NotImplementedOnThisModel: the model cannot generate (:func:`require_generation`).
+
     """
+    require_generation(runtime)
 
     def prepare() -> tuple[PreparedGeneration, tuple[GrammarSpec, str] | None, OutputFormat | None]:
         planned: tuple[GrammarSpec, str] | None = None

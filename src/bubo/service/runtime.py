@@ -67,6 +67,19 @@ class Runtime:
     )  # when the idle model is freed (--sleep-idle-seconds)
 
     @property
+    def capabilities(self) -> tuple[str, ...]:
+        """What the model is served for, in llama-server's words (``/v1/models``, ``/props``).
+
+        ``completion`` for a model that generates, and ``multimodal`` when it
+        reads images (``--mmproj``); an encoder serves ``rerank`` (rank pooling)
+        or ``embedding`` only.
+        """
+        if self.engine.info.generates:
+            return ("completion", "multimodal") if self.engine.vision is not None else ("completion",)
+        embedder = self.engine.embedder
+        return ("rerank",) if embedder is not None and embedder.pooling == "rank" else ("embedding",)
+
+    @property
     def model_names(self) -> tuple[str, ...]:
         """Every name a request may use: the served id, the other aliases, and ``bubo``."""
         return tuple(dict.fromkeys((self.model_id, *self.aliases, ALIAS)))

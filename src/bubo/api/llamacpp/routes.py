@@ -471,6 +471,7 @@ async def props() -> Response:
             build_info=api_context().fingerprint,
             is_sleeping=runtime.engine.sleeping,
             kv_cache=translate.kv_cache(runtime.kv_cache),
+            capabilities=list(runtime.capabilities),
         )
     )
 

@@ -353,6 +353,7 @@ class Props:
     build_info: str
     is_sleeping: bool  # the model is freed while idle (--sleep-idle-seconds); the next request loads it
     kv_cache: KvCache | None = None  # None: the engine does not say (the fake engine)
+    capabilities: list[str] = attrs.field(factory=lambda: ["completion"])  # /v1/models' words: an encoder's
 
 
 @attrs.frozen(kw_only=True)

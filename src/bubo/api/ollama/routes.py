@@ -79,14 +79,20 @@ def _card(runtime: Runtime) -> ModelCard:
     return runtime.card
 
 
-def capabilities(*, fim: bool, embeddings: bool, thinking: bool, vision: bool = False) -> list[str]:
+def capabilities(
+    *, fim: bool, embeddings: bool, thinking: bool, generates: bool, vision: bool = False
+) -> list[str]:
     """``capabilities``, in Ollama's order.
 
-    Every model completes and calls tools (a template without a tools section
-    gets Bubo's); ``vision`` with a projector (``--mmproj``); ``insert`` with
-    fill-in-the-middle tokens; ``embedding`` with ``--embeddings``;
-    ``thinking`` for a template that thinks.
+    Every model that generates completes and calls tools (a template without a
+    tools section gets Bubo's); ``vision`` with a projector (``--mmproj``);
+    ``insert`` with fill-in-the-middle tokens; ``embedding`` with
+    ``--embeddings``; ``thinking`` for a template that thinks.  An encoder
+    (BERT's kind) only embeds, as Ollama lists its embedding models (a reranker
+    lists nothing: Ollama has no word for ranking).
     """
+    if not generates:
+        return ["embedding"] if embeddings else []
     found = ["completion", *(["vision"] if vision else []), "tools"]
     found += ["insert"] if fim else []
     found += ["embedding"] if embeddings else []
@@ -224,9 +230,10 @@ async def show() -> Response:
             parameters=_parameters(runtime),
             capabilities=capabilities(
                 fim=info.fim is not None,
-                embeddings=runtime.engine.embedder is not None,
+                embeddings=runtime.engine.embedder is not None and runtime.engine.embedder.pooling != "rank",
                 thinking=runtime.template.supports_thinking,
                 vision=runtime.engine.vision is not None,
+                generates=info.generates,
             ),
             context_length=info.n_ctx,
             basename=requested if copilot else None,
@@ -401,6 +408,11 @@ async def _embedded(runtime: Runtime, texts: list[str], *, param: str, truncate:
     if embedder.pooling == "none":
         raise InvalidRequest(
             "the server pools no embeddings (--pooling none); start it with --pooling mean",
+            code="pooling_not_supported",
+        )
+    if embedder.pooling == "rank":
+        raise InvalidRequest(
+            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
             code="pooling_not_supported",
         )
     return await embed(runtime, texts, param=param, truncate=truncate)

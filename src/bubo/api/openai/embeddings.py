@@ -87,6 +87,11 @@ async def embeddings() -> Response:
             "cannot answer); use /embedding, or start the server with --pooling mean",
             code="pooling_not_supported",
         )
+    if embedder.pooling == "rank":
+        raise InvalidRequest(
+            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
+            code="pooling_not_supported",
+        )
     if body.dimensions is not None and body.dimensions != embedder.n_embd:
         raise InvalidRequest(
             f"this model's embeddings have {embedder.n_embd} dimensions; they cannot be shortened",

@@ -140,11 +140,10 @@ def model_list(runtime: Runtime) -> wire.ModelList:
         vocab_type=info.vocab_type,
     )
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
-    vision = runtime.engine.vision is not None  # a projector (--mmproj): the model reads images
-    capabilities = ["completion", "multimodal"] if vision else ["completion"]  # llama-server's names
     return wire.ModelList(
         models=[
-            wire.ListedModel(name=name, model=name, capabilities=capabilities) for name in runtime.model_names
+            wire.ListedModel(name=name, model=name, capabilities=list(runtime.capabilities))
+            for name in runtime.model_names
         ],
         data=[
             wire.Model(
@@ -156,7 +155,9 @@ def model_list(runtime: Runtime) -> wire.ModelList:
                 context_length=info.n_ctx,
                 max_model_len=info.n_ctx,
                 meta=meta,
-                architecture=wire.Architecture(input_modalities=["text", "image"] if vision else ["text"]),
+                architecture=wire.Architecture(
+                    input_modalities=["text", "image"] if runtime.engine.vision is not None else ["text"]
+                ),
             )
             for name in runtime.model_names
         ],
