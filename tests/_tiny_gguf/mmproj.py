@@ -49,14 +49,15 @@ _VISION_BLOCKS = 2
 _SEED = 20260601
 
 
-def build_mmproj(path: Path, *, n_embd: int) -> Path:
+def build_mmproj(path: Path, *, n_embd: int, seed: int = _SEED) -> Path:
     """Write the tiny Gemma 3 projector to *path*, projecting to *n_embd* (the text model's width).
 
     A width other than the text model's ``n_embd`` makes a projector llama.cpp
     refuses (``mtmd_init_from_file`` returns NULL): the tests build one on
-    purpose.  Returns *path*.
+    purpose.  Another *seed* gives other weights (another projector of the
+    same shape).  Returns *path*.
     """
-    rng = np.random.default_rng(_SEED)
+    rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, arch="clip")
     writer.add_type(gguf.GGUFType.MMPROJ)
     writer.add_name("bubo tiny gemma3 mmproj (random weights)")

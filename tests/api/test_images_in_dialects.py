@@ -501,3 +501,22 @@ async def test_input_tokens_counts_the_images_tokens(vision_app, vision: FakeVis
     chat = await (await client.post("/v1/chat/completions", json=body)).get_json()
     assert (await counted.get_json())["input_tokens"] == chat["usage"]["prompt_tokens"]
     assert len(vision.read) == 2
+
+
+async def test_a_typed_marker_is_text_and_never_an_image(
+    vision_app, vision: FakeVision, vision_engine: FakeEngine, tokenizer
+) -> None:
+    """llama.cpp's marker typed in a message stays text: only the request's own images are read."""
+    typed = f"Is {DEFAULT_MEDIA_MARKER} an image? <__media_0000000000000000__>"
+    body = {
+        "model": "bubo",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": typed}, {"type": "image_url", "image_url": {"url": data_uri(RED)}}]}],
+    }  # fmt: skip
+    response = await vision_app.test_client().post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, await response.get_data()
+    request = vision_engine.requests[-1]
+    read_in_order(vision, request, 1)
+    before, _after = texts_around_images(tokenizer, request)
+    assert before.endswith(typed + "\n")

@@ -24,6 +24,7 @@ from bubo.domain.generation import (
     ThinkingBudget,
     TokenGenerated,
 )
+from bubo.domain.media import PlacedImage, PromptImage, stand_in_ids
 from bubo.domain.sampling import DraftLimits
 from bubo.engine._draft_policy import DraftOptions, DraftPolicy
 from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
@@ -108,7 +109,7 @@ def generate(
         entry = (
             generation.prompt_entry(chunk) if generation.prefilling else generation.token_entry(alone=alone)
         )
-        (start,) = context.decode_batch([entry])
+        start = context.decode_image(entry) if entry.image is not None else context.decode_batch([entry])[0]
         generation.evaluated(entry, start)
     assert generation.done
     return Run(context, generation, events, slot)
@@ -158,6 +159,38 @@ class TestAGeneration:
     def test_frees_its_sampler_when_it_ends(self) -> None:
         run = generate(request(max_new_tokens=2))
         assert run.generation._sampler is None
+
+
+class TestAnImageInThePrompt:
+    """Its positions are evaluated by the projector, alone; they are no tokens for the sampler or drafts."""
+
+    def run(self) -> tuple[Run, GenerationRequest]:
+        placed = PlacedImage(
+            at=10,
+            image=PromptImage(
+                tokens=stand_in_ids(b"image" * 8, 4), start=0, n_positions=4, digest="", handle=None
+            ),
+        )
+        prompt = (*PATTERN * 2, *placed.image.tokens, *PATTERN * 3)
+        req = request(prompt, images=(placed,))
+        return generate(req, drafting=DraftPolicy(DraftOptions(draft_max=8))), req
+
+    def test_is_evaluated_alone_and_the_generation_goes_on(self) -> None:
+        run, req = self.run()
+        (image,) = run.context.images
+        assert image.tokens == req.prompt_tokens[10:14]
+        assert all(token >= 0 for batch in run.context.batches for entry in batch for token in entry.tokens)
+        assert run.context.caches[0].tokens[: len(req.prompt_tokens)] == list(req.prompt_tokens)
+        assert run.tokens[:5] == list(PATTERN)
+
+    def test_the_penalties_see_only_the_prompt_s_text(self) -> None:
+        run, req = self.run()
+        sampler = run.generation._make_sampler.last  # type: ignore[attr-defined]
+        assert sampler.remembered == [token for token in req.prompt_tokens if token >= 0]
+
+    def test_is_never_drafted_over(self) -> None:
+        run, _ = self.run()
+        assert run.finished.stats.draft_tokens == 0
 
 
 class TestDrafting:

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,7 @@ from bubo.engine._images import Bitmap
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
 from bubo.engine._protocols import ContextFull
 from bubo.engine.base import EngineFailure
+from bubo.engine.llama import LlamaOptions, _state_identity
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector
 
@@ -424,3 +426,18 @@ class TestRefusedImages:
             assert refused.value.param == "messages[0].content[1]"
         finally:
             projector.vision = True
+
+
+def test_the_projector_is_part_of_what_a_kv_state_is(mmproj: Path, model_path: Path, tmp_path: Path) -> None:
+    """Slot files and the disk tier never restore an image's cells under another projector (or none)."""
+    params = llama_cpp.llama_context_default_params()
+    plain = LlamaOptions(model_path=model_path)
+    other = build_mmproj(tmp_path / "mmproj-other.gguf", n_embd=n_embd_of(model_path), seed=1)
+    identities = {
+        _state_identity(plain, params),
+        _state_identity(attrs.evolve(plain, mmproj=mmproj), params),
+        _state_identity(attrs.evolve(plain, mmproj=other), params),
+        _state_identity(attrs.evolve(plain, mmproj=mmproj, image_max_tokens=64), params),
+    }
+    assert len(identities) == 4
+    assert _state_identity(plain, params) == _state_identity(plain, params)

@@ -64,6 +64,17 @@ class TestGuard:
         assert "800 MiB of log-probabilities" in raised.value.message
         assert "n_probs" in raised.value.message
 
+    def test_encoding_an_image_counts(self) -> None:
+        """The projector's work for an image is counted beside the state; never fitting says remove the image."""
+        guard(available_mib=500, limit_mib=1000).admit(300, image_bytes=100 * MIB)
+        with pytest.raises(InsufficientMemory):
+            guard(available_mib=500, limit_mib=1000).admit(300, image_bytes=300 * MIB)
+        with pytest.raises(InsufficientMemoryPermanent) as raised:
+            guard(available_mib=500, limit_mib=1000).admit(300, image_bytes=800 * MIB)
+        assert "800 MiB to encode an image" in raised.value.message
+        assert raised.value.message.endswith("remove the image")
+        assert raised.value.headers == {}
+
 
 class TestMostNewTokens:
     def info(self, *, shift: bool, n_ctx: int = 2048, n_ctx_train: int = 8192) -> ModelInfo:

@@ -845,9 +845,10 @@ def _state_identity(options: LlamaOptions, params: llama_cpp.llama_context_param
 
     It covers what changes the KV cells a state holds: the model file's content, llama.cpp's
     version and state format, the KV types (``-ctk``/``-ctv``), flash attention, the
-    sliding-window and unified caches, RoPE, and the LoRA adapter files in id order (a state
+    sliding-window and unified caches, RoPE, the LoRA adapter files in id order (a state
     records its adapter set as ids and scales, which mean the same cells only over the same
-    files).  Not the context size: a prefix's cells do not depend on it.  Blocking: it reads
+    files), and the image projector with its token bounds (an image's cells are its
+    embeddings).  Not the context size: a prefix's cells do not depend on it.  Blocking: it reads
     samples of the model and adapter files (:func:`kv_identity`).
     """
     settings = {
@@ -870,6 +871,12 @@ def _state_identity(options: LlamaOptions, params: llama_cpp.llama_context_param
         ],
         "lora": [kv_identity(lora.path, {}) for lora in options.lora],
     }
+    if options.mmproj is not None:  # an image's cells are its projector's embeddings (text-only: unchanged)
+        settings["mmproj"] = [
+            kv_identity(options.mmproj, {}),
+            options.image_min_tokens,
+            options.image_max_tokens,
+        ]
     return kv_identity(options.model_path, settings)
 
 
