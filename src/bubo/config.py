@@ -199,7 +199,8 @@ class LoadSettings:
     mmproj_offload: bool = True  # the projector on the GPU where there is one
     image_min_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     image_max_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
-    image_max_pixels: int = attrs.field(default=50_000_000, validator=_positive)
+    image_max_pixels: int = attrs.field(default=33_554_432, validator=_positive)
+    image_max_count: int = attrs.field(default=32, validator=_positive)
     reranking: bool = False  # serve /rerank: embeddings on, pooling rank (a reranker GGUF)
     context_shift: bool = False  # go on past the end of the context by dropping old tokens
     max_unread_mib: int = attrs.field(
@@ -821,6 +822,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--image-max-pixels",), ("model", "image_max_pixels"), _int,
            "the largest image a request may send, in pixels (width times height), refused with a 400 "
            "before it is decoded ({default})", "N"),
+    Option(("--image-max-count",), ("model", "image_max_count"), _int,
+           "the most images one request may hold, refused with a 400 before any is read ({default})", "N"),
     Option(("--reranking", "--rerank"), ("model", "reranking"), _switch,
            "serve /rerank (/v1/rerank, /v1/reranking, /reranking) with a reranker GGUF: --embeddings on "
            "with --pooling rank ({default}: they answer 501)", "on|off"),

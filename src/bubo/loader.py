@@ -87,6 +87,10 @@ def load_runtime(settings: Settings, on_progress: ProgressCallback) -> Runtime:
     lora = _lora_files(model, metadata)  # before llama.cpp: an adapter that does not fit could crash it
     _check_ranks(model, metadata)  # before llama.cpp: older builds abort on rank pooling without a head
     projector = _projector(model.mmproj)  # before llama.cpp too: a projector of another width is refused
+    if projector is not None and model.cache_reuse > 0:
+        logger.warning(
+            "--cache-reuse is off with --mmproj (as in llama-server): it would move an image's cells"
+        )
     options = llama_options(settings, path, cache_ram_mib=snapshot_mib, lora=lora, projector=projector)
     # First, before anything of llama.cpp runs in this process: the probe's child may crash instead.
     repack = decide_repack(
@@ -271,9 +275,11 @@ def llama_options(
         image_min_tokens=model.image_min_tokens,
         image_max_tokens=model.image_max_tokens,
         image_max_pixels=model.image_max_pixels,
+        image_max_count=model.image_max_count,
         context_shift=model.context_shift,
         max_unread_mib=model.max_unread_mib,
-        cache_reuse=model.cache_reuse,
+        # as llama-server: moving cached runs would move an image's cells, encoded where they stood
+        cache_reuse=0 if model.mmproj is not None else model.cache_reuse,
         lora=lora,
     )
 

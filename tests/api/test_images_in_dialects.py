@@ -520,3 +520,17 @@ async def test_a_typed_marker_is_text_and_never_an_image(
     read_in_order(vision, request, 1)
     before, _after = texts_around_images(tokenizer, request)
     assert before.endswith(typed + "\n")
+
+
+async def test_more_images_than_allowed_are_refused_before_any_is_read(
+    vision_app, vision: FakeVision
+) -> None:
+    """--image-max-count: the first image past it is named, and none is decoded."""
+    vision.max_images = 2
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(color)}} for color in (RED, BLUE, RED)]
+    body = {"model": "bubo", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Compare"}, *parts]}]}  # fmt: skip
+    error = await error_of(vision_app, "/v1/chat/completions", body)
+    assert error["param"] == "messages[0].content[3].image_url.url"
+    assert "--image-max-count" in error["message"]
+    assert vision.read == []

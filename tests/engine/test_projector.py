@@ -24,6 +24,7 @@ from llama_cpp import mtmd_cpp
 from bubo.engine._images import Bitmap
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
 from bubo.engine._protocols import ContextFull
+from bubo.engine._vision import Vision, VisionOptions
 from bubo.engine.base import EngineFailure
 from bubo.engine.llama import LlamaOptions, _state_identity
 from bubo.errors import InvalidRequest
@@ -441,3 +442,13 @@ def test_the_projector_is_part_of_what_a_kv_state_is(mmproj: Path, model_path: P
     }
     assert len(identities) == 4
     assert _state_identity(plain, params) == _state_identity(plain, params)
+
+
+def test_an_image_that_cannot_be_one_micro_batch_stops_start_up(mmproj: Path, model: object) -> None:
+    """Gemma 3's image positions attend to each other: the whole image must fit --ubatch-size."""
+    options = VisionOptions(path=mmproj, max_pixels=10**6, max_images=4, n_ubatch=IMAGE_TOKENS - 1)
+    with pytest.raises(
+        ProjectorRefused, match=rf"--ubatch-size {IMAGE_TOKENS} or more \(it is {IMAGE_TOKENS - 1}\)"
+    ):
+        Vision(options, model)
+    Vision(attrs.evolve(options, n_ubatch=IMAGE_TOKENS), model).close()

@@ -18,7 +18,13 @@ import binascii
 
 import attrs
 
-from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput, new_media_marker
+from bubo.domain.media import (
+    DEFAULT_MEDIA_MARKER,
+    ImageInput,
+    image_marker,
+    new_media_marker,
+    without_markers,
+)
 from bubo.domain.messages import ChatPrompt, Message
 from bubo.errors import InvalidRequest, UnsupportedContent
 
@@ -102,15 +108,15 @@ class ImageCollector:
             return self._omissions.placeholder("image")
         path = param + field
         self._images.append(ImageInput(data=image_bytes(value, path, data_uri=data_uri), param=path))
-        return self.marker
+        return image_marker(self.marker, len(self._images) - 1)
 
 
 def marked(messages: tuple[Message, ...], marker: str, replacement: str) -> tuple[Message, ...]:
-    """*messages* with each *marker* in their text replaced by *replacement* (the others as they are)."""
+    """*messages* with each image's *marker* in their text replaced by *replacement* (the rest as it is)."""
     if not marker:
         return messages
     return tuple(
-        attrs.evolve(m, content=m.content.replace(marker, replacement))
+        attrs.evolve(m, content=without_markers(m.content, marker, replacement))
         if m.content is not None and marker in m.content
         else m
         for m in messages

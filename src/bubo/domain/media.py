@@ -11,8 +11,11 @@ __all__ = [
     "ImageInput",
     "PlacedImage",
     "PromptImage",
+    "image_marker",
     "new_media_marker",
+    "split_at_images",
     "stand_in_ids",
+    "without_markers",
 ]
 
 DEFAULT_MEDIA_MARKER = "<__media__>"
@@ -22,11 +25,56 @@ DEFAULT_MEDIA_MARKER = "<__media__>"
 def new_media_marker() -> str:
     """A marker for one chat request's images that no text in the request can forge.
 
-    A translation writes it where each image stands; the prompt is split at it
-    after the chat template rendered it.  Typed text holding ``<__media__>``
-    therefore stays text.
+    A translation writes image *i* as :func:`image_marker` of it where the
+    image stands; the prompt is split there once the chat template rendered it
+    (:func:`split_at_images`).  Typed text holding ``<__media__>`` therefore
+    stays text, and a template that moves or repeats a message cannot move an
+    image to another's place unnoticed.
     """
-    return f"<__media_{secrets.token_hex(8)}__>"
+    return f"<__media_{secrets.token_hex(8)}"
+
+
+def image_marker(marker: str, index: int) -> str:
+    """What stands for image *index* of a request whose marker is *marker* (:func:`new_media_marker`)."""
+    return f"{marker}_{index}__>"
+
+
+_MARKER_END = "__>"
+_MAX_INDEX_DIGITS = 6
+
+
+def split_at_images(text: str, marker: str) -> tuple[list[str], list[int]]:
+    """The text between the images' markers, and the image each marker stands for, in the text's order.
+
+    A chat request's *marker* (:func:`new_media_marker`) numbers its images; an
+    occurrence that is not ``marker_<i>__>`` stays text.  llama.cpp's
+    :data:`DEFAULT_MEDIA_MARKER` does not, and its images come in order (a raw
+    prompt's).  One pass over *text*.
+    """
+    if marker == DEFAULT_MEDIA_MARKER:
+        parts = text.split(marker)
+        return parts, list(range(len(parts) - 1))
+    pieces: list[str] = []
+    order: list[int] = []
+    start = search = 0
+    while (at := text.find(marker, search)) >= 0:
+        digits = at + len(marker) + 1
+        end = text.find(_MARKER_END, digits, digits + _MAX_INDEX_DIGITS + len(_MARKER_END))
+        number = text[digits:end] if end > digits and text[digits - 1] == "_" else ""
+        if not (number.isascii() and number.isdigit()):
+            search = at + len(marker)
+            continue
+        pieces.append(text[start:at])
+        order.append(int(number))
+        start = search = end + len(_MARKER_END)
+    pieces.append(text[start:])
+    return pieces, order
+
+
+def without_markers(text: str, marker: str, replacement: str) -> str:
+    """*text* with each image's marker replaced by *replacement*."""
+    pieces, _ = split_at_images(text, marker)
+    return replacement.join(pieces)
 
 
 _WORD = 0x7FFFFFFF  # stand-ins are -1 .. -2**31: llama.cpp's token ids are 32 bits

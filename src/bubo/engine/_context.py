@@ -169,6 +169,8 @@ class LlamaContext:
         image, cache = entry.image, entry.cache
         if image is None or self.projector is None:
             raise EngineFailure("an image reached a context without a projector")
+        if entry.last_logits:  # the service refuses a prompt that ends with an image; this guards
+            raise EngineFailure("an image's positions have no logits: a prompt cannot end with one")
         encoded = image.handle
         if not isinstance(encoded, EncodedImage):
             raise EngineFailure("an image that this engine's projector did not read")

@@ -98,7 +98,9 @@ def decode_image(data: bytes, *, param: str, max_pixels: int) -> Bitmap:
                     f"the image is {width}x{height} pixels, more than the {max_pixels} this server decodes",
                     param=param,
                 )
-            return _to_bitmap(ImageOps.exif_transpose(image))
+            image.load()
+            ImageOps.exif_transpose(image, in_place=True)  # no copy: the decoded pixels are the largest part
+            return _to_bitmap(image)
     except UnidentifiedImageError as exc:
         raise InvalidRequest(
             f"the data is not an image this server reads ({', '.join(FORMATS)})", param=param
@@ -116,5 +118,5 @@ def _to_bitmap(image: Image.Image) -> Bitmap:
     if image.mode in _ALPHA_MODES or (image.mode in {"P", "L", "RGB"} and "transparency" in image.info):
         over = Image.new("RGBA", image.size, _WHITE)
         image = Image.alpha_composite(over, image.convert("RGBA"))
-    rgb = image.convert("RGB")
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
     return Bitmap(rgb.width, rgb.height, rgb.tobytes())

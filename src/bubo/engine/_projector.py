@@ -130,6 +130,9 @@ class Projector:
         self._tokenizing = 0
         self._encoding = threading.Lock()  # one encode at a time: mtmd has one output buffer
         self._probe_tokens = 0  # set by load: the embeddings of a large image
+        # set by load: the embeddings of a large image, where its positions attend to each other (Gemma 3)
+        # and it must be decoded in one micro-batch; 0 where the image is causal
+        self.one_batch_tokens = 0
 
     @classmethod
     def load(
@@ -157,7 +160,7 @@ class Projector:
 
         Raises:
             ProjectorRefused: the projector is another model's, not a projector
-                llama.cpp reads, or needs M-RoPE positions.
+                llama.cpp reads, has no vision encoder, or needs M-RoPE positions.
 
         """
         _route_mtmd_logs()
@@ -191,7 +194,7 @@ class Projector:
         """The projector owning the fresh mtmd context *ctx*, sized by a probe image.
 
         Raises:
-            ProjectorRefused: the projector needs M-RoPE positions.
+            ProjectorRefused: the projector needs M-RoPE positions, or has no vision encoder.
 
         """
         if mtmd_cpp.mtmd_decode_use_mrope(ctx):
@@ -200,9 +203,16 @@ class Projector:
                 f"position): such models are not supported yet"
             )
         projector = cls(ctx, path=path, n_embd=n_embd)
-        if projector.vision:
-            probe = Bitmap(_PROBE_SIDE, _PROBE_SIDE, bytes((128,)) * (3 * _PROBE_SIDE * _PROBE_SIDE))
-            projector._probe_tokens = projector.tokenize(probe).n_image
+        if not projector.vision:
+            raise ProjectorRefused(
+                f"the projector {path} has no vision encoder (an audio projector): Bubo reads images only"
+            )
+        probe = projector.tokenize(
+            Bitmap(_PROBE_SIDE, _PROBE_SIDE, bytes((128,)) * (3 * _PROBE_SIDE * _PROBE_SIDE))
+        )
+        projector._probe_tokens = probe.n_image
+        if mtmd_cpp.mtmd_decode_use_non_causal(ctx, probe._chunks.image):  # noqa: SLF001 (its own handle)
+            projector.one_batch_tokens = probe.n_image
         return projector
 
     def tokenize(self, bitmap: Bitmap, *, param: str | None = None) -> MediaTokens:

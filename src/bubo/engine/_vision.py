@@ -23,7 +23,6 @@ ids (:func:`bubo.domain.media.stand_in_ids`).
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 from pathlib import Path
 
@@ -34,10 +33,10 @@ import numpy.typing as npt
 from bubo.domain.media import PromptImage, stand_in_ids
 
 from ._images import decode_image
-from ._projector import MediaTokens, Projector
+from ._projector import MediaTokens, Projector, ProjectorRefused
 from .base import EngineFailure
 
-__all__ = ["ENCODED_BYTES", "EncodedImage", "Vision"]
+__all__ = ["ENCODED_BYTES", "EncodedImage", "Vision", "VisionOptions"]
 
 ENCODED_BYTES = 64 * 1024 * 1024
 """The most bytes of embeddings kept for images read again (a real Gemma 3 image's: about 2.6 MB)."""
@@ -51,37 +50,38 @@ class EncodedImage:
     embeddings: npt.NDArray[np.float32]
 
 
+@attrs.frozen(kw_only=True)
+class VisionOptions:
+    """The projector and what a request's images may be (``--mmproj`` and the ``--image-*`` flags).
+
+    ``output_width`` is the projector's width as its file says (checked against
+    the model's before mtmd reads it; None: mtmd's own check); ``n_ubatch`` the
+    context's micro-batch, which must hold a whole image where the image's
+    positions attend to each other.
+    """
+
+    path: Path
+    use_gpu: bool = True
+    n_threads: int = 2
+    image_min_tokens: int | None = None
+    image_max_tokens: int | None = None
+    max_pixels: int
+    max_images: int
+    n_ubatch: int
+    output_width: int | None = None
+
+
 class Vision:
     """Image files to :class:`PromptImage` (thread-safe; see the module)."""
 
-    def __init__(
-        self,
-        path: Path,
-        model: object,
-        *,
-        use_gpu: bool,
-        n_threads: int,
-        image_min_tokens: int | None,
-        image_max_tokens: int | None,
-        max_pixels: int,
-        output_width: int | None = None,
-    ) -> None:
-        """Open the projector at *path* over *model* (*output_width*: its width as its file says).
+    def __init__(self, options: VisionOptions, model: object) -> None:
+        """Open the projector over *model*.
 
         Raises:
             ProjectorRefused: the projector cannot serve this model (its message says why).
 
         """
-        self._load = functools.partial(
-            Projector.load,
-            path,
-            use_gpu=use_gpu,
-            n_threads=n_threads,
-            image_min_tokens=image_min_tokens,
-            image_max_tokens=image_max_tokens,
-            output_width=output_width,
-        )
-        self._max_pixels = max_pixels
+        self._options = options
         self._lock = threading.Lock()  # the projector reference and the kept embeddings
         self._projector: Projector | None = None
         self._encoded: collections.OrderedDict[bytes, npt.NDArray[np.float32]] = collections.OrderedDict()
@@ -91,7 +91,12 @@ class Vision:
     @property
     def max_pixels(self) -> int:
         """The most pixels (width times height) an image may have."""
-        return self._max_pixels
+        return self._options.max_pixels
+
+    @property
+    def max_images(self) -> int:
+        """The most images one request may hold."""
+        return self._options.max_images
 
     @property
     def encoder_bytes(self) -> int:
@@ -114,7 +119,23 @@ class Vision:
 
     def open(self, model: object) -> None:
         """Load the projector over *model* (again, after :meth:`close`: the model slept)."""
-        projector = self._load(model)
+        options = self._options
+        projector = Projector.load(
+            options.path,
+            model,
+            use_gpu=options.use_gpu,
+            n_threads=options.n_threads,
+            image_min_tokens=options.image_min_tokens,
+            image_max_tokens=options.image_max_tokens,
+            output_width=options.output_width,
+        )
+        if projector.one_batch_tokens > options.n_ubatch:
+            projector.close()
+            raise ProjectorRefused(
+                f"an image of this projector takes {projector.one_batch_tokens} positions that attend to "
+                f"each other, so it is decoded in one micro-batch: start with --ubatch-size "
+                f"{projector.one_batch_tokens} or more (it is {options.n_ubatch})"
+            )
         with self._lock:
             self._projector = projector
 
@@ -135,7 +156,7 @@ class Vision:
             EngineFailure: the projector is closed, or could not encode the image.
 
         """
-        bitmap = decode_image(data, param=param, max_pixels=self._max_pixels)
+        bitmap = decode_image(data, param=param, max_pixels=self._options.max_pixels)
         projector = self.projector
         media = projector.tokenize(bitmap, param=param)
         embeddings = self._kept(media.digest)

@@ -242,6 +242,11 @@ class ImageReader(Protocol):
         ...
 
     @property
+    def max_images(self) -> int:
+        """The most images one request may hold."""
+        ...
+
+    @property
     def encoder_bytes(self) -> int:
         """The working memory encoding one image takes (the memory guard's estimate)."""
         ...

@@ -141,6 +141,7 @@ class FakeVision:
 
     n_positions: int = 4
     max_pixels: int = 1_000_000
+    max_images: int = 32
     encoder_bytes: int = 0
     read: list[PromptImage] = attrs.field(factory=list)
 

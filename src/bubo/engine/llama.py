@@ -54,7 +54,7 @@ from ._kv import SnapshotStore, saved_token_count
 from ._model_drafts import Drafter
 from ._prefill_budget import DEFAULT_GAP_S, PrefillBudget
 from ._sampler import Sampler, dry_key
-from ._vision import Vision
+from ._vision import Vision, VisionOptions
 from .base import (
     CacheContents,
     EngineFailure,
@@ -129,7 +129,8 @@ class LlamaOptions:
     mmproj_offload: bool = True  # the projector on the GPU where there is one
     image_min_tokens: int | None = None  # a dynamic-resolution projector's bounds; None: its own
     image_max_tokens: int | None = None
-    image_max_pixels: int = 50_000_000  # the largest image read (width times height), checked before decoding
+    image_max_pixels: int = 33_554_432  # the largest image read (width times height), checked before decoding
+    image_max_count: int = 32  # the most images one request may hold
     drafting: DraftOptions = attrs.field(factory=DraftOptions)
     draft_model_path: Path | None = None  # a draft model drafts instead of prompt lookup (--model-draft)
     n_ctx_draft: int = 0  # the draft context's tokens per slot; 0: as the main context's
@@ -415,14 +416,18 @@ class LlamaEngine(SlotEngine):
             self.vision.open(model)
         elif options.mmproj is not None:
             self.vision = Vision(
-                options.mmproj,
+                VisionOptions(
+                    path=options.mmproj,
+                    use_gpu=options.mmproj_offload,
+                    n_threads=options.n_threads_batch or options.n_threads,
+                    image_min_tokens=options.image_min_tokens,
+                    image_max_tokens=options.image_max_tokens,
+                    max_pixels=options.image_max_pixels,
+                    max_images=options.image_max_count,
+                    n_ubatch=options.n_ubatch,
+                    output_width=options.mmproj_output_width,
+                ),
                 model,
-                use_gpu=options.mmproj_offload,
-                n_threads=options.n_threads_batch or options.n_threads,
-                image_min_tokens=options.image_min_tokens,
-                image_max_tokens=options.image_max_tokens,
-                max_pixels=options.image_max_pixels,
-                output_width=options.mmproj_output_width,
             )
 
     def _close_vision(self) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import attrs
 
 from bubo.domain.generation import CacheTags, GenerationRequest, GrammarSpec, ThinkingBudget
+from bubo.domain.media import without_markers
 from bubo.domain.messages import ChatPrompt, ToolSpec
 from bubo.domain.requests import ChatRequest, OutputFormat
 from bubo.errors import InvalidRequest
@@ -97,7 +98,7 @@ async def prepare_chat(
 
     def render_and_check() -> tuple[_CheckedSchemas, RenderedPrompt, GenerationRequest]:
         schemas = _check_schemas(request)  # first: a schema over the limits must not cost a render
-        rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx)
+        rendered = render_chat(runtime, prompt, n_ctx=runtime.engine.info.n_ctx, before=len(prefix))
         if prefix:  # the images' positions move with the tokens
             rendered = attrs.evolve(
                 rendered,
@@ -171,7 +172,15 @@ def prompt_chars(prompt: ChatPrompt) -> int:
 
 def cache_tags(runtime: Runtime, prompt: ChatPrompt) -> CacheTags:
     """Which conversation this is (its opening turns) and how it is rendered, for cache reports."""
-    opening = [(m.role, m.content or "") for m in stable_prompt(prompt).messages[:2]]
+    opening = [
+        (
+            m.role,
+            without_markers(m.content or "", prompt.media_marker, "<image>")
+            if prompt.images
+            else m.content or "",
+        )
+        for m in stable_prompt(prompt).messages[:2]
+    ]  # an image's marker is new in every request: the conversation is the same
     rendering = [
         runtime.template.source,
         sorted((k, repr(v)) for k, v in prompt.template_kwargs.items()),

@@ -14,7 +14,7 @@ from typing import Literal
 
 import attrs
 
-from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput, PlacedImage
+from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput, PlacedImage, split_at_images
 from bubo.domain.messages import ChatPrompt
 from bubo.domain.requests import PromptPiece
 from bubo.errors import BuboError, ContextOverflow, InvalidRequest, UnsupportedContent
@@ -77,16 +77,26 @@ def stable_prompt(prompt: ChatPrompt) -> ChatPrompt:
     return attrs.evolve(prompt, messages=messages)
 
 
-DECODE_BYTES_PER_PIXEL = 8
-"""Working memory per pixel while an image is decoded and converted (its file's mode, then RGB)."""
+DECODE_BYTES_PER_PIXEL = 24
+"""Working memory per pixel while an image is decoded, converted and handed to the projector.
+
+Measured (peak RSS over the decode of a 5000x5000 PNG): 7 bytes a pixel for an
+RGB file, 11 for gray or palette, 19 for RGBA (composited over white), then 3
+more for the projector's copy of the bitmap, and its resizing.
+"""
 
 
 def image_work_bytes(runtime: Runtime, images: Sequence[ImageInput]) -> int:
-    """What reading *images* may take besides their files: one decoded at a time, at the largest allowed."""
+    """What reading *images* may take besides their files, reserved before any is read.
+
+    One image is decoded at a time, at the largest allowed; each image read is
+    then held until the request ends (its embeddings, the projector's input).
+    """
     vision = runtime.engine.vision
     if not images or vision is None:
         return 0
-    return vision.max_pixels * DECODE_BYTES_PER_PIXEL
+    held = min(len(images), vision.max_images) * vision.encoder_bytes
+    return vision.max_pixels * DECODE_BYTES_PER_PIXEL + held
 
 
 def reading_images(runtime: Runtime, images: Sequence[ImageInput]) -> AbstractAsyncContextManager[None]:
@@ -96,19 +106,27 @@ def reading_images(runtime: Runtime, images: Sequence[ImageInput]) -> AbstractAs
     return runtime.engine.awake()
 
 
-def render_chat(runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = None) -> RenderedPrompt:
+def render_chat(
+    runtime: Runtime, prompt: ChatPrompt, *, n_ctx: int | None = None, before: int = 0
+) -> RenderedPrompt:
     """Render *prompt* with the chat template and tokenize it.
 
     With *n_ctx*, a prompt that cannot fit is refused as soon as that is
-    known: from its size before tokenizing, else once tokenizing passes it.
+    known: from its size before tokenizing, else once tokenizing passes it
+    (and before a later image is read).  *before* tokens will go in front of
+    it (Ollama's ``context``) and count against *n_ctx*.
 
     Raises:
         ContextOverflow: with *n_ctx*, the prompt has *n_ctx* tokens or more (``param`` ``messages``).
 
     """
     text = _chat_text(runtime, prompt)
-    room = None if n_ctx is None else n_ctx - 1  # a prompt of n_ctx tokens or more does not fit
-    overflow = _context_overflow(n_ctx, "messages")
+    room = None if n_ctx is None else n_ctx - 1 - before  # a prompt of n_ctx tokens or more does not fit
+    in_context = _context_overflow(n_ctx, "messages")
+
+    def overflow(n_tokens: int, at_least: bool) -> BuboError:
+        return in_context(n_tokens + before, at_least)
+
     if prompt.images:
         tokens, images = _with_images(runtime, text, prompt.images, prompt.media_marker, room, overflow)
         return RenderedPrompt(text=text, tokens=tuple(tokens), images=images)
@@ -127,26 +145,34 @@ def _with_images(
     add_special: bool = True,
     parse_special: bool = True,
 ) -> tuple[list[int], tuple[PlacedImage, ...]]:
-    """The ids of *text* with each *marker* replaced by the next image's run (read by the engine's projector).
+    """The ids of *text* with each image's *marker* replaced by its run (read by the engine's projector).
 
     The text between markers is tokenized piece by piece, as llama.cpp's mtmd
-    does (special tokens added to the first piece only).
+    does (special tokens added to the first piece only).  Each image is read
+    where its marker is (:func:`~bubo.domain.media.split_at_images`), and as
+    soon as the prompt is found not to fit, no later image is read.
 
     Raises:
         UnsupportedContent: the model reads text only.
-        InvalidRequest: an image is not readable, the template dropped one (not every marker is
-            left), or the prompt ends with one.
+        InvalidRequest: more images than ``--image-max-count``, an image that is not readable, one
+            the template left out or repeated, or a prompt that ends with one.
         BuboError: *overflow*'s error.
 
     """
     vision = runtime.engine.vision
     if vision is None:
         raise UnsupportedContent("image", param=images[0].param)
-    pieces = text.split(marker)
-    if len(pieces) != len(images) + 1:
+    if len(images) > vision.max_images:
         raise InvalidRequest(
-            f"the prompt holds {len(pieces) - 1} of the request's {len(images)} images "
-            "(the chat template left some out)",
+            f"a request may hold at most {vision.max_images} images (the server's --image-max-count); "
+            f"this one holds {len(images)}",
+            param=images[vision.max_images].param,
+        )
+    pieces, order = split_at_images(text, marker)
+    if sorted(order) != list(range(len(images))):
+        raise InvalidRequest(
+            f"the rendered prompt holds {len(order)} image markers for the request's {len(images)} "
+            "images, not each once (the chat template left out or repeated a message with an image)",
             param=images[0].param,
         )
     tokenizer = runtime.tokenizer
@@ -164,9 +190,10 @@ def _with_images(
                 parse_special=parse_special,
             )
         )
-        if index == len(images):
+        if index == len(order):
             break
-        image = vision.read_image(images[index].data, param=images[index].param)
+        source = images[order[index]]
+        image = vision.read_image(source.data, param=source.param)
         placed.append(PlacedImage(at=len(tokens) + image.start, image=image))
         tokens.extend(image.tokens)
         if room is not None and len(tokens) > room:
@@ -174,7 +201,7 @@ def _with_images(
     if placed and placed[-1].end == len(tokens):
         raise InvalidRequest(
             "the prompt ends with an image, whose positions give no logits: put text after it",
-            param=images[-1].param,
+            param=images[order[-1]].param,
         )
     return tokens, tuple(placed)
 
