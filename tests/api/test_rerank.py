@@ -189,3 +189,9 @@ class TestPairTokens:
         assert pair_tokens(tokenizer, PairFormat(), "q", "d") == tuple(
             tokenizer.encode("q", parse_special=False) + tokenizer.encode("d", parse_special=False)
         )
+
+    def test_a_template_is_filled_in_one_pass(self, tokenizer) -> None:
+        """A query holding ``{document}`` keeps it as text: the document goes only where the template says."""
+        pair = PairFormat(template="Q: {query} D: {document}")
+        expected = tokenizer.encode("Q: a {document} D: the mat", add_special=False, parse_special=True)
+        assert pair_tokens(tokenizer, pair, "a {document}", "the mat") == tuple(expected)

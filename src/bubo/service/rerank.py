@@ -10,6 +10,7 @@ Each pair is joined as llama.cpp's ``format_prompt_rerank`` joins it
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 
 import attrs
@@ -25,6 +26,7 @@ from .work import PREPARE_BYTES_PER_CHAR
 __all__ = ["MAX_RERANK_DOCUMENTS", "Ranked", "pair_tokens", "require_ranker", "rerank"]
 
 MAX_RERANK_DOCUMENTS = 1000
+_TEMPLATE_FIELDS = re.compile(r"(\{query\}|\{document\})")
 """Documents in one request (Cohere's bound): each is one decode of the query and the document, in turn,
 so a longer list would hold the reranker for everyone else."""
 
@@ -56,15 +58,21 @@ def require_ranker(runtime: Runtime) -> EmbeddingModel:
 def pair_tokens(tokenizer: Tokenizer, pair: PairFormat, query: str, document: str) -> tuple[int, ...]:
     """The ids of one (query, document) pair, as llama.cpp's ``format_prompt_rerank`` builds them.
 
-    The rerank template's markers are replaced in turn (``{query}``, then
-    ``{document}``), as llama.cpp does, and the result is tokenized with its
-    special tokens parsed; the texts alone are never parsed for special
-    tokens, so a document cannot close the query's half with a ``[SEP]``.
+    With a rerank template (the GGUF's ``tokenizer.chat_template.rerank``) the
+    query and the document go where ``{query}`` and ``{document}`` stand, in
+    one pass (a query holding ``{document}`` keeps it as text), and the whole
+    string is tokenized with special tokens parsed, as llama.cpp does, so the
+    pair tokenizes as it does there: a special token typed in a query or a
+    document is read as one (it reshapes only that pair's score).  Without a
+    template, ``[BOS] query [EOS] [SEP] document [EOS]``, the texts never
+    parsed for special tokens, so a document cannot close the query's half.
     """
     if pair.template is not None:
-        text = pair.template.replace("{query}", query).replace("{document}", document)
+        fields = {"{query}": query, "{document}": document}
+        # the operator's template (from the GGUF) is the pattern's subject; the request's text only fills it
+        text = _TEMPLATE_FIELDS.sub(lambda field: fields[field.group(0)], pair.template)
         return tuple(tokenizer.encode(text, add_special=False, parse_special=True))
-    ids: list[int] = [] if pair.bos is None else [pair.bos]
+    ids = [] if pair.bos is None else [pair.bos]
     ids += tokenizer.encode(query, add_special=False, parse_special=False)
     ids += [] if pair.eos is None else [pair.eos]
     ids += [] if pair.sep is None else [pair.sep]
