@@ -125,7 +125,9 @@ async def test_a_long_new_prompt_delays_a_running_stream_by_one_chunk_a_step(eng
     tokens_meanwhile = sum(
         1 for name, event in between if name == "running" and isinstance(event, TokenGenerated)
     )
-    assert tokens_meanwhile >= len(progress) - 1
+    # A step's token and chunk reach two consumer tasks, which trio runs in either order: the log can
+    # put the first and the last chunk's step's token outside the window, never more.
+    assert tokens_meanwhile >= len(progress) - 2
 
 
 async def test_a_sequence_that_leaves_disturbs_no_other(engine, tokenizer) -> None:
