@@ -137,6 +137,13 @@ def gateway_load(gateway: Gateway) -> dict[str, Any]:
     return load
 
 
+def worker_gauges(worker: Server) -> dict[str, float]:
+    """The worker's unlabelled ``bubo:`` samples in its ``/metrics``."""
+    text = httpx.get(f"{worker.base_url}/metrics", timeout=10).text
+    samples = (line.split(" ") for line in text.splitlines() if line.startswith("bubo:") and "{" not in line)
+    return {name: float(value) for name, value in samples}
+
+
 def test_the_gateway_registers_the_served_model_and_its_limits(worker: Server, gateway: Gateway) -> None:
     """smg registers the served id with Bubo's context and slots, read from /server_info and /model_info."""
     record = wait_until(lambda: registered(gateway), "the worker registered")
@@ -192,10 +199,15 @@ def test_the_gateway_reads_the_running_and_waiting_requests(worker: Server, gate
     threads = [threading.Thread(target=generate, args=(topic,)) for topic in ("owls", "rivers", "kites")]
     for thread in threads:
         thread.start()
+
+    def seen_by_both() -> tuple[dict[str, Any], dict[str, float]] | None:
+        load, gauges = gateway_load(gateway), worker_gauges(worker)
+        both = load["num_waiting_reqs"] == 1 and gauges["bubo:num_requests_waiting"] == 1
+        return (load, gauges) if both else None
+
     try:
-        busy = wait_until(
-            lambda: (load := gateway_load(gateway))["num_waiting_reqs"] == 1 and load, "one request waiting"
-        )
+        # the gateway's reading and the worker's own Inference Extension gauges, within one poll
+        busy, gauges = wait_until(seen_by_both, "one request waiting, for the gateway and in /metrics")
     finally:
         for thread in threads:
             thread.join(timeout=300)
@@ -203,6 +215,8 @@ def test_the_gateway_reads_the_running_and_waiting_requests(worker: Server, gate
     assert busy["num_used_tokens"] > 0  # the running requests' cells
     assert busy["num_waiting_uncached_tokens"] > 0  # at least the waiting prompt, not read yet
     assert busy["token_usage"] == pytest.approx(busy["num_used_tokens"] / busy["max_total_num_tokens"])
+    assert gauges["bubo:num_requests_running"] == SLOTS
+    assert gauges["bubo:kv_cache_usage_perc"] > 0
     assert answers == [200, 200, 200]
     after = wait_until(lambda: (load := gateway_load(gateway))["num_total_reqs"] == 0 and load, "idle again")
     assert (after["num_used_tokens"], after["num_waiting_uncached_tokens"]) == (0, 0)
