@@ -6,7 +6,7 @@ to ``/get_server_info`` and ``/get_model_info``), and polls ``/v1/loads``
 every ``--load-monitor-interval`` for the numbers its load-aware policies
 (``power_of_two``, ``least_load``, ``cache_aware``'s KV triggers) and its
 overload protection read.  These routes answer in those shapes with what
-they mean for Bubo (docs/deploy.md, "The gateway's worker endpoints"):
+they mean for Bubo (docs/operations.md, "Behind a load-balancing gateway"):
 
 - the model is the served id (``--alias``' first name); the other names a
   request may use are listed, and a gateway maps them with its own aliases;
