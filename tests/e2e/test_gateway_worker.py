@@ -146,7 +146,10 @@ def worker_gauges(worker: Server) -> dict[str, float]:
 
 def test_the_gateway_registers_the_served_model_and_its_limits(worker: Server, gateway: Gateway) -> None:
     """smg registers the served id with Bubo's context and slots, read from /server_info and /model_info."""
-    record = wait_until(lambda: registered(gateway), "the worker registered")
+    record = wait_until(
+        lambda: (found := registered(gateway)) and "engine_load" in found and found,
+        "the worker registered and its load read once",
+    )
     assert record["model_id"] == MODEL_ID
     assert record["url"] == worker.base_url
     assert record["runtime_type"] == "sglang"  # what answering /server_info (and not /version) makes it
