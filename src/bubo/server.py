@@ -24,7 +24,19 @@ from quart_cors import cors
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from bubo.api import _root, anthropic, debug, llamacpp, ollama, openai, ops, prompt_cache, responses, webui
+from bubo.api import (
+    _root,
+    anthropic,
+    debug,
+    gateway,
+    llamacpp,
+    ollama,
+    openai,
+    ops,
+    prompt_cache,
+    responses,
+    webui,
+)
 from bubo.api._boundary import DEFAULT_ORIGIN_SCHEMES, BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
@@ -121,7 +133,7 @@ def create_app(
     )
     app.extensions[EXTENSION_KEY] = context
 
-    for blueprint in (ops, prompt_cache, openai, anthropic, responses, llamacpp, ollama, debug):
+    for blueprint in (ops, gateway, prompt_cache, openai, anthropic, responses, llamacpp, ollama, debug):
         app.register_blueprint(blueprint.blueprint)
     # `/`: the chat page (which answers "Ollama is running" to what is not a browser), else that sentence
     app.register_blueprint(webui.blueprint if settings.server.webui else _root.blueprint)

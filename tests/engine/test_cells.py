@@ -41,6 +41,17 @@ class TestCounting:
         assert ledger.used() == 100
         assert ledger.private(1) == 40
 
+    def test_cells_some_sequences_hold_count_what_they_share_once(self) -> None:
+        """``used_by``: the cells of the sequences named, shared ones once, whoever else holds them too."""
+        ledger = ledger_with(100, 0, 30)
+        ledger.share(0, 1, 0, 80)
+        ledger.extend(1, 20)
+        assert ledger.used_by({0, 1}) == 120
+        assert ledger.used_by({1}) == 100  # the 80 cells it shares with seq 0 are its too
+        assert ledger.used_by({2}) == 30
+        assert ledger.used_by(set()) == 0
+        assert ledger.used_by({0, 1, 2}) == ledger.used() == 150
+
     def test_writing_after_a_truncation_makes_new_cells(self) -> None:
         ledger = ledger_with(100)
         ledger.share(0, 1, 0, 100)

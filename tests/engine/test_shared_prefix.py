@@ -145,6 +145,31 @@ class TestTheSharedContext:
             engine.close()
 
 
+class TestTheRunningRequestsCells:
+    async def test_are_the_held_slots_shared_ones_once_and_idle_ones_are_not(self, engine, tokenizer) -> None:
+        """A gateway's KV usage: the cells a held slot's sequence holds, those it shares included, once."""
+        prefix = system_prompt(16)
+        first = prompt(tokenizer, prefix, "What is topic 3?")
+        second = prompt(tokenizer, prefix, "Tell me about topic 17, please.")
+        await run(engine, first, slot=0)
+        idle = engine.statistics()
+        kept = idle.slots[0].n_prompt_tokens  # the first prompt and its answer, cached for a next turn
+        assert (idle.kv_cache_tokens, idle.kv_cache_tokens_running) == (kept, 0)
+        # one token: once it is sampled nothing more is decoded, so the cells hold still while it is read
+        request = GenerationRequest(prompt_tokens=second, max_new_tokens=1, sampling=GREEDY, slot=1)
+        async with engine.open_generation(request) as events:
+            async for event in events:
+                if isinstance(event, TokenGenerated):
+                    running = engine.statistics()
+                    break
+        held = running.slots[1]
+        assert held.n_prompt_tokens_shared > 150
+        assert running.kv_cache_tokens_running == held.n_prompt_tokens  # the shared cells are its too
+        private_to_the_idle_slot = kept - held.n_prompt_tokens_shared
+        assert running.kv_cache_tokens == held.n_prompt_tokens + private_to_the_idle_slot
+        assert engine.statistics().kv_cache_tokens_running == 0  # released
+
+
 def stats_shared(statistics) -> int:
     return sum(slot.n_prompt_tokens_shared for slot in statistics.slots)
 

@@ -210,6 +210,30 @@ class TestCounts:
             assert (statistics.requests_processing, statistics.requests_deferred) == (2, 1)
         assert (engine.requests_running, engine.requests_waiting) == (0, 0)
 
+    async def test_the_load_counts_what_runs_and_what_waits(self, autojump_clock) -> None:
+        """Cells of running requests only, and the prompt positions nobody has read yet."""
+        engine = FakeEngine(script=FakeScript(reply="a b c d", piece_delay=PIECE_S, prefill_delay=PIECE_S))
+        await generate(engine, request(*range(40)), [], "warm")  # an idle slot now caches 40 tokens
+        statistics = engine.statistics()
+        assert (statistics.kv_cache_tokens, statistics.kv_cache_tokens_running) == (40, 0)
+        assert (statistics.prompt_tokens_waiting, statistics.kv_cache_running_ratio) == (0, 0.0)
+        async with trio.open_nursery() as nursery:
+            # the running one shares 30 cached tokens and has 15 to read; 7 wait whole
+            nursery.start_soon(generate, engine, request(*range(30), *range(100, 115)), [], "running")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(generate, engine, request(*range(200, 207)), [], "waiting")
+            await trio.testing.wait_all_tasks_blocked()
+            statistics = engine.statistics()
+            assert statistics.prompt_tokens_waiting == 15 + 7
+            assert statistics.kv_cache_tokens_running == 40  # its slot's cells, before the prompt is read
+            await trio.sleep(PIECE_S * 1.5)  # the prompt is read: nothing of it waits any more
+            statistics = engine.statistics()
+            assert statistics.prompt_tokens_waiting == 7
+            assert statistics.kv_cache_tokens_running == 45
+            assert statistics.kv_cache_running_ratio == 45 / statistics.kv_cache_capacity
+        statistics = engine.statistics()
+        assert (statistics.prompt_tokens_waiting, statistics.kv_cache_tokens_running) == (0, 0)
+
     def test_a_slots_token_count_is_read_from_its_mirror_without_a_copy(self) -> None:
         mirror = Held(list(range(42)))
         slot = Slot(id=0, n_ctx=100, totals=EngineCounters(), mirror=mirror)

@@ -21,7 +21,7 @@ the map they walk never grows under them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import attrs
 
@@ -127,16 +127,20 @@ class CellLedger:
 
     def private(self, seq_id: int) -> int:
         """Cells only this sequence holds (what giving it up frees)."""
-        return self._distinct() - self._distinct(without=seq_id)
+        return self._distinct() - self._distinct(lambda other: other != seq_id)
 
     def used(self) -> int:
         """Cells in use, each counted once however many sequences hold it."""
         return self._distinct()
 
-    def _distinct(self, without: int | None = None) -> int:
+    def used_by(self, seq_ids: Collection[int]) -> int:
+        """Cells that any of *seq_ids* holds, each counted once (what evicting the others cannot free)."""
+        return self._distinct(lambda seq_id: seq_id in seq_ids)
+
+    def _distinct(self, counts: Callable[[int], bool] = lambda _seq_id: True) -> int:
         spans: dict[int, list[tuple[int, int]]] = {}
         for seq_id, held in list(self._held.items()):
-            if seq_id == without:
+            if not counts(seq_id):
                 continue
             for run in list(held.runs):
                 spans.setdefault(run.origin, []).append((run.start, run.end))

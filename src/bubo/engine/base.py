@@ -663,7 +663,9 @@ class SlotEngine(abc.ABC):
         request: GenerationRequest,
         send: trio.MemorySendChannel[EngineEvent],
     ) -> None:
-        slot.begin(task_id, request.max_new_tokens, request.lora or ())
+        slot.begin(
+            task_id, request.max_new_tokens, request.lora or (), prompt_length=len(request.prompt_tokens)
+        )
         try:
             async with send:
                 failure = None
@@ -753,6 +755,9 @@ class SlotEngine(abc.ABC):
             requests_deferred=self._pool.waiting,
             kv_cache_tokens=self._kv_used(),
             kv_cache_capacity=self._kv_capacity(),
+            kv_cache_tokens_running=self._kv_used_by(self._pool.held_slots),
+            prompt_tokens_waiting=self._pool.waiting_tokens
+            + sum(slot.prompt_unread for slot in self._pool.slots),
             slots=slots,
         )
 
@@ -762,7 +767,11 @@ class SlotEngine(abc.ABC):
 
     def _kv_used(self) -> int:
         """Cells the slots' sequences hold (an engine whose slots share cells counts each once)."""
-        return sum(slot.n_cached for slot in self._pool.slots)
+        return self._kv_used_by(self._pool.slots)
+
+    def _kv_used_by(self, slots: Sequence[Slot]) -> int:
+        """Cells the sequences of *slots* hold (an engine whose slots share cells counts each once)."""
+        return sum(slot.n_cached for slot in slots)
 
     def cache_contents(self) -> CacheContents:
         """What the prompt cache holds (engines with snapshots say more)."""

@@ -541,6 +541,10 @@ class LlamaEngine(SlotEngine):
     def _kv_used(self) -> int:
         return self._context.cells_used
 
+    def _kv_used_by(self, slots: Sequence[Slot]) -> int:
+        caches = self._context.caches
+        return self._context.ledger.used_by({caches[slot.id].seq_id for slot in slots})
+
     def token_piece(self, token: int) -> bytes:
         """The bytes llama.cpp renders for *token* (control tokens render empty)."""
         return self._pieces[token]

@@ -83,6 +83,7 @@ class Slot:
     """The tokens the slot's KV sequence holds (the engine sets it; read for slot choice and counts)."""
     is_processing: bool = False
     id_task: int = -1
+    prompt_length: int = 0  # positions of the task's prompt (an image's stand-ins included)
     prompt_processed: int = 0
     prompt_cached: int = 0
     prompt_shared: int = 0  # of prompt_cached, the tokens whose cells came from another slot's sequence
@@ -91,10 +92,18 @@ class Slot:
     last_used: int = -1  # the task id that last held the slot (least recently used first)
     lora: tuple[float, ...] = ()  # the task's scale of each LoRA adapter
 
-    def begin(self, task_id: int, max_new_tokens: int | None, lora: tuple[float, ...] = ()) -> None:
-        """A task takes the slot: its counters start from zero."""
+    def begin(
+        self,
+        task_id: int,
+        max_new_tokens: int | None,
+        lora: tuple[float, ...] = (),
+        *,
+        prompt_length: int = 0,
+    ) -> None:
+        """A task with a prompt of *prompt_length* positions takes the slot: its counters start from zero."""
         self.is_processing = True
         self.lora = lora
+        self.prompt_length = prompt_length
         self.id_task = self.last_used = task_id
         self.prompt_processed = self.prompt_cached = self.prompt_shared = self.decoded = 0
         self.limit = -1 if max_new_tokens is None else max_new_tokens
@@ -136,6 +145,13 @@ class Slot:
     def holds(self, n_tokens: int) -> None:
         """The slot's KV sequence now holds *n_tokens* (the longest ever held is a total)."""
         self.totals.n_tokens_max = max(self.totals.n_tokens_max, n_tokens)
+
+    @property
+    def prompt_unread(self) -> int:
+        """Prompt positions the running task has neither found cached nor evaluated yet (0 when idle)."""
+        if not self.is_processing:
+            return 0
+        return max(0, self.prompt_length - self.prompt_cached - self.prompt_processed)
 
     @property
     def n_cached(self) -> int:
@@ -189,6 +205,16 @@ class SlotPool:
     def held(self) -> int:
         """Slots held by a request."""
         return len(self._held)
+
+    @property
+    def held_slots(self) -> tuple[Slot, ...]:
+        """The slots held now (by a generation, or a slot action)."""
+        return tuple(slot for slot in self.slots if slot.id in self._held)
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Prompt positions of the requests waiting for a slot, all together."""
+        return sum(len(waiter.prompt) for waiter in self._waiters)
 
     async def acquire(
         self, prompt: Sequence[int], pinned: int | None = None, adapters: AdapterSet = NO_ADAPTERS

@@ -69,4 +69,26 @@ class EngineStatistics:
     requests_deferred: int
     kv_cache_tokens: int  # tokens held by all slots' sequences
     kv_cache_capacity: int  # tokens the KV cache can hold, all slots together
+    # of kv_cache_tokens, those the held slots' sequences hold: what evicting idle slots cannot free
+    kv_cache_tokens_running: int
+    # prompt positions not read yet: the waiting requests' whole prompts (some may be found in the
+    # cache when a slot comes) and what the running requests still have to evaluate
+    prompt_tokens_waiting: int
     slots: tuple[SlotStatistics, ...]
+
+    @property
+    def kv_cache_running_ratio(self) -> float:
+        """The share of the KV cache the running requests pin (idle slots' cached prefixes are evictable)."""
+        return self.kv_cache_tokens_running / self.kv_cache_capacity if self.kv_cache_capacity else 0.0
+
+    @property
+    def generation_rate(self) -> float:
+        """Generated tokens per second of generating, on average over the server's life."""
+        seconds = self.tokens_predicted_seconds_total
+        return self.tokens_predicted_total / seconds if seconds else 0.0
+
+    @property
+    def prompt_cache_hit_ratio(self) -> float:
+        """Prompt tokens reused from the cache / all prompt tokens, over the server's life."""
+        lookups = self.prompt_tokens_total + self.prompt_tokens_cached_total
+        return self.prompt_tokens_cached_total / lookups if lookups else 0.0

@@ -7,12 +7,16 @@ families are written as it prints them, Bubo's own through prometheus-client.
 the server's life (llama-server resets them per scrape, which makes a second
 scraper see zeros).  The Responses store's size is Bubo's own
 (``bubo:responses_store_*``), as are the latency histograms
-(``bubo:*_seconds``, :mod:`bubo.api._latency`).
+(``bubo:*_seconds``, :mod:`bubo.api._latency`) and the gauges of the Gateway
+API Inference Extension's model-server protocol (queued and running requests,
+KV-cache usage, the cache's layout, the LoRA adapters: docs/deploy.md, "The
+Gateway API Inference Extension and llm-d").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import PurePath
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.utils import floatToGoString
 
 from bubo.api._latency import LatencyHistograms
-from bubo.engine import EngineStatistics
+from bubo.engine import EngineStatistics, LoraAdapter
 from bubo.service.response_store import StoreStatistics
 
 __all__ = ["CONTENT_TYPE", "render_metrics"]
@@ -52,15 +56,9 @@ def _llama_server_families(s: EngineStatistics) -> Iterator[tuple[str, str, str,
     for name, help_text, value in counters:
         yield f"llamacpp:{name}", "counter", help_text, value
     prompt_rate = s.prompt_tokens_total / s.prompt_seconds_total if s.prompt_seconds_total else 0.0
-    predict_rate = (
-        s.tokens_predicted_total / s.tokens_predicted_seconds_total
-        if s.tokens_predicted_seconds_total
-        else 0.0
-    )
-    lookups = s.prompt_tokens_total + s.prompt_tokens_cached_total
     gauges = (
         ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_rate),
-        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", predict_rate),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", s.generation_rate),
         ("requests_processing", "Number of requests processing", s.requests_processing),
         ("requests_deferred", "Number of requests deferred", s.requests_deferred),
         ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
@@ -69,7 +67,7 @@ def _llama_server_families(s: EngineStatistics) -> Iterator[tuple[str, str, str,
          s.kv_cache_tokens / s.kv_cache_capacity if s.kv_cache_capacity else 0.0),
         ("kv_cache_tokens", "KV-cache tokens", s.kv_cache_tokens),
         ("prompt_cache_hit_ratio", "Share of prompt tokens served from the prompt cache",
-         s.prompt_tokens_cached_total / lookups if lookups else 0.0),
+         s.prompt_cache_hit_ratio),
     )  # fmt: skip
     for name, help_text, value in gauges:
         yield f"llamacpp:{name}", "gauge", help_text, value
@@ -115,13 +113,66 @@ class _StoreCollector:
         )
 
 
+class _ModelServerCollector:
+    """The model-server protocol's gauges (Gateway API Inference Extension), read from one snapshot.
+
+    Queued and running requests, and the KV cache the running requests pin
+    (idle slots' cached prefixes are evictable, as vLLM counts its cached free
+    blocks free); the cache's layout as vLLM's ``cache_config_info`` labels it
+    (llama.cpp's cache is one cell a token: blocks of 1); and, while adapters
+    are loaded, vLLM's ``lora_requests_info``: every adapter is loaded at start
+    and serves any request, so none waits, and the value is when they loaded.
+    """
+
+    def __init__(self, s: EngineStatistics, adapters: Sequence[LoraAdapter], loaded_at: float) -> None:
+        self._s = s
+        self._adapters = adapters
+        self._loaded_at = loaded_at
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._s
+        yield GaugeMetricFamily(
+            "bubo:num_requests_waiting", "Requests waiting for a slot", value=s.requests_deferred
+        )
+        yield GaugeMetricFamily(
+            "bubo:num_requests_running", "Requests holding a slot", value=s.requests_processing
+        )
+        yield GaugeMetricFamily(
+            "bubo:kv_cache_usage_perc",
+            "KV-cache usage by the running requests; 1 means 100 percent",
+            value=s.kv_cache_running_ratio,
+        )
+        layout = GaugeMetricFamily(
+            "bubo:cache_config_info", "The KV cache's layout", labels=["block_size", "num_gpu_blocks"]
+        )
+        layout.add_metric(["1", str(s.kv_cache_capacity)], 1)
+        yield layout
+        if self._adapters:
+            lora = GaugeMetricFamily(
+                "bubo:lora_requests_info",
+                "LoRA adapters loaded (all serve requests); the value is when they were loaded",
+                labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            )
+            names = ",".join(PurePath(adapter.path).stem for adapter in self._adapters)
+            lora.add_metric([str(len(self._adapters)), names, ""], self._loaded_at)
+            yield lora
+
+
 def render_metrics(
     read: Callable[[], EngineStatistics],
     store: Callable[[], StoreStatistics],
     latency: LatencyHistograms,
+    *,
+    adapters: Sequence[LoraAdapter] = (),
+    loaded_at: float = 0.0,
 ) -> bytes:
-    """The Prometheus text exposition of the engine's and the Responses store's statistics, and latencies."""
+    """The Prometheus text exposition of the engine's and the Responses store's statistics, and latencies.
+
+    *adapters* are the loaded LoRA adapters, loaded at unix time *loaded_at*.
+    """
+    statistics = read()  # one snapshot for every family of the engine's
     registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ModelServerCollector(statistics, adapters, loaded_at))
     registry.register(_StoreCollector(store))
     registry.register(latency)
-    return _llama_server_text(read()) + generate_latest(registry)
+    return _llama_server_text(statistics) + generate_latest(registry)

@@ -503,7 +503,13 @@ async def metrics() -> Response:
             "this server does not serve /metrics: it was started with --no-metrics"
         )
     runtime = require_runtime()
-    text = render_metrics(runtime.engine.statistics, context.responses.statistics, context.latency)
+    text = render_metrics(
+        runtime.engine.statistics,
+        context.responses.statistics,
+        context.latency,
+        adapters=runtime.engine.lora_adapters,
+        loaded_at=runtime.created,
+    )
     return Response(
         text, content_type=CONTENT_TYPE, headers={"Process-Start-Time-Unix": str(context.started)}
     )
