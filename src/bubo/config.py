@@ -647,7 +647,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--drain-delay",), ("server", "drain_delay"), _float,
            "seconds after SIGINT/SIGTERM during which /ready answers 503 while requests are still served, "
            "so that a gateway's health check takes the server out before it refuses work ({default}: "
-           "refuse at once; docs/deploy.md)", "S"),
+           "refuse at once; bubo serve only; docs/deploy.md)", "S"),
     Option(("--max-connections",), ("server", "max_connections"), _int,
            "connections open at once ({default}, kept below the open-file limit); more get 503 "
            "too_many_connections and are closed (bubo serve only)", "N"),
