@@ -233,6 +233,19 @@ def test_the_one_host_script_runs_replicas_that_drain_behind_smg() -> None:
     assert args.host == args.prometheus_host == "127.0.0.1"
 
 
+def test_the_one_host_script_s_responses_front_keeps_the_history_before_the_gateway() -> None:
+    """--responses-port: smg --backend openai with its own store, whose one worker is the gateway."""
+    script = gateway_script()
+    *_, gateway, front = script.commands(
+        script.parser().parse_args(["--replicas", "2", "--responses-port", "8090"])
+    )
+    inner, outer = smg_args(gateway[2:]), smg_args(front[2:])
+    assert (outer.backend, outer.history_backend) == ("openai", "memory")
+    assert outer.worker_urls == [f"http://127.0.0.1:{inner.port}"]
+    assert len({inner.port, outer.port, inner.prometheus_port, outer.prometheus_port}) == 4
+    assert outer.host == outer.prometheus_host == "127.0.0.1"
+
+
 def test_the_service_and_ingress_reach_the_pods(ingress: dict[tuple[str, str], dict[str, Any]]) -> None:
     deployment = only(ingress, "Deployment", "bubo")
     labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -4,8 +4,9 @@
     python3 deploy/gateway/run.py [--replicas 3] [--port 8080] -- [bubo serve flags: -m, -t, -c ...]
 
 Starts the replicas on the ports after ``--port`` (8081, 8082, ...), then
-``smg launch`` on ``--port`` in front of them with the ``cache_aware`` policy,
-and prints each command first.  Clients talk to the gateway only.  SIGINT or
+``smg launch`` on ``--port`` in front of them with the ``cache_aware`` policy
+(and with ``--responses-port`` a second smg that keeps the Responses API's
+history), and prints each command first.  Clients talk to the gateway only.  SIGINT or
 SIGTERM stops smg, then the replicas (each drains: docs/deploy.md#draining);
 so does any of them exiting.  Standard library only; ``bubo`` and ``smg`` are
 found on PATH (``--bubo``/``--smg`` to give them).  Every flag is explained in
@@ -56,11 +57,31 @@ def gateway_command(
     ]  # fmt: skip
 
 
+def responses_command(smg: str, port: int, metrics_port: int, gateway_port: int) -> list[str]:
+    """A second smg that keeps the Responses API's history itself, in front of the gateway.
+
+    It stores each response (``--history-backend memory``) and sends the whole
+    conversation, ``store`` false, to the gateway, which routes it by prefix:
+    ``previous_response_id`` then works whichever replica answers (docs/deploy.md).
+    """
+    return [
+        smg, "launch", "--host", "127.0.0.1", "--port", str(port),
+        "--backend", "openai", "--history-backend", "memory",
+        "--worker-urls", f"http://127.0.0.1:{gateway_port}",
+        "--worker-startup-check-interval", "1",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+    ]  # fmt: skip
+
+
 def commands(args: argparse.Namespace) -> list[list[str]]:
-    """The replicas' command lines, then the gateway's."""
+    """The replicas' command lines, then the gateway's, then (``--responses-port``) the Responses front's."""
     ports = [args.port + 1 + i for i in range(args.replicas)]
     replicas = [replica_command(args.bubo, port, args.serve_flags) for port in ports]
-    return [*replicas, gateway_command(args.smg, args.port, args.metrics_port, args.policy, ports)]
+    gateway = gateway_command(args.smg, args.port, args.metrics_port, args.policy, ports)
+    if not args.responses_port:
+        return [*replicas, gateway]
+    front = responses_command(args.smg, args.responses_port, args.metrics_port + 1, args.port)
+    return [*replicas, gateway, front]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--metrics-port", type=int, default=29000, help="smg's Prometheus port (29000)")
     parser.add_argument("--policy", default="cache_aware", help="smg's routing policy (cache_aware)")
+    parser.add_argument(
+        "--responses-port", type=int, default=0, help="also a Responses front with its own store on this port"
+    )
     parser.add_argument("--bubo", default="bubo", help="the bubo executable")
     parser.add_argument("--smg", default="smg", help="the smg executable")
     parser.add_argument("serve_flags", nargs="*", help="after --: flags for every bubo serve")
@@ -107,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        stop(started[args.replicas :])  # the gateway first, so that it sends nothing more
+        for tier in (started[args.replicas + 1 :], started[args.replicas : args.replicas + 1]):
+            stop(tier)  # the fronts first, so that nothing more is sent to what stops after them
         stop(started[: args.replicas])
     return 1  # one of them exited by itself
 

@@ -53,8 +53,17 @@ class Gateway:
     log: Path
 
 
+def serves_a_model(base_url: str) -> bool:
+    """Whether smg lists a model: it is ready before it has registered its workers."""
+    try:
+        response = httpx.get(base_url + "/v1/models", timeout=2)
+    except httpx.TransportError:
+        return False
+    return response.status_code == 200 and bool(response.json().get("data"))
+
+
 def start_gateway(log: Path, *args: str) -> Gateway:
-    """`smg launch` on a free loopback port; waits (at most 120 s) until its /readiness is 200."""
+    """`smg launch` on a free loopback port; waits (at most 120 s) until it lists the replicas' model."""
     port = free_port()
     command = [smg_command(), "launch", "--host", "127.0.0.1", "--port", str(port),
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *args]  # fmt: skip
@@ -65,11 +74,8 @@ def start_gateway(log: Path, *args: str) -> Gateway:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"smg exited with {process.returncode}:\n{log.read_text(errors='replace')}")
-        try:
-            if httpx.get(gateway.base_url + "/readiness", timeout=2).status_code == 200:
-                return gateway
-        except httpx.TransportError:
-            pass
+        if serves_a_model(gateway.base_url):
+            return gateway
         time.sleep(0.2)
     stop_gateway(gateway)
     raise RuntimeError(f"smg not ready within 120 s:\n{log.read_text(errors='replace')}")
