@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -62,8 +62,15 @@ def serves_a_model(base_url: str) -> bool:
     return response.status_code == 200 and bool(response.json().get("data"))
 
 
-def start_gateway(log: Path, *args: str) -> Gateway:
-    """`smg launch` on a free loopback port; waits (at most 120 s) until it lists the replicas' model."""
+def answers_readiness(base_url: str) -> bool:
+    try:
+        return httpx.get(base_url + "/readiness", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def start_gateway(log: Path, *args: str, ready: Callable[[str], bool] = serves_a_model) -> Gateway:
+    """`smg launch` on a free loopback port; waits (at most 120 s) until *ready* says so."""
     port = free_port()
     command = [smg_command(), "launch", "--host", "127.0.0.1", "--port", str(port),
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *args]  # fmt: skip
@@ -74,7 +81,7 @@ def start_gateway(log: Path, *args: str) -> Gateway:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"smg exited with {process.returncode}:\n{log.read_text(errors='replace')}")
-        if serves_a_model(gateway.base_url):
+        if ready(gateway.base_url):
             return gateway
         time.sleep(0.2)
     stop_gateway(gateway)
@@ -122,6 +129,8 @@ def _fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 "memory",
                 "--worker-urls",
                 gateways[0].base_url,
+                # it asks its worker for the model list on the first request that names one
+                ready=answers_readiness,
             )
         )
         model = httpx.get(urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]  # its id, then aliases
