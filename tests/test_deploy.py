@@ -119,6 +119,8 @@ def test_each_option_renders_what_it_needs(
         ("Deployment", "bubo"),
         ("Deployment", "smg"),
         ("Service", "smg"),
+        ("Deployment", "smg-responses"),
+        ("Service", "smg-responses"),
         ("ServiceAccount", "smg"),
         ("Role", "smg-pod-discovery"),
         ("RoleBinding", "smg-pod-discovery"),
@@ -192,6 +194,22 @@ def test_smg_discovers_the_bubo_pods_by_label_on_their_port(
         only(k8s, "Service", "smg")["spec"]["selector"].items()
         <= smg_deployment["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+def test_the_responses_front_keeps_the_history_and_sends_to_the_gateway_s_service(
+    k8s: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """smg-responses: --backend openai with its own store; its one worker is the smg Service's address."""
+    deployment = only(k8s, "Deployment", "smg-responses")
+    front = smg_args(container(deployment)["args"])
+    assert (front.backend, front.history_backend) == ("openai", "memory")
+    gateway = only(k8s, "Service", "smg")
+    (port,) = gateway["spec"]["ports"]
+    assert front.worker_urls == [f"http://{gateway['metadata']['name']}:{port['port']}"]
+    assert deployment["spec"]["replicas"] == 1  # the memory store is one process's
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert only(k8s, "Service", "smg-responses")["spec"]["selector"].items() <= labels.items()
+    assert not gateway["spec"]["selector"].items() <= labels.items()  # not one of the gateway's pods
 
 
 def test_smg_may_read_the_pods_of_its_namespace_and_nothing_more(
