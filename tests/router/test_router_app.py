@@ -541,7 +541,7 @@ async def test_a_drain_lets_running_streams_finish_and_refuses_new_requests(
 
 async def test_while_draining_the_router_is_unready_and_still_forwards(router: QuartTrio) -> None:
     """--drain-delay: /ready turns 503 "stopping" while requests still reach the children."""
-    start_draining(router)
+    start_draining(router.app)
     ready = await router.test_client().get("/ready", headers=AUTH)
     assert ready.status_code == 503
     assert (await ready.get_json())["status"] == "stopping"
