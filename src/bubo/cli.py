@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import trio
 
@@ -19,7 +19,7 @@ from bubo._logging import configure_logging
 from bubo.config import ConfigError, Settings, add_flags, flag_values, load_settings
 from bubo.domain.addresses import is_loopback
 
-__all__ = ["main", "serve_binds", "warn_if_exposed"]
+__all__ = ["main", "serve_binds", "until_drain_begins", "warn_if_exposed"]
 
 logger = logging.getLogger("bubo")
 
@@ -99,19 +99,40 @@ def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+async def until_drain_begins(settings: Settings, start_draining: Callable[[], None]) -> None:
+    """Wait for SIGINT or SIGTERM, then for ``--drain-delay`` seconds unready but still serving.
+
+    During the delay ``/ready`` answers 503 (*start_draining*) while requests are
+    admitted as before, so a gateway that polls ``/ready`` takes this server out
+    of rotation before anything it sends is refused; the drain comes after.
+    """
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        name = signal.Signals(await anext(signals)).name
+    delay = settings.server.drain_delay
+    if delay > 0:
+        start_draining()
+        logger.info("%s: /ready answers 503; requests are still served for %g s (--drain-delay)", name, delay)
+        await trio.sleep(delay)
+    logger.info(
+        "%s: no new requests; running requests have %.0f s to finish", name, settings.server.shutdown_timeout
+    )
+
+
 async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
     from hypercorn.config import Config  # noqa: PLC0415 - imported when serving, not for --help
 
     from bubo.router import create_router_app, inherited_flags  # noqa: PLC0415
     from bubo.router import drain as drain_router  # noqa: PLC0415
+    from bubo.router import start_draining as start_draining_router  # noqa: PLC0415
     from bubo.router.child import is_router_child, router_gone  # noqa: PLC0415
-    from bubo.server import create_app, drain  # noqa: PLC0415
+    from bubo.server import create_app, drain, start_draining  # noqa: PLC0415
     from bubo.transport import ConnectionLimiter, raise_open_file_limit, serve  # noqa: PLC0415
 
     load_failed = trio.Event()
     if settings.router_mode:  # --models-dir without -m: each model in a child `bubo serve` (docs/router.md)
         app = create_router_app(settings, inherited=inherited_flags(flags))
         drain = drain_router
+        start_draining = start_draining_router
     else:
         app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
@@ -130,14 +151,7 @@ async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
         async with trio.open_nursery() as nursery:
 
             async def on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for received in signals:
-                        logger.info(
-                            "%s: no new requests; running requests have %.0f s to finish",
-                            signal.Signals(received).name,
-                            settings.server.shutdown_timeout,
-                        )
-                        break
+                await until_drain_begins(settings, lambda: start_draining(app))
                 await drain(app, settings.server.shutdown_timeout)
                 nursery.cancel_scope.cancel()
 

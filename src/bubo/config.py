@@ -130,6 +130,7 @@ class ServerSettings:
     max_queue: int = attrs.field(default=64, validator=_non_negative)  # requests waiting for a slot
     cpu_jobs: int = attrs.field(default=2, validator=_positive)  # parse/render/tokenize jobs at once
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)  # seconds
+    drain_delay: float = attrs.field(default=0.0, validator=_non_negative)  # seconds unready, still serving
     max_connections: int = attrs.field(default=1000, validator=_positive)  # open at once; more get 503
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_above_zero)  # seconds idle before closing
     sse_keepalive: float = attrs.field(default=5.0, validator=_non_negative)  # silent stream seconds; 0: none
@@ -643,6 +644,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--shutdown-timeout",), ("server", "shutdown_timeout"), _float,
            "seconds running requests may finish after SIGINT/SIGTERM before they are cancelled ({default})",
            "S"),
+    Option(("--drain-delay",), ("server", "drain_delay"), _float,
+           "seconds after SIGINT/SIGTERM during which /ready answers 503 while requests are still served, "
+           "so that a gateway's health check takes the server out before it refuses work ({default}: "
+           "refuse at once; bubo serve only; docs/deploy.md)", "S"),
     Option(("--max-connections",), ("server", "max_connections"), _int,
            "connections open at once ({default}, kept below the open-file limit); more get 503 "
            "too_many_connections and are closed (bubo serve only)", "N"),

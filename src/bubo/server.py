@@ -66,6 +66,7 @@ __all__ = [
     "drain",
     "install_edge",
     "package_version",
+    "start_draining",
 ]
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,16 @@ def _boundary_check(boundary: BrowserBoundary) -> Callable[[], Awaitable[None]]:
             raise error
 
     return check_browser_boundary
+
+
+def start_draining(app: QuartTrio) -> None:
+    """Answer ``/ready`` 503 ``stopping`` from now on while still admitting requests (``--drain-delay``).
+
+    A gateway that polls ``/ready`` (smg's health check, a Kubernetes readiness
+    probe) stops sending here within its check interval; the requests it sends
+    meanwhile are served, not refused.  :func:`drain` then refuses the rest.
+    """
+    app.extensions[EXTENSION_KEY].state.draining = True
 
 
 async def drain(app: QuartTrio, grace_s: float) -> None:

@@ -250,6 +250,28 @@ class TestApiKey:
 
 
 class TestNotReady:
+    async def test_while_draining_ready_is_503_and_requests_are_still_served(self, make_runtime) -> None:
+        """--drain-delay: after the signal /ready turns 503 "stopping" first, and only the drain refuses work."""
+        from bubo.server import drain, start_draining
+
+        app = create_app(
+            load_settings({}, environ={}), load=lambda _s, _p: make_runtime(), on_load_failure=lambda: None
+        )
+        async with app.test_app() as test_app:
+            client = test_app.test_client()
+            await wait_until_ready(app)
+            start_draining(app)
+            ready = await client.get("/ready")
+            assert ready.status_code == 503
+            assert (await ready.get_json())["status"] == "stopping"
+            assert (await ready.get_json())["error"]["code"] == "not_ready"
+            assert (await client.get("/health")).status_code == 200
+            assert (await client.post(CHAT, json={"model": "bubo", "messages": USER})).status_code == 200
+            await drain(app, 1.0)
+            refused = await client.post(CHAT, json={"model": "bubo", "messages": USER})
+            assert refused.status_code == 503
+            assert await refused.get_json() == envelope("not_ready", type_="server_error")
+
     async def test_requests_while_loading(self, make_runtime) -> None:
         """While the model loads, /ready and POSTs are 503 not_ready; /health is 200."""
         import trio

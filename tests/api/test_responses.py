@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import tracemalloc
 import typing
 from typing import Any
@@ -394,6 +395,30 @@ class TestStore:
         assert response.status_code == 404
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == ("response_not_found", "previous_response_id")
+
+    async def test_an_id_another_replica_stored_is_a_404_that_names_this_one_and_the_way_on(
+        self, app
+    ) -> None:
+        """Behind a gateway a continuation may reach a replica that never saw the id: the 404 says which
+        server answered and what to send instead; sending the earlier turns as input items then works."""
+        client = app.test_client()
+        response = await client.post(
+            PATH, json={"model": "bubo", "input": "and then?", "previous_response_id": "resp_elsewhere"}
+        )
+        assert response.status_code == 404
+        error = (await response.get_json())["error"]
+        assert (error["code"], error["param"]) == ("response_not_found", "previous_response_id")
+        assert f"not stored on this server ({socket.gethostname()}, " in error["message"]
+        assert "stored by another replica" in error["message"]
+        assert error["message"].endswith("send the earlier turns as input items instead")
+        earlier = [
+            {"role": "user", "content": "Say hi."},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]},
+        ]
+        again = await client.post(
+            PATH, json={"model": "bubo", "input": [*earlier, {"role": "user", "content": "and then?"}]}
+        )
+        assert again.status_code == 200
 
     async def test_streamed_responses_are_stored(self, app) -> None:
         """A streamed response is stored when it completes."""

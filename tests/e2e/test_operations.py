@@ -368,6 +368,41 @@ class TestShutdown:
         assert server.process.wait(timeout=30) == 0
         assert "stopped; the model is freed" in server.output()
 
+    def test_during_the_drain_delay_ready_is_503_and_every_request_is_served(self, tmp_path: Path) -> None:
+        """--drain-delay: a gateway polling /ready takes the server out while what it still sends gets 200.
+
+        A stream runs when SIGTERM arrives; then /ready answers 503 "stopping" (/health stays 200), and
+        new requests arriving meanwhile are answered in full; the stream finishes; the server exits 0.
+        """
+        server = self.start(tmp_path, "--drain-delay", "30", "-np", "2")
+        body = {"prompt": "Count:", "n_predict": 64, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.process.terminate()
+            for _ in range(100):  # the signal is handled within a few polls
+                ready = httpx.get(server.base_url + "/ready", timeout=10)
+                if ready.status_code != 200:
+                    break
+                time.sleep(0.1)
+            health = httpx.get(server.base_url + "/health", timeout=10)
+            arriving = [
+                httpx.post(server.base_url + "/completion", json={"prompt": "Hi", "n_predict": 4}, timeout=60)
+                for _ in range(3)
+            ]
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "stopping"
+        assert health.status_code == 200
+        assert [r.status_code for r in arriving] == [200, 200, 200]
+        assert all(r.json()["tokens_predicted"] == 4 for r in arriving)
+        assert json.loads(rest[-1][6:])["tokens_predicted"] == 64
+        assert server.process.wait(timeout=90) == 0
+        output = server.output()
+        assert "SIGTERM: /ready answers 503; requests are still served for 30 s (--drain-delay)" in output
+        assert output.index("(--drain-delay)") < output.index("SIGTERM: no new requests")
+        assert "stopped; the model is freed" in output
+
     def test_idle_keep_alive_connections_do_not_delay_the_exit(self, tmp_path: Path) -> None:
         """Agents keep a connection open between turns; with nothing running, exit is prompt."""
         server = self.start(tmp_path)  # --shutdown-timeout 30

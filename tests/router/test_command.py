@@ -21,7 +21,7 @@ from bubo.router.command import (
 
 
 def test_children_inherit_every_flag_but_the_router_s_own() -> None:
-    """Model, address, key and the --models-* flags are the router's; the rest each child repeats."""
+    """Model, address, key, --drain-delay and the --models-* flags are the router's; the rest each child repeats."""
     flags = inherited_flags(
         {
             "model__ctx_size": "512",
@@ -33,6 +33,7 @@ def test_children_inherit_every_flag_but_the_router_s_own() -> None:
             "router__models_dir": "/models",
             "router__models_max": "2",
             "server__debug_hooks": "on",
+            "server__drain_delay": "5",  # the router unloads its children itself: they need not wait
         }
     )
     assert flags == ("--debug-hooks=on", "--ctx-size=512", "--n-predict=-1")

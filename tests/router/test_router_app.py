@@ -29,7 +29,7 @@ from tests._listener import Listener
 from bubo.api._converter import parse_json_object
 from bubo.config import default_model_path, load_settings
 from bubo.model import read_model_card
-from bubo.router import create_router_app, drain, routes
+from bubo.router import create_router_app, drain, routes, start_draining
 from bubo.router.catalog import CatalogEntry
 from bubo.router.context import ROUTER_KEY, RouterContext
 from bubo.router.registry import Instance, ModelRecord
@@ -537,6 +537,15 @@ async def test_a_drain_lets_running_streams_finish_and_refuses_new_requests(
     assert instance.exited.is_set()
     assert not instance.failed
     assert process_gone(instance.pid or 0)
+
+
+async def test_while_draining_the_router_is_unready_and_still_forwards(router: QuartTrio) -> None:
+    """--drain-delay: /ready turns 503 "stopping" while requests still reach the children."""
+    start_draining(router.app)
+    ready = await router.test_client().get("/ready", headers=AUTH)
+    assert ready.status_code == 503
+    assert (await ready.get_json())["status"] == "stopping"
+    assert (await post(router, "/completion", {"model": "a"})).status_code == 200
 
 
 async def test_shutdown_leaves_no_child_behind(tmp_path: Path) -> None:

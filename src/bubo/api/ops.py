@@ -41,7 +41,7 @@ async def ready() -> Response:
     """Readiness: 200 with the model id once loaded, else 503 with the reason."""
     state = api_context().state
     try:
-        runtime = state.require_runtime()
+        runtime = state.require_ready()
     except BuboError as error:
         body = {"status": state.readiness, **unstructure(error_envelope(error))}
         if state.status is Status.LOADING:

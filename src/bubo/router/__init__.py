@@ -7,4 +7,5 @@ requests; ``app`` wires them (docs/router.md).
 
 from .app import create_router_app as create_router_app
 from .app import drain as drain
+from .app import start_draining as start_draining
 from .command import inherited_flags as inherited_flags

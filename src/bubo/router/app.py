@@ -34,7 +34,7 @@ from .registry import Registry
 from .routes import blueprint, forwarding_blueprint
 from .supervisor import STOP_MARGIN_S, ChildCommand, Supervisor, SupervisorConfig
 
-__all__ = ["create_router_app", "drain"]
+__all__ = ["create_router_app", "drain", "start_draining"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +153,12 @@ def _body_guard(settings: Settings) -> MemoryGuard | None:
         step_bytes=0,
         low_water_bytes=settings.server.memory_low_water_mib * 1024 * 1024,
     )
+
+
+def start_draining(app: QuartTrio) -> None:
+    """Answer ``/ready`` 503 from now on while still forwarding requests (``--drain-delay``)."""
+    router: RouterContext = app.extensions[ROUTER_KEY]
+    router.draining = True
 
 
 async def drain(app: QuartTrio, grace_s: float) -> None:

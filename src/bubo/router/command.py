@@ -41,6 +41,7 @@ _RESERVED_DESTS = frozenset(
         ("server", "hosts"),
         ("server", "port"),
         ("server", "api_key"),
+        ("server", "drain_delay"),  # the router stops its children itself: they need not wait for it
     }
 )
 

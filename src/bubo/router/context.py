@@ -44,6 +44,7 @@ class RouterContext:
     # request bodies parsed off the event loop (to find the model they name), a few at a time
     workers: Workers = attrs.field(factory=Workers)
     stopping: bool = False  # a shutdown signal arrived: no new requests
+    draining: bool = False  # a shutdown signal arrived: /ready is 503, requests are still forwarded
     _reloading: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
     async def reload(self) -> None:

@@ -72,7 +72,7 @@ async def health() -> Response:
 async def ready() -> Response:
     """The router takes requests (models load on demand); 503 once it is shutting down."""
     router = router_context()
-    if router.stopping:
+    if router.stopping or router.draining:
         return json_response({"status": "stopping", "role": "router"}, status=503)
     return json_response({"status": "ready", "role": "router"})
 

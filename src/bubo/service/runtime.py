@@ -131,6 +131,7 @@ class ServerState:
     load_progress: float = 0.0
     failure: str | None = None
     stopping: bool = False  # a shutdown signal arrived: admit nothing new
+    draining: bool = False  # a shutdown signal arrived: /ready is 503, requests are still admitted
     first_load_settled: trio.Event = attrs.field(factory=trio.Event)  # READY or FAILED once
 
     def settle(self, status: Status) -> None:
@@ -141,7 +142,7 @@ class ServerState:
     @property
     def readiness(self) -> str:
         """What ``/ready`` says: ready, not_ready (loading), failed, stopping, device_lost or recovering."""
-        if self.stopping:
+        if self.stopping or self.draining:
             return "stopping"
         if self.status is Status.RECOVERING:
             return "recovering"
@@ -183,3 +184,23 @@ class ServerState:
         raise ServiceUnavailable(
             f"the model is loading ({self.load_progress:.0%})", code="not_ready", headers={"Retry-After": "1"}
         )
+
+    def require_ready(self) -> Runtime:
+        """What ``/ready`` asks: the runtime, unless a shutdown signal arrived (``--drain-delay``).
+
+        While draining, requests are still admitted (:meth:`require_runtime`);
+        only readiness turns, so that a gateway's health check takes this
+        server out of rotation before it refuses anything.
+
+        Raises:
+            ServiceUnavailable: draining, loading, failed or shutting down (``not_ready``).
+            DeviceLost: the engine was lost.
+
+        """
+        if self.draining:
+            raise ServiceUnavailable(
+                "the server is shutting down: it serves the requests that still reach it until --drain-delay "
+                "ends, then refuses new ones",
+                code="not_ready",
+            )
+        return self.require_runtime()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import trio
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from bubo.api._context import api_context, read_body, request_timeline, require_runtime
 from bubo.api._json import dumps, json_response, unstructure
@@ -26,10 +27,20 @@ __all__ = ["blueprint"]
 blueprint = Blueprint("responses", __name__)
 
 
-def _not_stored(response_id: str, param: str | None = None) -> NotFound:
+def _this_server() -> str:
+    """The host name and the address the request arrived on: which replica answered, behind a gateway."""
+    server = request.scope.get("server")
+    address = f"{server[0]}:{server[1]}" if server and server[1] is not None else "unknown address"
+    return f"{socket.gethostname()}, {address}"
+
+
+def _not_stored(response_id: str, server: str, param: str | None = None) -> NotFound:
+    """404 for a response this server does not hold, saying which server and how to go on without it."""
+    how = "; send the earlier turns as input items instead" if param == "previous_response_id" else ""
     return NotFound(
-        f"response {response_id!r} is not stored here: unknown, created with store: false, deleted, "
-        "or evicted to keep the store within its limits",
+        f"response {response_id!r} is not stored on this server ({server}): unknown, created with "
+        "store: false, deleted, evicted to keep the store within its limits, or stored by another "
+        f"replica (each server keeps its own responses; docs/deploy.md){how}",
         code="response_not_found",
         param=param,
     )
@@ -42,6 +53,7 @@ async def create() -> Response:
     runtime = require_runtime()
     store = api_context().responses
     converter = api_context().converter
+    server = _this_server()
 
     def translated(body: wire.ResponsesRequest) -> translate.Conversation:
         """The conversation (in a worker: the store is read on the event loop, where it is kept)."""
@@ -50,7 +62,7 @@ async def create() -> Response:
         if body.previous_response_id is not None:
             stored = trio.from_thread.run_sync(store.get, body.previous_response_id)
             if stored is None:
-                raise _not_stored(body.previous_response_id, "previous_response_id")
+                raise _not_stored(body.previous_response_id, server, "previous_response_id")
             previous = stored.conversation
         return translate.responses_request(
             converter, body, previous, takes_images=runtime.engine.vision is not None
@@ -101,7 +113,7 @@ async def retrieve(response_id: str) -> Response:
     require_runtime()
     stored = api_context().responses.get(response_id)
     if stored is None:
-        raise _not_stored(response_id)
+        raise _not_stored(response_id, _this_server())
     return Response(stored.body, content_type="application/json")
 
 
@@ -111,5 +123,5 @@ async def delete(response_id: str) -> Response:
     """Forget a stored response."""
     require_runtime()
     if not api_context().responses.delete(response_id):
-        raise _not_stored(response_id)
+        raise _not_stored(response_id, _this_server())
     return json_response(wire.Deleted(id=response_id, deleted=True))
