@@ -1,0 +1,165 @@
+"""A replica killed (SIGKILL) or stopped (SIGTERM) while agent sessions run through smg.
+
+SIGKILL: no client sees an error that a retry could have avoided (a stream that
+had begun may break once, and the client sees it break, then retries the turn);
+the sessions of the dead replica go on elsewhere and find their history again on
+the turn after; the replica, started again on its port, gets requests again.
+SIGTERM, with ``--drain-delay`` (the replica's /ready turns 503 while it still
+serves, and smg's one-second health check takes it out before it refuses work):
+no failed request at all, streams included, and the replica exits 0.
+The numbers go to test-artifacts/gateway/faults-*.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.gateway import _clients, _metrics, _sessions
+from tests.gateway.conftest import Fleet, Gateway, gateway, write_result
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama, pytest.mark.gateway]
+
+SESSIONS = range(6)
+CLIENTS = 3
+FAULT_AFTER = 5  # answered turns before the fault: every client is in the middle of a session
+RETURN_SESSIONS = 6  # at most this many fresh sessions to see the returned replica take work
+
+
+def busiest(fleet: Fleet, before: Sequence[_metrics.Scrape]) -> int:
+    """The replica running the most requests now (then: the one that took the most since *before*)."""
+    now = fleet.scrapes()
+
+    def load(index: int) -> tuple[float, float]:
+        return (
+            now[index].total("llamacpp:requests_processing"),
+            now[index].total(_metrics.REPLICA_REQUESTS) - before[index].total(_metrics.REPLICA_REQUESTS),
+        )
+
+    return max(range(len(now)), key=load)
+
+
+def run(running: Gateway, failures: _clients.Failures, trigger: _clients.Trigger) -> list[_sessions.Turn]:
+    system = _sessions.system_prompt(uuid.uuid4().hex)
+    streamed = _clients.streamed_sessions(SESSIONS)
+    return _sessions.run_clients(
+        running.url,
+        SESSIONS,
+        CLIENTS,
+        lambda client, k: _clients.run_resilient_session(
+            client, system, k, failures, streamed=k in streamed, after_turn=trigger.tick
+        ),
+    )
+
+
+def wait_for_health(running: Gateway, url: str, healthy: float) -> None:
+    """Until smg's ``smg_worker_health`` for *url* is *healthy* (at most 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if running.scrape().total("smg_worker_health", worker=url) == healthy:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"smg_worker_health{{worker={url}}} never became {healthy}:\n{running.output()}")
+
+
+def rehomed(turns: Sequence[_sessions.Turn]) -> dict[str, Any]:
+    """Sessions whose history was lost once (the dead replica held it) and whether the next turn found it."""
+    lost = [t for t in turns if t.turn > 1 and not t.found_history]
+    by_turn = {(t.session, t.turn): t for t in turns}
+    next_turns = [by_turn[t.session, t.turn + 1] for t in lost if (t.session, t.turn + 1) in by_turn]
+    return {
+        "turns_that_lost_their_history": [[t.session, t.turn] for t in lost],
+        "next_turns": len(next_turns),
+        "next_turns_that_found_it": sum(t.found_history for t in next_turns),
+    }
+
+
+def test_sigkill_mid_run_costs_no_avoidable_error_and_the_replica_returns(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    failures = _clients.Failures()
+    killed: list[int] = []
+    before = fleet.scrapes()
+
+    def kill() -> None:
+        victim = busiest(fleet, before)
+        fleet.replicas[victim].process.send_signal(signal.SIGKILL)
+        killed.append(victim)
+
+    trigger = _clients.Trigger(after=FAULT_AFTER, action=kill)
+    with gateway(fleet, "cache_aware", tmp_path) as running:
+        gateway_before = running.scrape()
+        turns = run(running, failures, trigger)
+        assert trigger.fired
+        (victim,) = killed
+        victim_url = fleet.urls[victim]
+        gateway_after_kill = running.scrape()
+        fleet.restart(victim)
+        wait_for_health(running, victim_url, 1)
+        returned_before = fleet.scrapes()[victim].total(_metrics.REPLICA_REQUESTS)
+        system = _sessions.system_prompt(uuid.uuid4().hex)
+        returned = 0
+        with httpx.Client(base_url=running.url, timeout=600) as client:
+            for session in range(RETURN_SESSIONS):
+                _sessions.run_session(client, system, session)
+                returned = round(fleet.scrapes()[victim].total(_metrics.REPLICA_REQUESTS) - returned_before)
+                if returned:
+                    break
+    result = {
+        "victim": victim,
+        "turns": len(turns),
+        "refused": failures.refused,
+        "broken_streams": failures.broken_streams,
+        "rehome": rehomed(turns),
+        "gateway_retries": gateway_after_kill.total(_metrics.GATEWAY_RETRIES)
+        - gateway_before.total(_metrics.GATEWAY_RETRIES),
+        "sessions_until_the_returned_replica_took_work": session + 1,
+        "requests_the_returned_replica_took": returned,
+    }
+    write_result("faults-sigkill", result)
+    print(f"\nSIGKILL: {result}")  # noqa: T201 - the measured numbers, for the log
+    assert failures.refused == [], result
+    assert len(turns) == sum(_sessions.turns_of(k) for k in SESSIONS)  # every session finished
+    rehome = result["rehome"]
+    assert rehome["next_turns_that_found_it"] == rehome["next_turns"], result
+    assert returned > 0, result
+
+
+def test_sigterm_with_a_drain_delay_fails_no_request(fleet: Fleet, tmp_path: Path) -> None:
+    failures = _clients.Failures()
+    stopped: list[int] = []
+    before = fleet.scrapes()
+
+    def stop() -> None:
+        victim = busiest(fleet, before)
+        fleet.replicas[victim].process.send_signal(signal.SIGTERM)
+        stopped.append(victim)
+
+    trigger = _clients.Trigger(after=FAULT_AFTER, action=stop)
+    with gateway(fleet, "cache_aware", tmp_path) as running:
+        turns = run(running, failures, trigger)
+        assert trigger.fired
+    (victim,) = stopped
+    status = fleet.replicas[victim].process.wait(timeout=120)
+    fleet.restart(victim)
+    result = {
+        "victim": victim,
+        "turns": len(turns),
+        "refused": failures.refused,
+        "broken_streams": failures.broken_streams,
+        "exit_status": status,
+    }
+    write_result("faults-sigterm", result)
+    print(f"\nSIGTERM: {result}")  # noqa: T201 - the measured numbers, for the log
+    assert failures.refused == [], result
+    assert failures.broken_streams == [], result
+    assert len(turns) == sum(_sessions.turns_of(k) for k in SESSIONS)
+    assert status == 0, result
