@@ -94,6 +94,7 @@ def ask_streamed(client: httpx.Client, body: dict[str, Any]) -> Answer:
 
 def run_resilient_session(
     client: httpx.Client,
+    model: str,
     system: str,
     session: int,
     failures: Failures,
@@ -111,7 +112,7 @@ def run_resilient_session(
     for turn in range(1, _sessions.turns_of(session) + 1):
         messages.append({"role": "user", "content": _sessions.user_turn(session, turn)})
         body = {
-            "model": "bubo",
+            "model": model,
             "messages": messages,
             "max_tokens": _sessions.ANSWER_TOKENS,
             "temperature": 0,

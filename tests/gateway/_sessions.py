@@ -76,23 +76,23 @@ class Turn:
         return self.turn > 1 and self.cached_tokens >= self.previous_prompt_tokens - TEMPLATE_SLACK
 
 
-def ask(client: httpx.Client, messages: list[dict[str, str]]) -> dict[str, Any]:
-    """One chat completion through the gateway (deterministic, short); its JSON body."""
-    body = {"model": "bubo", "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0}
+def ask(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    """One chat completion of *model* through the gateway (deterministic, short); its JSON body."""
+    body = {"model": model, "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     payload: dict[str, Any] = response.json()
     return payload
 
 
-def run_session(client: httpx.Client, system: str, session: int) -> list[Turn]:
+def run_session(client: httpx.Client, model: str, system: str, session: int) -> list[Turn]:
     """Every turn of *session*, each sent with the whole conversation so far."""
     messages = [{"role": "system", "content": system}]
     turns: list[Turn] = []
     previous = 0
     for turn in range(1, turns_of(session) + 1):
         messages.append({"role": "user", "content": user_turn(session, turn)})
-        payload = ask(client, messages)
+        payload = ask(client, model, messages)
         usage = payload["usage"]
         prompt = int(usage["prompt_tokens"])
         cached = int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
@@ -139,10 +139,10 @@ def run_clients(
     return sorted(results, key=lambda t: (t.session, t.turn))
 
 
-def run_sessions(url: str, salt: str, sessions: int, clients: int) -> list[Turn]:
+def run_sessions(url: str, model: str, salt: str, sessions: int, clients: int) -> list[Turn]:
     """*sessions* agent sessions over one system prompt through the gateway at *url*."""
     system = system_prompt(salt)
-    return run_clients(url, range(sessions), clients, lambda client, k: run_session(client, system, k))
+    return run_clients(url, range(sessions), clients, lambda client, k: run_session(client, model, system, k))
 
 
 def request_deltas(before: Sequence[_metrics.Scrape], after: Sequence[_metrics.Scrape]) -> list[int]:

@@ -13,6 +13,7 @@ The numbers go to test-artifacts/gateway/faults-*.json.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 import uuid
@@ -29,8 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llama, pytest.mark.gateway]
 
 SESSIONS = range(6)
 CLIENTS = 3
-FAULT_AFTER = 5  # answered turns before the fault: every client is in the middle of a session
-RETURN_SESSIONS = 6  # at most this many fresh sessions to see the returned replica take work
+FAULT_AFTER = 3  # answered turns before the fault: every client is in its first session
+RETURN_ROUNDS = 3  # at most this many rounds of fresh sessions (three at once) to see the replica return
 
 
 def busiest(fleet: Fleet, before: Sequence[_metrics.Scrape]) -> int:
@@ -54,7 +55,7 @@ def run(running: Gateway, failures: _clients.Failures, trigger: _clients.Trigger
         SESSIONS,
         CLIENTS,
         lambda client, k: _clients.run_resilient_session(
-            client, system, k, failures, streamed=k in streamed, after_turn=trigger.tick
+            client, running.model, system, k, failures, streamed=k in streamed, after_turn=trigger.tick
         ),
     )
 
@@ -82,6 +83,55 @@ def rehomed(turns: Sequence[_sessions.Turn]) -> dict[str, Any]:
     }
 
 
+def test_a_stream_cut_by_sigkill_says_so_and_its_retry_is_answered(fleet: Fleet, tmp_path: Path) -> None:
+    """The only request running is a long stream: its replica dies after the first event."""
+    body = {
+        "messages": [{"role": "user", "content": f"Count from one to a thousand ({uuid.uuid4().hex})."}],
+        "max_tokens": 400,
+        "temperature": 0,
+    }
+    with gateway(fleet, "cache_aware", tmp_path) as running:
+        body["model"] = running.model
+        killed: list[int] = []
+        with httpx.Client(base_url=running.url, timeout=600) as client:
+            request = client.build_request("POST", "/v1/chat/completions", json={**body, "stream": True})
+            response = client.send(request, stream=True)
+            try:
+                assert response.status_code == 200
+                lines = response.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                victim = busiest(fleet, fleet.scrapes())
+                fleet.replicas[victim].process.send_signal(signal.SIGKILL)
+                killed.append(victim)
+                rest: list[str] = []
+                error: BaseException | None = None
+                try:
+                    rest.extend(lines)
+                except httpx.TransportError as broken:
+                    error = broken
+            finally:
+                response.close()
+            retry = _clients.ask_plain(client, body)
+        fleet.restart(victim)
+        wait_for_health(running, fleet.urls[victim], 1)
+    result = {
+        "first_event": first[:200],
+        "events_after_the_kill": len([line for line in rest if line.startswith("data: ")]),
+        "last_lines": rest[-3:],
+        "transport_error": repr(error),
+        "retry_answer_tokens": retry.usage.get("completion_tokens"),
+    }
+    write_result("faults-stream-cut", result)
+    print(f"\nstream cut: {result}")  # noqa: T201 - what the client saw, for the log
+    # the client can tell: smg sends an error event (then [DONE]; the OpenAI SDK raises on the event),
+    # and no choice finished
+    events = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert error is None, result
+    assert [e["error"]["type"] for e in events if "error" in e] == ["stream_error"], result
+    assert not any(c.get("finish_reason") for e in events for c in e.get("choices", [])), result
+    assert retry.text, result
+
+
 def test_sigkill_mid_run_costs_no_avoidable_error_and_the_replica_returns(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -105,14 +155,11 @@ def test_sigkill_mid_run_costs_no_avoidable_error_and_the_replica_returns(
         fleet.restart(victim)
         wait_for_health(running, victim_url, 1)
         returned_before = fleet.scrapes()[victim].total(_metrics.REPLICA_REQUESTS)
-        system = _sessions.system_prompt(uuid.uuid4().hex)
-        returned = 0
-        with httpx.Client(base_url=running.url, timeout=600) as client:
-            for session in range(RETURN_SESSIONS):
-                _sessions.run_session(client, system, session)
-                returned = round(fleet.scrapes()[victim].total(_metrics.REPLICA_REQUESTS) - returned_before)
-                if returned:
-                    break
+        returned = rounds = 0
+        while not returned and rounds < RETURN_ROUNDS:  # cache_aware spreads overlapping requests only
+            rounds += 1
+            _sessions.run_sessions(running.url, running.model, uuid.uuid4().hex, CLIENTS, CLIENTS)
+            returned = round(fleet.scrapes()[victim].total(_metrics.REPLICA_REQUESTS) - returned_before)
     result = {
         "victim": victim,
         "turns": len(turns),
@@ -121,7 +168,7 @@ def test_sigkill_mid_run_costs_no_avoidable_error_and_the_replica_returns(
         "rehome": rehomed(turns),
         "gateway_retries": gateway_after_kill.total(_metrics.GATEWAY_RETRIES)
         - gateway_before.total(_metrics.GATEWAY_RETRIES),
-        "sessions_until_the_returned_replica_took_work": session + 1,
+        "rounds_of_three_sessions_until_the_returned_replica_took_work": rounds,
         "requests_the_returned_replica_took": returned,
     }
     write_result("faults-sigkill", result)
@@ -129,6 +176,7 @@ def test_sigkill_mid_run_costs_no_avoidable_error_and_the_replica_returns(
     assert failures.refused == [], result
     assert len(turns) == sum(_sessions.turns_of(k) for k in SESSIONS)  # every session finished
     rehome = result["rehome"]
+    assert rehome["next_turns"] >= 1, result  # a session of the dead replica went on elsewhere
     assert rehome["next_turns_that_found_it"] == rehome["next_turns"], result
     assert returned > 0, result
 

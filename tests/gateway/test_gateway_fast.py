@@ -25,7 +25,7 @@ SESSIONS = 3
 def test_later_turns_find_their_history_through_cache_aware(fleet: Fleet, tmp_path: Path) -> None:
     with gateway(fleet, "cache_aware", tmp_path) as running:
         before, gateway_before = fleet.scrapes(), running.scrape()
-        turns = _sessions.run_sessions(running.url, uuid.uuid4().hex, SESSIONS, clients=1)
+        turns = _sessions.run_sessions(running.url, running.model, uuid.uuid4().hex, SESSIONS, clients=1)
         after, gateway_after = fleet.scrapes(), running.scrape()
     row = _sessions.summarize(turns, before, after)
     later = [t for t in turns if t.turn > 1]

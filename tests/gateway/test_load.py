@@ -21,7 +21,7 @@ from tests.gateway.conftest import Fleet, gateway, write_result
 pytestmark = [pytest.mark.e2e, pytest.mark.llama, pytest.mark.gateway]
 
 CLIENTS = 32
-REQUESTS_EACH = 2
+REQUESTS_EACH = 4
 
 
 def test_thirty_two_clients_lose_nothing_and_the_counts_agree(fleet: Fleet, tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_thirty_two_clients_lose_nothing_and_the_counts_agree(fleet: Fleet, tmp_
         turns = []
         for n in range(REQUESTS_EACH):
             body = {
-                "model": "bubo",
+                "model": running.model,
                 "messages": [
                     {"role": "user", "content": f"Client {k} ({salt}), question {n}: name a colour."}
                 ],
