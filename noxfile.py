@@ -123,7 +123,7 @@ def gateway(session: nox.Session) -> None:
 
     Runs tests/gateway/ in full (the tests marked `gateway`; `tests` runs only its short pass): 12
     agent-shaped sessions through `--policy cache_aware` and `round_robin`, with one client and with
-    four, a replica SIGKILLed and one SIGTERMed mid-run, 32 clients at once. About 15-25 minutes on two
+    four, a replica SIGKILLed and one SIGTERMed mid-run, 32 clients at once. About 7 minutes on two
     cores; the measured numbers go to test-artifacts/gateway/*.json (docs/deploy.md). `-- -k load`
     picks some.
     """

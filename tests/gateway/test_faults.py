@@ -1,9 +1,12 @@
 """A replica killed (SIGKILL) or stopped (SIGTERM) while agent sessions run through smg.
 
-SIGKILL: no client sees an error that a retry could have avoided (a stream that
-had begun may break once, and the client sees it break, then retries the turn);
-the sessions of the dead replica go on elsewhere and find their history again on
-the turn after; the replica, started again on its port, gets requests again.
+A stream whose replica is SIGKILLed after its first event ends with smg's error
+event (``stream_error``), so the client knows, and its retry is answered.
+SIGKILL while sessions run: no client sees an error that a retry could have
+avoided (a stream that had begun may break once, and the client sees it break,
+then retries the turn); the sessions of the dead replica go on elsewhere and
+find their history again on the turn after; the replica, started again on its
+port, gets requests again.
 SIGTERM, with ``--drain-delay`` (the replica's /ready turns 503 while it still
 serves, and smg's one-second health check takes it out before it refuses work):
 no failed request at all, streams included, and the replica exits 0.
@@ -24,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.gateway import _clients, _metrics, _sessions
-from tests.gateway.conftest import Fleet, Gateway, gateway, write_result
+from tests.gateway.conftest import DRAIN_DELAY, Fleet, Gateway, gateway, write_result
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama, pytest.mark.gateway]
 
@@ -193,8 +196,12 @@ def test_sigterm_with_a_drain_delay_fails_no_request(fleet: Fleet, tmp_path: Pat
 
     trigger = _clients.Trigger(after=FAULT_AFTER, action=stop)
     with gateway(fleet, "cache_aware", tmp_path) as running:
+        gateway_before = running.scrape()
         turns = run(running, failures, trigger)
         assert trigger.fired
+        retries = running.scrape().total(_metrics.GATEWAY_RETRIES) - gateway_before.total(
+            _metrics.GATEWAY_RETRIES
+        )
     (victim,) = stopped
     status = fleet.replicas[victim].process.wait(timeout=120)
     fleet.restart(victim)
@@ -204,6 +211,8 @@ def test_sigterm_with_a_drain_delay_fails_no_request(fleet: Fleet, tmp_path: Pat
         "refused": failures.refused,
         "broken_streams": failures.broken_streams,
         "exit_status": status,
+        "drain_delay": DRAIN_DELAY,
+        "gateway_retries": retries,  # requests smg sent again elsewhere (a 503 or a refused connection)
     }
     write_result("faults-sigterm", result)
     print(f"\nSIGTERM: {result}")  # noqa: T201 - the measured numbers, for the log
