@@ -1,9 +1,10 @@
 """Three `bubo serve` replicas of the default model behind the real Shepherd Model Gateway, all on 127.0.0.1.
 
 The replicas (one thread each, a 4,096-token context shared by two slots) start
-once for the whole run and are stopped by PID at its end; a test that kills or
-stops one starts it again on the same port before it returns, so the next test
-finds three.  Each test starts its own gateway (``smg launch``, the policy and
+once for each test module and are stopped by PID after it, so that no idle
+replica outlives the module's tests in a long run; a test that kills or stops
+one starts it again on the same port before it returns, so the next test finds
+three.  Each test starts its own gateway (``smg launch``, the policy and
 flags it measures) by PID and stops it by PID.  smg is the `smg` package
 (``nox -s tests`` and ``nox -s gateway`` install the pinned version): it is found
 next to this interpreter, else on PATH; a missing smg fails the run, it never skips.
@@ -115,11 +116,19 @@ class Fleet:
         return [_metrics.scrape(f"{url}/metrics") for url in self.urls]
 
     def stop(self) -> None:
-        for replica in self.replicas:
-            stop_server(replica)
+        """SIGTERM every replica at once (each drains for DRAIN_DELAY s), then reap each by PID."""
+        running = [replica.process for replica in self.replicas if replica.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        for process in running:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
 
 
-@pytest.fixture(name="fleet", scope="session")
+@pytest.fixture(name="fleet", scope="module")
 def _fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     fleet = Fleet(directory=tmp_path_factory.mktemp("fleet"), ports=[free_port() for _ in range(REPLICAS)])
     try:
