@@ -125,6 +125,23 @@ def agents(session: nox.Session) -> None:
 
 
 @nox.session
+def gateway(session: nox.Session) -> None:
+    """Three `bubo serve` replicas behind the real Shepherd Model Gateway (smg, from `tests`), on 127.0.0.1.
+
+    Runs tests/gateway/ in full (the tests marked `gateway`; `tests` runs only its short pass): 12
+    agent-shaped sessions through `--policy cache_aware` and `round_robin`, with one client and with
+    four, a replica SIGKILLed and one SIGTERMed mid-run, 32 clients at once. About 7 minutes on two
+    cores; the measured numbers go to test-artifacts/gateway/*.json (docs/deploy.md). `-- -k load`
+    picks some.
+    """
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
+    session.run(
+        "pytest", "tests/gateway", "-p", "no:cacheprovider", "-m", "gateway", "-s", *session.posargs,
+        env={"BUBO_FAIL_ON_SKIP": "1"},
+    )  # fmt: skip
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Bubo against llama-server on the default model (bench/); never part of `tests`.
 

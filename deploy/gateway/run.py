@@ -53,6 +53,9 @@ def gateway_command(
         "--health-failure-threshold", str(HEALTH_FAILURES),
         "--health-success-threshold", "1",
         "--worker-startup-check-interval", "1",  # a replica that is loading is asked again each second
+        # cache_aware leaves a prefix's replica once it runs more than the mean and 1.2 times it: smg's
+        # defaults (64 requests, 1.5 times) suit GPU servers, not replicas of a few slots (docs/deploy.md)
+        "--balance-abs-threshold", "0", "--balance-rel-threshold", "1.2",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
     ]  # fmt: skip
 
