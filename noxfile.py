@@ -80,8 +80,9 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Ruff: lint and formatting."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", "src", "tests", "bench", "fuzz", "soak", "agents", "deploy", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "bench", "fuzz", "soak", "agents", "deploy", "noxfile.py")
+    paths = ("src", "tests", "bench", "fuzz", "soak", "agents", "deploy", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
 
 
 @nox.session(tags=["typing"])
