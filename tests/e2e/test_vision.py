@@ -9,7 +9,6 @@ model says about an image.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import subprocess
@@ -25,6 +24,7 @@ from PIL import Image
 from playwright.sync_api import Page, expect
 
 from .._listener import Listener
+from .._pictures import b64, data_uri
 from .._tiny_gguf.mmproj import IMAGE_TOKENS, build_mmproj, n_embd_of
 from ._webui import (  # noqa: F401 - the shared fixtures
     _browser,
@@ -52,20 +52,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 def png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
     """A small PNG whose pixels depend on *seed* (a different seed: a different image)."""
     image = Image.new("RGB", size)
+    width, height = size
     image.putdata(
         [
             ((x * 5 + seed * 37) % 256, (y * 7 + seed) % 256, (x + y) % 256)
-            for y in range(size[1])
-            for x in range(size[0])
+            for y in range(height)
+            for x in range(width)
         ]
     )
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def data_uri(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 @pytest.fixture(name="mmproj", scope="module")
@@ -220,7 +217,7 @@ class TestEveryDialect:
 
     def test_anthropic_image_block(self, vision: Server, sdk: contextlib.ExitStack) -> None:
         client = sdk.enter_context(anthropic_client(vision))
-        image = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(11)).decode()}
+        image = {"type": "base64", "media_type": "image/png", "data": b64(png(11))}
 
         def ask() -> anthropic.types.Message:
             return client.messages.create(
@@ -273,7 +270,7 @@ class TestEveryDialect:
     def test_llama_server_multimodal_data(self, http: httpx.Client) -> None:
         body = {
             "prompt": {"prompt_string": "<__media__>\nDescribe the picture.", "multimodal_data": [
-                base64.b64encode(png(14)).decode()]},
+                b64(png(14))]},
             "n_predict": 4,
         }  # fmt: skip
         first = http.post("/completion", json=body).json()
