@@ -91,8 +91,7 @@ def test_ollama_keep_alive_unloads_and_ps_says_so(sleepy: Server) -> None:
         assert [m.model for m in running][:1] == [f"{MODEL}:latest"]
         left = running[0].expires_at.timestamp() - time.time()
         assert 500 < left <= 600  # keep_alive 10m overrides --sleep-idle-seconds 1
-        time.sleep(1.5)
-        assert client.ps().models, "kept loaded past the server's own timeout"
+        # (that the sleeper acts on this deadline and no other: tests/service/test_idle.py, on trio's clock)
 
         unloaded = client.generate(model=MODEL, prompt="", keep_alive=0)
         assert unloaded.done_reason == "unload"

@@ -314,10 +314,20 @@ class TestCancellation:
             nursery.start_soon(first)
             with trio.fail_after(5):
                 await engine.wait_until(lambda statistics: statistics.requests_processing == 1)
-            with trio.move_on_after(0.05):
-                async with engine.open_generation(running):
-                    pytest.fail("the queued request must not get the slot while the first runs")
-            assert engine.statistics().requests_deferred == 0
+            queued = trio.CancelScope()
+
+            async def second() -> None:
+                with queued:
+                    async with engine.open_generation(running):
+                        pytest.fail("the queued request must not get the slot while the first runs")
+
+            nursery.start_soon(second)
+            with trio.fail_after(5):
+                await engine.wait_until(lambda statistics: statistics.requests_deferred == 1)
+            assert engine.statistics().requests_processing == 1  # it waits while the first runs
+            queued.cancel()
+            with trio.fail_after(5):
+                await engine.wait_until(lambda statistics: statistics.requests_deferred == 0)
         assert "Paris" in results[0]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from bubo.domain.generation import GenerationRequest
 from bubo.domain.sampling import SamplingParams
@@ -69,7 +70,7 @@ class TestWakefulness:
         async with trio.open_nursery() as nursery:
             for n in range(3):
                 nursery.start_soon(request, n)
-            await trio.sleep(0.2)
+            await trio.testing.wait_all_tasks_blocked()  # each request has reached its wait
             assert served == []
             assert awake.state is WakeState.WAKING
             model.gate.set()
@@ -82,7 +83,7 @@ class TestWakefulness:
         model.gate.clear()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(awake.sleep)
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # freeing has begun (in its thread)
             assert awake.state is WakeState.FALLING_ASLEEP
             trio.lowlevel.current_trio_token().run_sync_soon(model.gate.set)
             async with awake.held():
