@@ -17,17 +17,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
-from bubo.domain.sampling import DraftLimits, SamplingParams
+from bubo.domain.generation import GenerationFinished, GenerationRequest
+from bubo.domain.sampling import DraftLimits
 from bubo.engine._draft_model import IncompatibleDraft
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
 from .._models import gemma3_path
+from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
-
-GREEDY = SamplingParams(temperature=0.0)
 
 
 def options(model_path: Path, **fields: object) -> LlamaOptions:
@@ -61,14 +60,8 @@ async def run(
     engine: LlamaEngine, prompt: tuple[int, ...], max_new: int = 32, **fields: object
 ) -> tuple[list[int], GenerationFinished]:
     request = GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, sampling=GREEDY, **fields)  # type: ignore[arg-type]
-    tokens: list[int] = []
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                tokens.append(event.token_id)
-            elif isinstance(event, GenerationFinished):
-                return tokens, event
-    raise AssertionError("the generation did not finish")
+    generated = await generate(engine, request)
+    return list(generated.ids), generated.finished
 
 
 async def test_the_model_drafting_for_itself_has_every_greedy_draft_accepted(

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 from bubo.domain.generation import GenerationRequest
-from bubo.domain.sampling import SamplingParams
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.model import KvCacheSize, read_metadata
 from bubo.tokenizer import HFTokenizer
 
+from ._generation import GREEDY
 from .test_llama import prompt, run
 
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 N_CTX = 1024
 
 

@@ -33,10 +33,10 @@ from bubo.tokenizer import HFTokenizer
 
 from ..grammar.test_freeform import APPLY_PATCH, codex_exec_grammar
 from ..grammar.test_pattern import SUPPORTED
+from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 QUESTION = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -50,16 +50,8 @@ def _engine(model_path: Path) -> Iterator[LlamaEngine]:
 async def run(
     engine: LlamaEngine, request: GenerationRequest
 ) -> tuple[str, list[TokenGenerated], GenerationFinished]:
-    tokens: list[TokenGenerated] = []
-    finished = None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                tokens.append(event)
-            elif isinstance(event, GenerationFinished):
-                finished = event
-    assert finished is not None
-    return "".join(t.text for t in tokens), tokens, finished
+    generated = await generate(engine, request)
+    return generated.text, list(generated.tokens), generated.finished
 
 
 def prompt(tokenizer: HFTokenizer, text: str = QUESTION) -> tuple[int, ...]:

@@ -29,7 +29,6 @@ from bubo.domain.generation import (
     StopCause,
     TokenGenerated,
 )
-from bubo.domain.sampling import SamplingParams
 from bubo.engine import EngineFailure, _context, _generation, _kv
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
@@ -38,12 +37,11 @@ from bubo.loader import load_runtime
 from bubo.server import create_app
 
 from ..conftest import wait_until_ready
+from ._generation import GREEDY
 from ._hang import HangingCall
 from .test_llama import QUESTION, prompt
 
 pytestmark = pytest.mark.llama
-
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(name="engine")

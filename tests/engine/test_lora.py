@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 import trio
 
-from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.engine.llama import LlamaEngine, LlamaOptions, LoraFile, load_llama_engine
 from bubo.model import GGUFError, check_lora_adapter, read_metadata
 
+from ._generation import GREEDY, generate
 from ._lora import write_lora
 
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 QUESTION = "<|im_start|>user\nName a red fruit.<|im_end|>\n<|im_start|>assistant\n"
 OTHER = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -72,15 +71,8 @@ async def answer(
     request = GenerationRequest(
         prompt_tokens=prompt_of(engine, text), max_new_tokens=max_new, sampling=GREEDY, lora=lora
     )
-    pieces, finished = [], None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                pieces.append(event.text)
-            elif isinstance(event, GenerationFinished):
-                finished = event
-    assert finished is not None
-    return "".join(pieces), finished
+    generated = await generate(engine, request)
+    return generated.text, generated.finished
 
 
 class TestScales:

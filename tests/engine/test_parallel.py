@@ -26,13 +26,13 @@ from bubo.domain.generation import (
     StopCause,
     TokenGenerated,
 )
-from bubo.domain.sampling import SamplingParams
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from ._generation import GREEDY
+
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 TOPICS = ("whales", "volcanoes", "glaciers", "tides")
 
 

@@ -17,13 +17,13 @@ import pytest
 import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
-from bubo.domain.sampling import SamplingParams
 from bubo.engine._protocols import BatchEntry
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
+from ._generation import GREEDY
+
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 128  # a beside-streams chunk is at least half of it: small enough here to see several
 Step = dict[int, int]  # slot -> tokens it put in the step
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from bubo.domain.generation import CacheTags, GenerationFinished, GenerationRequest, TokenGenerated
+from bubo.domain.generation import CacheTags, GenerationRequest
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._disk_cache import WRITER_THREAD_NAME, DiskTier
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
@@ -19,10 +19,10 @@ from bubo.model import read_metadata
 from bubo.tokenizer import build_hf_tokenizer
 
 from .._models import gemma3_path
+from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 ANSWER = 8  # tokens of the answers compared with a cold run's
 
 
@@ -33,16 +33,8 @@ def load(path: Path, **options: object) -> LlamaEngine:
 async def run(engine: LlamaEngine, prompt: tuple[int, ...], max_new: int = 4, **fields: object):
     fields.setdefault("sampling", GREEDY)
     request = GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, **fields)  # type: ignore[arg-type]
-    tokens: list[int] = []
-    finished = None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                tokens.append(event.token_id)
-            elif isinstance(event, GenerationFinished):
-                finished = event
-    assert finished is not None
-    return tokens, finished
+    generated = await generate(engine, request)
+    return list(generated.ids), generated.finished
 
 
 def conversation(tokenizer, topic: str, turns: int = 1) -> tuple[int, ...]:

@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bubo.domain.generation import GenerationFinished, GenerationRequest, StopCause, TokenGenerated
+from bubo.domain.generation import GenerationRequest, StopCause, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._sampler import top_candidates
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
+from ._generation import GREEDY, generate
+
 pytestmark = pytest.mark.llama
 
 N_CTX = 256
-GREEDY = SamplingParams(temperature=0.0)
 # A prompt that never ends by itself: the model keeps counting.
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,"
 
@@ -36,18 +37,8 @@ async def run(engine: LlamaEngine, prompt: tuple[int, ...], max_new: int | None,
     fields.setdefault("sampling", GREEDY)
     fields.setdefault("ignore_eos", True)
     request = GenerationRequest(prompt_tokens=prompt, max_new_tokens=max_new, **fields)  # type: ignore[arg-type]
-    tokens: list[int] = []
-    texts: list[str] = []
-    finished = None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                tokens.append(event.token_id)
-                texts.append(event.text)
-            elif isinstance(event, GenerationFinished):
-                finished = event
-    assert finished is not None
-    return tokens, "".join(texts), finished
+    generated = await generate(engine, request)
+    return list(generated.ids), generated.text, generated.finished
 
 
 @pytest.fixture(name="shifting")

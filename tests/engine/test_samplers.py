@@ -18,13 +18,13 @@ from bubo.engine.base import EngineFailure
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from ._generation import GREEDY
 from .test_llama import run
 
 pytestmark = pytest.mark.llama
 
 STORY = "<|im_start|>user\nWrite a story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 REPETITIVE = "the cat sat on the mat. " * 4 + "the cat"
-GREEDY = SamplingParams(temperature=0.0)
 # temperature 1 with every filter off: the model's own distribution
 UNFILTERED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 SEEDS = (1, 2, 3)

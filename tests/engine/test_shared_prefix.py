@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from bubo.domain.generation import GenerationFinished, GenerationRequest, GenerationStats, TokenGenerated
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.generation import GenerationRequest, GenerationStats, TokenGenerated
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from ._generation import GREEDY, generate
+
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 N_NEW = 6  # see the module's docstring: near-tied tokens later may differ in a unified cache
 
 
@@ -46,19 +46,12 @@ def system_prompt(n_rules: int) -> str:
 async def run(
     engine: LlamaEngine, tokens: tuple[int, ...], slot: int, *, cache: bool = True
 ) -> tuple[list[int], GenerationStats]:
+
     request = GenerationRequest(
         prompt_tokens=tokens, max_new_tokens=N_NEW, sampling=GREEDY, slot=slot, cache_prompt=cache
     )
-    out: list[int] = []
-    stats = None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                out.append(event.token_id)
-            elif isinstance(event, GenerationFinished):
-                stats = event.stats
-    assert stats is not None
-    return out, stats
+    generated = await generate(engine, request)
+    return list(generated.ids), generated.finished.stats
 
 
 @pytest.fixture(name="engine")

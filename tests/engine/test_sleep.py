@@ -15,12 +15,12 @@ import trio
 import trio.testing
 
 from bubo.domain.generation import GenerationRequest
-from bubo.domain.sampling import SamplingParams
 from bubo.engine._sleep import Wakefulness, WakeState
 from bubo.engine.llama import LlamaOptions, load_llama_engine
 from bubo.errors import ServiceUnavailable
 from bubo.tokenizer import HFTokenizer
 
+from ._generation import GREEDY
 from .test_llama import prompt, run
 
 
@@ -116,9 +116,6 @@ class TestWakefulness:
             async with awake.held():
                 pass
         assert reasons == ["waking: the model file is gone"]
-
-
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.mark.llama

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
-from bubo.domain.sampling import SamplingParams
+from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure, SlotBusy, SlotFileNoRoom
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 
+from ._generation import GREEDY, generate
+
 pytestmark = pytest.mark.llama
 
-GREEDY = SamplingParams(temperature=0.0)
 TEXT = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -32,19 +32,9 @@ def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine.close()
 
 
-async def generate(
-    engine: LlamaEngine, request: GenerationRequest
-) -> tuple[tuple[int, ...], GenerationFinished]:
-    tokens: list[int] = []
-    finished = None
-    async with engine.open_generation(request) as events:
-        async for event in events:
-            if isinstance(event, TokenGenerated):
-                tokens.append(event.token_id)
-            elif isinstance(event, GenerationFinished):
-                finished = event
-    assert finished is not None
-    return tuple(tokens), finished
+async def run(engine: LlamaEngine, request: GenerationRequest) -> tuple[tuple[int, ...], GenerationFinished]:
+    generated = await generate(engine, request)
+    return generated.ids, generated.finished
 
 
 def greedy(prompt: tuple[int, ...], slot: int, max_new: int = 16) -> GenerationRequest:
@@ -53,7 +43,7 @@ def greedy(prompt: tuple[int, ...], slot: int, max_new: int = 16) -> GenerationR
 
 async def test_restore_continues_as_before_and_reuses_the_prefix(engine, tokenizer, tmp_path) -> None:
     prompt = tuple(tokenizer.encode(TEXT))
-    before, _ = await generate(engine, greedy(prompt, slot=0))
+    before, _ = await run(engine, greedy(prompt, slot=0))
     saved = await engine.save_slot(0, tmp_path / "slot.bin")
     assert saved.n_tokens == engine.slots[0].n_cached >= len(prompt)
     assert await engine.erase_slot(0) == saved.n_tokens
@@ -61,7 +51,7 @@ async def test_restore_continues_as_before_and_reuses_the_prefix(engine, tokeniz
     restored = await engine.restore_slot(0, tmp_path / "slot.bin")
     assert restored.n_tokens == saved.n_tokens
     assert restored.n_bytes == saved.n_bytes == (tmp_path / "slot.bin").stat().st_size
-    after, finished = await generate(engine, greedy(prompt, slot=0))
+    after, finished = await run(engine, greedy(prompt, slot=0))
     assert after == before
     assert finished.stats.cached_tokens == len(prompt) - 1
     assert finished.stats.cache.hit
@@ -71,8 +61,8 @@ async def test_actions_leave_a_running_stream_alone(engine, tokenizer, tmp_path)
     """Save, erase and restore of slot 0 while slot 1 streams: slot 1's tokens are those it makes alone."""
     prompt = tuple(tokenizer.encode(TEXT))
     other = tuple(tokenizer.encode(TEXT.replace("lighthouse keeper", "baker")))
-    await generate(engine, greedy(prompt, slot=0))
-    alone, _ = await generate(engine, greedy(other, slot=1, max_new=64))
+    await run(engine, greedy(prompt, slot=0))
+    alone, _ = await run(engine, greedy(other, slot=1, max_new=64))
     await engine.erase_slot(1)
     actions = 0
 
@@ -87,7 +77,7 @@ async def test_actions_leave_a_running_stream_alone(engine, tokenizer, tmp_path)
     done = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(act, done)
-        together, _ = await generate(engine, greedy(other, slot=1, max_new=64))
+        together, _ = await run(engine, greedy(other, slot=1, max_new=64))
         done.set()
     assert together == alone
     assert actions >= 1
@@ -104,13 +94,13 @@ async def test_a_busy_slot_is_refused(engine, tokenizer, tmp_path) -> None:
 
 async def test_an_unreadable_file_empties_the_slot_and_it_serves_on(engine, tokenizer, tmp_path) -> None:
     prompt = tuple(tokenizer.encode(TEXT))
-    await generate(engine, greedy(prompt, slot=0))
+    await run(engine, greedy(prompt, slot=0))
     (tmp_path / "junk.bin").write_bytes(b"\x00" * 4096)
     with pytest.raises(EngineFailure) as failure:
         await engine.restore_slot(0, tmp_path / "junk.bin")
     assert not failure.value.fatal
     assert engine.slots[0].n_cached == 0
-    tokens, finished = await generate(engine, greedy(prompt, slot=0))
+    tokens, finished = await run(engine, greedy(prompt, slot=0))
     assert tokens
     assert finished.stats.cached_tokens == 0
 
@@ -125,10 +115,10 @@ async def test_a_restore_the_shared_context_has_no_room_for_is_503_not_invalid(
     try:
         story = tuple(tokenizer.encode("The lighthouse keeper watched the sea. " * 40))
         assert 256 < len(story) - 8 < len(story) + 1 < 512
-        await generate(engine, greedy(story, slot=0, max_new=1))
+        await run(engine, greedy(story, slot=0, max_new=1))
         saved = await engine.save_slot(0, tmp_path / "big.bin")
         await engine.erase_slot(0)
-        await generate(engine, greedy(story[:-8], slot=1, max_new=1))  # slot 1 now holds over half
+        await run(engine, greedy(story[:-8], slot=1, max_new=1))  # slot 1 now holds over half
         with pytest.raises(SlotFileNoRoom) as raised:
             await engine.restore_slot(0, tmp_path / "big.bin")
         assert raised.value.status == 503
