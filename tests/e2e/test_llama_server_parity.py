@@ -1,0 +1,127 @@
+"""What llama.cpp's own server tests rely on, through a real `bubo serve` each.
+
+Each test is a behaviour a llama-server client can count on, found where
+llama.cpp's suite (``tools/server/tests/unit``) and Bubo answered differently:
+a full shared KV cache, several listening addresses, ``--verbose``'s
+``__verbose``, the Responses stream's telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import Server, bubo_command, free_port, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llama]
+
+
+def serve(tmp: Path, *flags: str, env: dict[str, str] | None = None, api_key: str | None = None) -> Server:
+    """`bubo serve` on 127.0.0.1 with *flags* (bounded start, stopped by PID by the caller)."""
+    port = free_port()
+    command = [bubo_command(), "serve", "--port", str(port), "-t", "2", *flags]
+    return start_server(command, port, tmp / "serve.log", env=env, api_key=api_key)
+
+
+@pytest.fixture(name="small_shared_cache", scope="module")
+def _small_shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Four slots sharing a KV cache of 96 tokens (llama.cpp's ``test_completion_unified`` shares 256)."""
+    server = serve(tmp_path_factory.mktemp("unified"), "-c", "96", "-np", "4", "--kv-unified")
+    yield server
+    assert stop_server(server) == 0
+
+
+def test_a_full_shared_cache_fails_one_request_and_never_cuts_one_short(small_shared_cache: Server) -> None:
+    """Four generations of 64 tokens need 4 x 66 cells of 96: some give way, none stops short.
+
+    A 200 answer carries all 64 tokens it asked for (``stop_type: "limit"``); one that gives way is a
+    503 ``context_full`` saying "Context size has been exceeded", as llama-server words it.
+    """
+    body = {"prompt": "A", "n_predict": 64, "ignore_eos": True, "temperature": 0}
+    with (
+        httpx.Client(base_url=small_shared_cache.base_url, timeout=120) as http,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        answers = list(pool.map(lambda _: http.post("/completion", json=body), range(4)))
+        served = [a.json() for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code != 200]
+        assert served
+        assert refused
+        assert [(s["timings"]["predicted_n"], s["stop_type"], s["truncated"]) for s in served] == [
+            (64, "limit", False)
+        ] * len(served)
+        for answer in refused:
+            assert answer.status_code == 503
+            assert answer.headers["retry-after"] == "1"
+            error = answer.json()["error"]
+            assert error["code"] == "context_full"
+            assert error["message"].startswith("Context size has been exceeded")
+        alone = http.post("/completion", json=body).json()  # the cache is whole again
+        assert alone["timings"]["predicted_n"] == 64
+
+
+def test_a_stream_that_gives_way_ends_with_an_error_event(small_shared_cache: Server) -> None:
+    """Streams: the one that gives way gets an error event after its tokens, never a finish chunk."""
+    body = {"prompt": "A", "n_predict": 64, "ignore_eos": True, "temperature": 0, "stream": True}
+
+    def stream(http: httpx.Client) -> list[dict[str, Any]]:
+        with http.stream("POST", "/completion", json=body) as response:
+            assert response.status_code == 200
+            return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+    with (
+        httpx.Client(base_url=small_shared_cache.base_url, timeout=120) as http,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        streams = list(pool.map(lambda _: stream(http), range(4)))
+    finished = [events for events in streams if events[-1].get("stop") is True]
+    failed = [events for events in streams if "error" in events[-1]]
+    assert finished
+    assert failed
+    assert len(finished) + len(failed) == 4
+    assert all(events[-1]["timings"]["predicted_n"] == 64 for events in finished)
+    assert all(events[-1]["error"]["code"] == "context_full" for events in failed)
+
+
+def test_responses_stream_carries_llama_server_s_telemetry(tmp_path: Path) -> None:
+    """llama.cpp's ``test_responses_stream_with_llama_telemetry``: -c 256, -b 32, one slot.
+
+    ``return_progress``: each prompt chunk read is a ``response.in_progress`` with ``prompt_progress``;
+    ``timings_per_token``: every text delta carries the timings; the last event carries them too.
+    """
+    server = serve(tmp_path, "-c", "256", "-b", "32", "-ub", "32", "--prefill-chunk", "32", "-np", "1")
+    try:
+        body = {
+            "model": "bubo",
+            "input": "This is a test" * 10,
+            "max_output_tokens": 8,
+            "temperature": 0.8,
+            "stream": True,
+            "timings_per_token": True,
+            "return_progress": True,
+        }
+        with (
+            httpx.Client(base_url=server.base_url, timeout=60) as http,
+            http.stream("POST", "/v1/responses", json=body) as response,
+        ):
+            frames = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    finally:
+        assert stop_server(server) == 0
+    progress = [f for f in frames if "prompt_progress" in f]
+    assert len(progress) >= 2  # the prompt (over 40 tokens) is read in chunks of 32
+    assert {f["type"] for f in progress} == {"response.in_progress"}
+    assert all(f["prompt_progress"]["processed"] >= f["prompt_progress"]["cache"] for f in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"] > 0
+    deltas = [f for f in frames if f["type"] == "response.output_text.delta"]
+    assert deltas
+    assert all({"prompt_per_second", "predicted_per_second"} <= f["timings"].keys() for f in deltas)
+    last = frames[-1]
+    assert last["type"] in {"response.completed", "response.incomplete"}
+    assert "usage" in last["response"]
+    assert last["timings"]["predicted_n"] == last["response"]["usage"]["output_tokens"]
