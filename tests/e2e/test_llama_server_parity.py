@@ -9,6 +9,7 @@ a full shared KV cache, several listening addresses, ``--verbose``'s
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,3 +126,48 @@ def test_responses_stream_carries_llama_server_s_telemetry(tmp_path: Path) -> No
     assert last["type"] in {"response.completed", "response.incomplete"}
     assert "usage" in last["response"]
     assert last["timings"]["predicted_n"] == last["response"]["usage"]["output_tokens"]
+
+
+def test_verbose_answers_show_the_rendered_prompt_and_the_raw_output(tmp_path: Path) -> None:
+    """llama.cpp's ``test_chat_template_assistant_prefill``: ``__verbose.prompt`` ends with the prefill.
+
+    The prefill's text parts are joined as they are ("Wh" + "ill"), as llama-server appends them.
+    """
+    server = serve(tmp_path, "-c", "512", "--verbose")
+    prefill = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [
+        {"role": "system", "content": "Book"},
+        {"role": "user", "content": "What is the best book"},
+        {"role": "assistant", "content": prefill},
+    ]
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            chat = http.post(
+                "/v1/chat/completions", json={"model": "bubo", "max_tokens": 8, "messages": messages}
+            )
+            legacy = http.post(
+                "/v1/completions", json={"model": "bubo", "prompt": "Once upon", "max_tokens": 4}
+            )
+    finally:
+        assert stop_server(server) == 0
+    body = chat.json()
+    verbose = body["__verbose"]
+    assert verbose["prompt"].endswith("<|im_start|>assistant\nWhill")
+    assert "<|im_start|>user\nWhat is the best book<|im_end|>" in verbose["prompt"]
+    assert verbose["content"] == body["choices"][0]["message"]["content"]
+    assert verbose["tokens_predicted"] == body["usage"]["completion_tokens"]
+    assert legacy.json()["__verbose"]["prompt"] == "Once upon"
+
+
+def test_verbose_refuses_to_start_on_an_address_other_than_loopback(tmp_path: Path) -> None:
+    """--verbose with --host 0.0.0.0: exit status 2 and one line saying why, before any model loads."""
+    finished = subprocess.run(
+        [bubo_command(), "serve", "--verbose", "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert finished.returncode == 2
+    assert "--verbose puts the rendered prompt and the raw output in every answer" in finished.stderr
+    assert "loopback addresses only, not 0.0.0.0" in finished.stderr
