@@ -171,3 +171,42 @@ def test_verbose_refuses_to_start_on_an_address_other_than_loopback(tmp_path: Pa
     assert finished.returncode == 2
     assert "--verbose puts the rendered prompt and the raw output in every answer" in finished.stderr
     assert "loopback addresses only, not 0.0.0.0" in finished.stderr
+
+
+KEY = "test-multiple-addresses"
+
+
+def test_every_address_of_host_is_served_and_guarded(tmp_path: Path) -> None:
+    """llama.cpp's ``test_server_multiple_addresses``: ``--host 127.0.0.1,::1``, the flag over BUBO_HOST.
+
+    Each address answers with the key, refuses without it, streams a completion, and refuses a
+    rebound ``Host`` and a cross-site ``Origin`` (the browser boundary holds on both).
+    """
+    server = serve(
+        tmp_path, "-c", "512", "--host", "127.0.0.1,::1", "--api-key", KEY,
+        env={"BUBO_HOST": "192.0.2.1"},  # an address no interface has: the flag replaces it
+        api_key=KEY,
+    )  # fmt: skip
+    port = server.base_url.rsplit(":", 1)[1]
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "bubo", "prompt": "Once upon a time", "max_tokens": 8, "stream": True}
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            with httpx.Client(base_url=f"http://{host}:{port}", timeout=60) as http:
+                assert http.get("/health", headers=keyed).status_code == 200
+                assert http.post("/v1/completions", json={}).status_code == 401
+                with http.stream("POST", "/v1/completions", json=body, headers=keyed) as response:
+                    assert response.status_code == 200
+                    events = [line for line in response.iter_lines() if line.startswith("data: ")]
+                assert len(events) > 1
+                assert events[-1] == "data: [DONE]"
+                rebound = http.get("/v1/models", headers={**keyed, "Host": f"rebind.test:{port}"})
+                assert rebound.status_code == 403
+                assert rebound.json()["error"]["code"] == "host_not_allowed"
+                foreign = http.post(
+                    "/v1/completions", json=body, headers={**keyed, "Origin": "http://attacker.test"}
+                )
+                assert foreign.status_code == 403
+                assert foreign.json()["error"]["code"] == "origin_not_allowed"
+    finally:
+        assert stop_server(server) == 0
