@@ -13,7 +13,7 @@ from bubo.api._context import api_context, read_body, request_timeline, require_
 from bubo.api._json import json_response, unstructure
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
-from bubo.api._verbose import verbose_fields, verbose_wanted
+from bubo.api._verbose import verbose_fields, verbose_prompt
 from bubo.domain.ids import new_id
 from bubo.domain.output import Done
 from bubo.domain.requests import ChatRequest, CompletionRequest
@@ -51,7 +51,7 @@ async def chat_completions() -> Response:
     prepared = await prepare_chat(runtime, chat)
     identity = _identity(body.model or runtime.model_id, "chatcmpl-")
     logprobs = bool(body.logprobs)
-    verbose_prompt = prepared.prompt.text if verbose_wanted() else None
+    verbose = await verbose_prompt(runtime, prepared.prompt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
@@ -62,7 +62,7 @@ async def chat_completions() -> Response:
                 logprobs=logprobs,
                 return_progress=bool(body.return_progress),
                 timings_per_token=bool(body.timings_per_token),
-                verbose_prompt=verbose_prompt,
+                verbose_prompt=verbose,
             ),
         )
     async with open_output(runtime, prepared, request_timeline()) as output:
@@ -75,7 +75,7 @@ async def chat_completions() -> Response:
         fingerprint=identity.fingerprint,
         logprobs=logprobs,
     )
-    return _with_verbose(answer, verbose_prompt, completion.done)
+    return _with_verbose(answer, verbose, completion.done)
 
 
 @blueprint.post("/v1/chat/completions/input_tokens")
@@ -110,13 +110,13 @@ async def completions() -> Response:
     prepared = await prepare_completion(runtime, completion_request)
     identity = _identity(body.model or runtime.model_id, "cmpl-")
     logprobs = body.logprobs is not None
-    verbose_prompt = prepared.prompt.text if verbose_wanted() else None
+    verbose = await verbose_prompt(runtime, prepared.prompt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
             open_output(runtime, prepared, request_timeline()),
             CompletionStream(
-                identity, include_usage=include_usage, logprobs=logprobs, verbose_prompt=verbose_prompt
+                identity, include_usage=include_usage, logprobs=logprobs, verbose_prompt=verbose
             ),
         )
     async with open_output(runtime, prepared, request_timeline()) as output:
@@ -129,7 +129,7 @@ async def completions() -> Response:
         fingerprint=identity.fingerprint,
         logprobs=logprobs,
     )
-    return _with_verbose(answer, verbose_prompt, completion.done)
+    return _with_verbose(answer, verbose, completion.done)
 
 
 def _with_verbose(answer: object, verbose_prompt: str | None, done: Done) -> Response:
