@@ -32,19 +32,19 @@ def serve(tmp: Path, *flags: str, env: dict[str, str] | None = None, api_key: st
 
 @pytest.fixture(name="small_shared_cache", scope="module")
 def _small_shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Four slots sharing a KV cache of 96 tokens (llama.cpp's ``test_completion_unified`` shares 256)."""
-    server = serve(tmp_path_factory.mktemp("unified"), "-c", "96", "-np", "4", "--kv-unified")
+    """Four slots sharing a KV cache of 256 tokens, as llama.cpp's ``test_completion_unified`` runs."""
+    server = serve(tmp_path_factory.mktemp("unified"), "-c", "256", "-np", "4", "--kv-unified")
     yield server
     assert stop_server(server) == 0
 
 
 def test_a_full_shared_cache_fails_one_request_and_never_cuts_one_short(small_shared_cache: Server) -> None:
-    """Four generations of 64 tokens need 4 x 66 cells of 96: some give way, none stops short.
+    """Four generations of 80 tokens need 4 x 82 cells of 256: one gives way, none stops short.
 
-    A 200 answer carries all 64 tokens it asked for (``stop_type: "limit"``); one that gives way is a
+    A 200 answer carries all 80 tokens it asked for (``stop_type: "limit"``); one that gives way is a
     503 ``context_full`` saying "Context size has been exceeded", as llama-server words it.
     """
-    body = {"prompt": "A", "n_predict": 64, "ignore_eos": True, "temperature": 0}
+    body = {"prompt": "A", "n_predict": 80, "ignore_eos": True, "temperature": 0}
     with (
         httpx.Client(base_url=small_shared_cache.base_url, timeout=120) as http,
         ThreadPoolExecutor(4) as pool,
@@ -55,7 +55,7 @@ def test_a_full_shared_cache_fails_one_request_and_never_cuts_one_short(small_sh
         assert served
         assert refused
         assert [(s["timings"]["predicted_n"], s["stop_type"], s["truncated"]) for s in served] == [
-            (64, "limit", False)
+            (80, "limit", False)
         ] * len(served)
         for answer in refused:
             assert answer.status_code == 503
@@ -64,12 +64,12 @@ def test_a_full_shared_cache_fails_one_request_and_never_cuts_one_short(small_sh
             assert error["code"] == "context_full"
             assert error["message"].startswith("Context size has been exceeded")
         alone = http.post("/completion", json=body).json()  # the cache is whole again
-        assert alone["timings"]["predicted_n"] == 64
+        assert alone["timings"]["predicted_n"] == 80
 
 
 def test_a_stream_that_gives_way_ends_with_an_error_event(small_shared_cache: Server) -> None:
     """Streams: the one that gives way gets an error event after its tokens, never a finish chunk."""
-    body = {"prompt": "A", "n_predict": 64, "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {"prompt": "A", "n_predict": 80, "ignore_eos": True, "temperature": 0, "stream": True}
 
     def stream(http: httpx.Client) -> list[dict[str, Any]]:
         with http.stream("POST", "/completion", json=body) as response:
@@ -86,7 +86,7 @@ def test_a_stream_that_gives_way_ends_with_an_error_event(small_shared_cache: Se
     assert finished
     assert failed
     assert len(finished) + len(failed) == 4
-    assert all(events[-1]["timings"]["predicted_n"] == 64 for events in finished)
+    assert all(events[-1]["timings"]["predicted_n"] == 80 for events in finished)
     assert all(events[-1]["error"]["code"] == "context_full" for events in failed)
 
 
