@@ -139,6 +139,7 @@ class ServerSettings:
     ] = ()  # empty: CORS headers for app origins only; "localhost": any loopback page
     allowed_hosts: tuple[str, ...] = ()  # Host names served on loopback beyond localhost's; "*": any
     debug_hooks: bool = False
+    verbose: bool = False  # answers carry llama-server's __verbose (loopback addresses only)
     device_recovery: bool = False  # reload the model after the engine was lost
     memory_guard: bool = True
     memory_low_water_mib: int = attrs.field(default=256, validator=_non_negative)
@@ -670,6 +671,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--debug-hooks",), ("server", "debug_hooks"), _switch,
            "serve /debug/prompt, /debug/cache and /debug/settings (loopback addresses only; {default})",
            "on|off"),
+    Option(("-v", "--verbose", "--log-verbose"), ("server", "verbose"), _switch,
+           "add llama-server's __verbose to the OpenAI completion and chat answers: the rendered prompt "
+           "and the model's raw output (loopback addresses only; {default})", "on|off"),
     Option(("--device-recovery",), ("server", "device_recovery"), _switch,
            "reload the model, with back-off, after the engine was lost ({default})", "on|off"),
     Option(("--memory-guard",), ("server", "memory_guard"), _switch,
@@ -1051,6 +1055,23 @@ def options_table() -> list[str]:
     ]
 
 
+def _refuse_exposed_debugging(settings: Settings) -> None:
+    """``--debug-hooks`` and ``--verbose`` show prompts: refused unless every ``--host`` is loopback.
+
+    Raises:
+        ConfigError: one of them is on and a ``--host`` is not a loopback address.
+
+    """
+    exposed = [host for host in settings.server.hosts if not is_loopback(host)]
+    shown = (
+        (settings.server.debug_hooks, "--debug-hooks shows prompts and settings"),
+        (settings.server.verbose, "--verbose puts the rendered prompt and the raw output in every answer"),
+    )
+    for on, what in shown:
+        if on and exposed:
+            raise ConfigError(f"{what}: serve it on loopback addresses only, not {', '.join(exposed)}")
+
+
 def load_settings(
     cli_values: Mapping[str, str | list[str]] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -1083,12 +1104,7 @@ def load_settings(
         settings = _build(tree)
     except (ConfigError, ValueError, TypeError) as error:
         raise ConfigError(str(error)) from None
-    exposed = [host for host in settings.server.hosts if not is_loopback(host)]
-    if settings.server.debug_hooks and exposed:
-        raise ConfigError(
-            "--debug-hooks shows prompts and settings: serve it on loopback addresses only, "
-            f"not {', '.join(exposed)}"
-        )
+    _refuse_exposed_debugging(settings)
     if (
         settings.model.path is None
         and settings.router.models_dir is None

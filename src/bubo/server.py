@@ -127,6 +127,7 @@ def create_app(
             max_bytes=settings.server.responses_store_mib * 1024 * 1024,
         ),
         debug_hooks=settings.server.debug_hooks,
+        verbose=settings.server.verbose,
         sse_keepalive_s=settings.server.sse_keepalive,
         effective_settings=_redacted(settings) if settings.server.debug_hooks else {},
         metrics=settings.server.metrics,

@@ -428,6 +428,37 @@ class TestStore:
         assert (await client.get(f"{PATH}/{response_id}")).status_code == 200
 
 
+class TestLlamaTelemetry:
+    """llama-server's ``return_progress`` and ``timings_per_token`` on a Responses stream."""
+
+    async def test_progress_rides_on_in_progress_and_timings_on_every_delta(
+        self, app, script: FakeScript
+    ) -> None:
+        script.reply = "Hi there"
+        body = {"input": "x " * 20, "stream": True, "return_progress": True, "timings_per_token": True}
+        frames = events(await post_stream(app.app, PATH, {"model": "bubo", **body}))
+        progress = [f for f in frames if "prompt_progress" in f]
+        assert progress
+        assert {f["type"] for f in progress} == {"response.in_progress"}
+        assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"] > 0
+        assert all(f["response"]["status"] == "in_progress" for f in progress)
+        deltas = [f for f in frames if f["type"] == "response.output_text.delta"]
+        assert deltas
+        assert all({"prompt_per_second", "predicted_per_second"} <= f["timings"].keys() for f in deltas)
+        assert [f["timings"]["predicted_n"] for f in deltas] == sorted(
+            f["timings"]["predicted_n"] for f in deltas
+        )
+        assert frames[-1]["type"] == "response.completed"
+        assert frames[-1]["timings"]["predicted_n"] == frames[-1]["response"]["usage"]["output_tokens"]
+
+    async def test_without_them_only_the_last_event_has_timings(self, app, script: FakeScript) -> None:
+        script.reply = "Hi there"
+        frames = events(await post_stream(app.app, PATH, {"model": "bubo", "input": "x", "stream": True}))
+        assert [f["type"] for f in frames if "timings" in f or "prompt_progress" in f] == [
+            "response.completed"
+        ]
+
+
 class TestResponseStore:
     def entry(self, size: int) -> StoredResponse:
         return StoredResponse(body=b"x" * size, conversation=())

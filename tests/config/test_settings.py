@@ -136,6 +136,13 @@ class TestExposure:
         with pytest.raises(ConfigError, match="loopback"):
             load_settings({"server__debug_hooks": "on", "server__hosts": "127.0.0.1,0.0.0.0"}, environ={})
 
+    def test_verbose_needs_loopback(self) -> None:
+        """--verbose puts prompts in answers: refused at start-up on any other address, with why."""
+        with pytest.raises(ConfigError, match=r"--verbose .* loopback addresses only, not 0\.0\.0\.0"):
+            load_settings(serve_flag_values(["--verbose", "--host", "127.0.0.1,0.0.0.0"]), environ={})
+        assert load_settings(serve_flag_values(["-v", "--host", "127.0.0.1,::1"]), environ={}).server.verbose
+        assert not load_settings({}, environ={}).server.verbose
+
     def test_switches_accept_on_off_and_a_bare_flag(self) -> None:
         from_cli = load_settings(
             serve_flag_values(["--debug-hooks", "--memory-guard", "off", "-c", "512"]), environ={}

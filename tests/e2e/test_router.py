@@ -185,6 +185,51 @@ def test_models_max_unloads_the_lru_model_and_shutdown_leaves_no_child(tmp_path:
     assert all(gone(pid) for pid in pids.values())
 
 
+def logged(server: Server, text: str) -> None:
+    """Wait (bounded) until the server's log holds *text*."""
+    deadline = time.monotonic() + WAIT_S
+    while text not in server.output():
+        assert time.monotonic() < deadline, f"never logged {text!r}:\n{server.output()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_a_client_that_leaves_the_load_queue_costs_the_busy_model_nothing(tmp_path: Path) -> None:
+    """llama.cpp's ``test_router_queue_client_disconnect_keeps_model``, with real children.
+
+    --models-max 1, smollm2 busy (a generation held open, as llama-server's fake timing holds its
+    /tokenize); a /tokenize for gemma3 queues and its client leaves after 1 s; then the busy request
+    ends.  Nobody waits any more: smollm2 stays, the same process, and gemma3 never loads.
+    """
+    router = start_router(tmp_path, "--models-max", "1", "-c", "2048")
+    try:
+        httpx.post(f"{router.base_url}/models/load", json={"model": "smollm2"}, timeout=10).raise_for_status()
+        wait_for(router, lambda s: s["smollm2"]["value"] == "loaded")
+        pid = children(router)["smollm2"]
+        busy = {"model": "smollm2", "prompt": "Once", "n_predict": -1, "ignore_eos": True, "stream": True}
+        with (
+            httpx.Client(base_url=router.base_url, timeout=WAIT_S) as http,
+            http.stream("POST", "/completion", json=busy) as generating,
+        ):
+            lines = generating.iter_lines()  # held: a dropped iterator closes the stream
+            assert next(line for line in lines if line.startswith("data: "))
+            with pytest.raises(httpx.TimeoutException):
+                http.post("/tokenize", json={"model": "gemma3", "content": "hello world"}, timeout=1)
+            logged(router, '"POST /tokenize 1.1" - -')  # the router saw that client leave
+        logged(router, '"POST /completion 1.1" - -')  # and the busy one: its lease is given back
+        assert {name: status["value"] for name, status in statuses(router).items()} == {
+            "smollm2": "loaded",
+            "gemma3": "unloaded",
+        }
+        assert "reached: unloading" not in router.output()
+        answer = httpx.post(
+            f"{router.base_url}/tokenize", json={"model": "smollm2", "content": "hi"}, timeout=60
+        )
+        assert answer.status_code == 200
+        assert children(router) == {"smollm2": pid}
+    finally:
+        assert stop_server(router) == 0
+
+
 def test_children_stop_when_the_router_is_killed(tmp_path: Path) -> None:
     """SIGKILL gives the router no chance to stop its children: they see its end (their stdin) and stop."""
     router = start_router(tmp_path)

@@ -492,7 +492,10 @@ class TestAFullSharedContext:
         assert run.ended[0] is None
         assert old.generated == 30
 
-    def test_with_every_sequence_generating_the_longest_ends_as_at_the_context_end(self) -> None:
+    def test_with_every_sequence_generating_the_longest_fails_and_the_other_gets_all_it_asked_for(
+        self,
+    ) -> None:
+        """Not a "length" stop: its client would read a short answer as one that reached its limit."""
         run = Run()
         short, long = run.sequence(0, prompt=2, generate=50), run.sequence(1, prompt=20, generate=50)
         run.context.fail_once = lambda _: ContextFull("no room") if short.generated == 5 else None
@@ -501,9 +504,14 @@ class TestAFullSharedContext:
             run.wait()
         finally:
             run.close()
-        assert long.finished_by is StopCause.CONTEXT
+        failed = run.ended[1]
+        assert isinstance(failed, ServiceUnavailable)
+        assert failed.code == "context_full"
+        assert failed.message.startswith("Context size has been exceeded")
+        assert failed.headers == {"Retry-After": "1"}
+        assert long.finished_by is None
         assert run.context.caches[1].evicted == 1
-        assert run.ended == {0: None, 1: None}
+        assert run.ended[0] is None
         assert short.generated == 50
 
 

@@ -33,6 +33,7 @@ def test_children_inherit_every_flag_but_the_router_s_own() -> None:
             "router__models_dir": "/models",
             "router__models_max": "2",
             "server__debug_hooks": "on",
+            "server__verbose": "on",  # a child sees the router's loopback address, whoever asks
             "server__drain_delay": "5",  # the router unloads its children itself: they need not wait
         }
     )

@@ -44,6 +44,7 @@ class ApiContext:
     version: str = "0.0.0"
     responses: ResponseStore = attrs.field(factory=ResponseStore)
     debug_hooks: bool = False
+    verbose: bool = False  # --verbose: __verbose on answers to requests that reached a loopback address
     effective_settings: dict[str, Any] = attrs.field(factory=dict)  # for /debug/settings, key redacted
     latency: LatencyHistograms = attrs.field(factory=LatencyHistograms)  # /metrics' bubo:*_seconds
     metrics: bool = True  # GET /metrics is served (--metrics)

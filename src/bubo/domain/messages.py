@@ -37,6 +37,9 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant message sent as text parts, each part: a continued final message goes on from
+    # them joined as they are (llama-server's prefill), where ``content`` joins them by lines.
+    text_parts: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -87,6 +87,7 @@ class Done:
     stats: GenerationStats
     stop_word: str | None = None
     reasoning_tokens: int = 0
+    raw_text: str = ""  # the text the model generated, before the reasoning and tool-call parsers
 
 
 OutputEvent = PromptProgress | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | Done

@@ -521,9 +521,13 @@ class DecodeLoop:
         Idle slots' tokens go first (to a host-RAM snapshot when they are worth
         one): those holding cells of their own, or, when every idle slot's cells
         are shared, all of them (cells another request uses stay theirs).  Then
-        the newest request still reading its prompt fails with a 503 (it has
-        sent nothing yet; the client may retry); else the generation holding
-        the most tokens ends as if its context were full.
+        one request fails with a 503 ``context_full`` and the others go on: the
+        newest still reading its prompt (it has sent nothing yet), else the
+        generation holding the most tokens.  A generation is failed rather than
+        ended as if it had reached its limit: ``finish_reason: "length"`` and a
+        short ``predicted_n`` would tell its client that it got what it asked
+        for, where the room was taken by other requests (llama-server fails
+        every running request here, with "Context size has been exceeded").
         """
         active = {member.generation.cache.seq_id for member in self._active}
         idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
@@ -536,20 +540,18 @@ class DecodeLoop:
         if prefilling:
             victim = prefilling[-1]
             victim.generation.cache.clear()
-            self._fail(
-                victim,
-                ServiceUnavailable(
-                    "the context shared by the slots is full; retry when other requests have finished",
-                    code="context_full",
-                    headers={"Retry-After": "1"},
-                ),
-            )
-            return
-        victim = max(in_batch, key=lambda member: len(member.generation.cache.tokens))
-        victim.generation.finish(StopCause.CONTEXT)
-        victim.generation.cache.evict()
-        self._active.remove(victim)
-        self._end(victim, None)
+        else:
+            victim = max(in_batch, key=lambda member: len(member.generation.cache.tokens))
+            victim.generation.cache.evict()
+        self._fail(
+            victim,
+            ServiceUnavailable(
+                "Context size has been exceeded: the KV cache the slots share is full; "
+                "retry when other requests have finished",
+                code="context_full",
+                headers={"Retry-After": "1"},
+            ),
+        )
 
     @staticmethod
     def _run_call(job: Job) -> None:

@@ -42,6 +42,7 @@ _RESERVED_DESTS = frozenset(
         ("server", "port"),
         ("server", "api_key"),
         ("server", "drain_delay"),  # the router stops its children itself: they need not wait for it
+        ("server", "verbose"),  # a child sees the router's loopback address, whoever the client is
     }
 )
 

@@ -58,6 +58,7 @@ class _Pipeline:
         )
         self.called_tools = False
         self.reasoning_tokens = 0
+        self.raw: list[str] = []  # the generated text as the model wrote it (--verbose shows it)
         self._unassigned: list[int] = []  # tokens whose text the parsers still hold
         checked = plan.schema is not None or plan.checked_tools
         self.check = (
@@ -67,6 +68,7 @@ class _Pipeline:
         )
 
     def feed(self, event: TokenGenerated) -> list[OutputEvent]:
+        self.raw.append(event.text)
         return self._kept(self._feed(event))
 
     def _kept(self, events: list[OutputEvent]) -> list[OutputEvent]:
@@ -176,6 +178,7 @@ async def output_events(
                     stats=stats,
                     stop_word=stop_word,
                     reasoning_tokens=pipeline.reasoning_tokens,
+                    raw_text="".join(pipeline.raw),
                 )
                 return
             case GenerationFailed(error=error):

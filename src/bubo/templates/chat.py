@@ -157,7 +157,8 @@ def _continuation(prompt: ChatPrompt) -> tuple[bool, str | None]:
     As llama-server (its default assistant prefill) and Anthropic's API do, a
     conversation that ends with an assistant message is continued: the turns
     before it are rendered with the generation prompt, and its text follows, so
-    the model writes on from it.  ``continue_final_message: false`` closes that
+    the model writes on from it (sent as text parts, the parts joined as they
+    are, as llama-server appends them).  ``continue_final_message: false`` closes that
     turn instead; ``add_generation_prompt: false`` alone renders the messages as
     they are.  Both true is a contradiction (a 400, as in llama-server and vLLM).
 
@@ -184,7 +185,7 @@ def _continuation(prompt: ChatPrompt) -> tuple[bool, str | None]:
             "without tool calls",
             param="continue_final_message",
         )
-    return True, final.content or ""
+    return True, "".join(final.text_parts) if final.text_parts else final.content or ""
 
 
 def _message_dict(message: Message, *, object_arguments: bool = True) -> dict[str, Any]:

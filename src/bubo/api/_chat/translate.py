@@ -257,7 +257,18 @@ def _message(
         ),
         tool_call_id=message.tool_call_id,
         name=message.name,
+        text_parts=_assistant_parts(message),
     )
+
+
+def _assistant_parts(message: wire.ChatMessage) -> tuple[str, ...]:
+    """An assistant message's text parts, when its content is text parts only (what a prefill continues)."""
+    content = message.content
+    if message.role != "assistant" or not isinstance(content, list):
+        return ()
+    if not all(isinstance(part, wire.TextPart) for part in content):
+        return ()
+    return tuple(part.text for part in content if isinstance(part, wire.TextPart))
 
 
 _OMITTED_KINDS = {"image_url": "image", "input_audio": "audio", "file": "file"}

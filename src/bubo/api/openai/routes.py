@@ -10,10 +10,12 @@ from bubo.api._chat import translate as chat_translate
 from bubo.api._chat import wire as chat_wire
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, read_body, request_timeline, require_runtime
-from bubo.api._json import json_response
+from bubo.api._json import json_response, unstructure
 from bubo.api._omitted import report_omitted
 from bubo.api._sse import sse_response
+from bubo.api._verbose import verbose_fields, verbose_prompt
 from bubo.domain.ids import new_id
+from bubo.domain.output import Done
 from bubo.domain.requests import ChatRequest, CompletionRequest
 from bubo.model import ALIAS
 from bubo.service.chat import count_chat_request, prepare_chat, render_chat_request
@@ -49,6 +51,7 @@ async def chat_completions() -> Response:
     prepared = await prepare_chat(runtime, chat)
     identity = _identity(body.model or runtime.model_id, "chatcmpl-")
     logprobs = bool(body.logprobs)
+    verbose = await verbose_prompt(runtime, prepared.prompt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
@@ -59,20 +62,20 @@ async def chat_completions() -> Response:
                 logprobs=logprobs,
                 return_progress=bool(body.return_progress),
                 timings_per_token=bool(body.timings_per_token),
+                verbose_prompt=verbose,
             ),
         )
     async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
-    return json_response(
-        translate.chat_completion(
-            completion,
-            response_id=identity.id,
-            created=identity.created,
-            model=identity.model,
-            fingerprint=identity.fingerprint,
-            logprobs=logprobs,
-        )
+    answer = translate.chat_completion(
+        completion,
+        response_id=identity.id,
+        created=identity.created,
+        model=identity.model,
+        fingerprint=identity.fingerprint,
+        logprobs=logprobs,
     )
+    return _with_verbose(answer, verbose, completion.done)
 
 
 @blueprint.post("/v1/chat/completions/input_tokens")
@@ -107,24 +110,33 @@ async def completions() -> Response:
     prepared = await prepare_completion(runtime, completion_request)
     identity = _identity(body.model or runtime.model_id, "cmpl-")
     logprobs = body.logprobs is not None
+    verbose = await verbose_prompt(runtime, prepared.prompt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
             open_output(runtime, prepared, request_timeline()),
-            CompletionStream(identity, include_usage=include_usage, logprobs=logprobs),
+            CompletionStream(
+                identity, include_usage=include_usage, logprobs=logprobs, verbose_prompt=verbose
+            ),
         )
     async with open_output(runtime, prepared, request_timeline()) as output:
         completion = await collect(output)
-    return json_response(
-        translate.text_completion(
-            completion,
-            response_id=identity.id,
-            created=identity.created,
-            model=identity.model,
-            fingerprint=identity.fingerprint,
-            logprobs=logprobs,
-        )
+    answer = translate.text_completion(
+        completion,
+        response_id=identity.id,
+        created=identity.created,
+        model=identity.model,
+        fingerprint=identity.fingerprint,
+        logprobs=logprobs,
     )
+    return _with_verbose(answer, verbose, completion.done)
+
+
+def _with_verbose(answer: object, verbose_prompt: str | None, done: Done) -> Response:
+    """*answer* as JSON, with ``__verbose`` under ``--verbose`` (*verbose_prompt* given)."""
+    if verbose_prompt is None:
+        return json_response(answer)
+    return json_response({**unstructure(answer), **verbose_fields(verbose_prompt, done)})
 
 
 def model_list(runtime: Runtime) -> wire.ModelList:

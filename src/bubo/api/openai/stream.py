@@ -19,6 +19,7 @@ from bubo.api._json import dumps, unstructure
 from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame
 from bubo.api._usage import Timings, timings, usage
+from bubo.api._verbose import verbose_fields
 from bubo.domain.generation import PromptProgress
 from bubo.domain.output import (
     Done,
@@ -48,8 +49,10 @@ class StreamIdentity:
     fingerprint: str
 
 
-def _frame(model: object) -> bytes:
-    return sse_frame(dumps(unstructure(model)))
+def _frame(model: object, extra: dict[str, Any] | None = None) -> bytes:
+    """An SSE data frame of *model*, with *extra* keys (``__verbose``) beside its fields."""
+    data = unstructure(model)
+    return sse_frame(dumps({**data, **extra} if extra else data))
 
 
 def _error_frames(error: BuboError) -> list[bytes]:
@@ -72,14 +75,18 @@ class ChatStream:
         logprobs: bool,
         return_progress: bool = False,
         timings_per_token: bool = False,
+        verbose_prompt: str | None = None,
     ) -> None:
         self._identity = identity
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._return_progress = return_progress
         self._live = LiveTimings() if timings_per_token else None
+        self._verbose_prompt = verbose_prompt  # --verbose: the finish chunk carries __verbose
 
-    def _envelope(self, choices: list[wire.ChunkChoice], **fields: Any) -> bytes:
+    def _envelope(
+        self, choices: list[wire.ChunkChoice], extra: dict[str, Any] | None = None, **fields: Any
+    ) -> bytes:
         """A ``chat.completion.chunk`` frame of this stream: its identity, *choices* and *fields*."""
         identity = self._identity
         return _frame(
@@ -90,7 +97,8 @@ class ChatStream:
                 system_fingerprint=identity.fingerprint,
                 choices=choices,
                 **fields,
-            )
+            ),
+            extra,
         )
 
     def _chunk(
@@ -100,11 +108,12 @@ class ChatStream:
         finish_reason: str | None = None,
         logprobs: wire.ChoiceLogprobs | None = None,
         timings: Timings | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> bytes:
         if timings is None and self._live is not None:
             timings = self._live.now()
         choice = wire.ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
-        return self._envelope([choice], timings=timings)
+        return self._envelope([choice], extra, timings=timings)
 
     def _progress(self, event: PromptProgress) -> bytes:
         timings = self._live.now() if self._live is not None else None
@@ -141,7 +150,8 @@ class ChatStream:
 
     def _closing(self, done: Done) -> list[bytes]:
         final = timings(done.stats)
-        frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=final)]
+        extra = None if self._verbose_prompt is None else verbose_fields(self._verbose_prompt, done)
+        frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=final, extra=extra)]
         if self._include_usage:
             # The timings again on the usage chunk: llama-server puts them on a stream's last chunk.
             stats = usage(done.stats, reasoning_tokens=done.reasoning_tokens)
@@ -167,11 +177,19 @@ class CompletionStream:
     carries the usage too (llama-server's completions do).
     """
 
-    def __init__(self, identity: StreamIdentity, *, include_usage: bool, logprobs: bool) -> None:
+    def __init__(
+        self,
+        identity: StreamIdentity,
+        *,
+        include_usage: bool,
+        logprobs: bool,
+        verbose_prompt: str | None = None,
+    ) -> None:
         self._identity = identity
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._offset = 0
+        self._verbose_prompt = verbose_prompt  # --verbose: the finish chunk carries __verbose
 
     def _chunk(
         self,
@@ -181,6 +199,7 @@ class CompletionStream:
         logprobs: wire.CompletionLogprobs | None = None,
         usage_of: Done | None = None,
         timings_of: Done | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> bytes:
         identity = self._identity
         choices = (  # no text: the usage chunk, without choices
@@ -197,7 +216,8 @@ class CompletionStream:
                 choices=choices,
                 usage=usage(usage_of.stats) if usage_of else None,
                 timings=timings(timings_of.stats) if timings_of else None,
-            )
+            ),
+            extra,
         )
 
     def opening(self) -> Iterable[bytes]:
@@ -218,10 +238,14 @@ class CompletionStream:
         return ()
 
     def _closing(self, done: Done) -> list[bytes]:
+        extra = None if self._verbose_prompt is None else verbose_fields(self._verbose_prompt, done)
         if not self._include_usage:
-            return [self._chunk("", finish_reason=done.finish_reason, usage_of=done, timings_of=done), _DONE]
+            finish = self._chunk(
+                "", finish_reason=done.finish_reason, usage_of=done, timings_of=done, extra=extra
+            )
+            return [finish, _DONE]
         return [
-            self._chunk("", finish_reason=done.finish_reason, timings_of=done),
+            self._chunk("", finish_reason=done.finish_reason, timings_of=done, extra=extra),
             self._chunk(None, usage_of=done),
             _DONE,
         ]

@@ -8,6 +8,12 @@
 ``response.completed`` (or ``response.incomplete``) with the whole response.
 An error after the headers is an ``error`` event and ``response.failed``;
 while nothing else is sent, ``response.in_progress`` is repeated as a keep-alive.
+
+llama-server's telemetry rides on the events as it sends it: with
+``return_progress`` each prompt chunk evaluated is a ``response.in_progress``
+carrying ``prompt_progress``; with ``timings_per_token`` every delta event
+carries the ``timings`` so far; the last event carries the generation's
+``timings`` always.
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ from typing import Any
 import attrs
 
 from bubo.api._json import dumps, unstructure
+from bubo.api._progress import LiveTimings, progress
 from bubo.api._sse import sse_frame
+from bubo.api._usage import timings
 from bubo.domain.ids import new_id
 from bubo.domain.messages import Message, ToolCall
 from bubo.domain.output import (
     Done,
     OutputEvent,
+    PromptProgress,
     ReasoningDelta,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -83,6 +92,8 @@ class ResponseStream:
         self._sequence = 0
         self._items: list[wire.OutputItem] = []
         self._open: _OpenItem | None = None
+        self._return_progress = bool(body.return_progress)
+        self._live = LiveTimings() if body.timings_per_token else None
 
     def _event(self, name: str, data: dict[str, Any]) -> bytes:
         frame = sse_frame(dumps({"type": name, "sequence_number": self._sequence, **data}), event=name)
@@ -155,8 +166,34 @@ class ResponseStream:
             "response.output_item.done", {"output_index": current.output_index, "item": unstructure(item)}
         )
 
+    def _delta(self, name: str, data: dict[str, Any]) -> bytes:
+        """A delta event, with the ``timings`` so far under ``timings_per_token``."""
+        if self._live is not None:
+            data = {**data, "timings": unstructure(self._live.now())}
+        return self._event(name, data)
+
+    def _progress(self, event: PromptProgress) -> bytes:
+        """``response.in_progress`` with ``prompt_progress`` (and the timings so far)."""
+        data: dict[str, Any] = {
+            "response": unstructure(self._response(None)),
+            "prompt_progress": unstructure(progress(event)),
+        }
+        if self._live is not None:
+            data["timings"] = unstructure(self._live.now())
+        return self._event("response.in_progress", data)
+
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
+        if self._live is not None:
+            self._live.saw(event)
+        if isinstance(event, PromptProgress):
+            if self._return_progress:
+                yield self._progress(event)
+            return
+        yield from self._output(event)
+
+    def _output(self, event: OutputEvent) -> Iterator[bytes]:
+        """Frames for one event of the answer."""
         match event:
             case ReasoningDelta(text=text) if text:
                 if self._open is None or self._open.kind != "reasoning":
@@ -167,7 +204,7 @@ class ResponseStream:
                     )
                 assert self._open is not None
                 self._open.text.append(text)
-                yield self._event("response.reasoning_text.delta", {**self._where(), "delta": text})
+                yield self._delta("response.reasoning_text.delta", {**self._where(), "delta": text})
             case TextDelta(text=text) if text:
                 if self._open is None or self._open.kind != "message":
                     item_id = new_id("msg_")
@@ -175,7 +212,7 @@ class ResponseStream:
                     yield from self._add("message", translate.message_item(item_id, "", "in_progress"), part)
                 assert self._open is not None
                 self._open.text.append(text)
-                yield self._event(
+                yield self._delta(
                     "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
                 )
             case ToolCallStart(id=call_id, name=name):
@@ -193,9 +230,9 @@ class ResponseStream:
                 self._open.text.append(fragment)
                 at = {"item_id": self._open.id, "output_index": self._open.output_index}
                 if self._open.custom_input is None:
-                    yield self._event("response.function_call_arguments.delta", {**at, "delta": fragment})
+                    yield self._delta("response.function_call_arguments.delta", {**at, "delta": fragment})
                 elif delta := self._open.custom_input.feed(fragment):
-                    yield self._event("response.custom_tool_call_input.delta", {**at, "delta": delta})
+                    yield self._delta("response.custom_tool_call_input.delta", {**at, "delta": delta})
             case Done():
                 yield from self._finish(event)
 
@@ -204,7 +241,9 @@ class ResponseStream:
         self._items = translate.answered(self._items, done)
         response = self._response(done)
         name = "response.completed" if response.status == "completed" else "response.incomplete"
-        yield self._event(name, {"response": unstructure(response)})
+        yield self._event(
+            name, {"response": unstructure(response), "timings": unstructure(timings(done.stats))}
+        )
         self._on_finished(response, translate.assistant_message(self._items))
 
     def keepalive(self) -> Iterable[bytes]:

@@ -254,6 +254,8 @@ class ResponsesRequest:
     truncation: str | None = None
     user: str | None = None
     lora: list[LoraEntry] | None = None  # llama-server's: this request's LoRA adapter scales
+    return_progress: bool | None = None  # llama-server's: prompt_progress on response.in_progress events
+    timings_per_token: bool | None = None  # llama-server's: the timings so far on every delta event
 
 
 # ---- responses -----------------------------------------------------------------------------
