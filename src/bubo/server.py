@@ -170,10 +170,10 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
         expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
     )
     # How each response ends (connections closed, keep-alive timers re-armed, HTTP/2 streams kept
-    # until the request ends) and WebSocket refused: bubo/api/_transport.py; around it the access log,
+    # until the request ends) and WebSocket refused: bubo/api/_transport.py; under it the access log,
     # one line per request however it ended (bubo/api/_access_log.py), which also assigns its id.
-    app.asgi_app = AccessLog(  # type: ignore[method-assign] # Quart's middleware hook
-        TransportGuard(app.asgi_app), request_id=_request_id_of
+    app.asgi_app = TransportGuard(  # type: ignore[method-assign] # Quart's middleware hook
+        AccessLog(app.asgi_app, request_id=_request_id_of)
     )
     app.before_request(_note_arrival)
     app.before_request(_assign_request_id)

@@ -135,6 +135,32 @@ async def test_the_disconnect_after_a_finished_response_is_not_the_client_leavin
     assert line.group("status", "outcome") == ("200", None)
 
 
+async def test_a_client_that_closes_once_it_has_every_byte_of_a_length_did_not_leave(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With a Content-Length the client has it all at its last byte, and may close before the empty end."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"Content-Length", b"2")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"
+
+    line = await run(app, [REQUEST, DISCONNECT], caplog)
+    assert line.group("status", "bytes", "outcome") == ("200", "2", None)
+
+
+async def test_a_stream_cut_before_its_length_is_the_client_leaving(caplog: pytest.LogCaptureFixture) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"
+
+    line = await run(app, [REQUEST, DISCONNECT], caplog)
+    assert line.group("status", "bytes", "outcome") == ("200", "2", "client_left")
+
+
 async def test_a_response_the_server_cut_is_unfinished(caplog: pytest.LogCaptureFixture) -> None:
     """Cancelled after the status (a shutdown's grace ran out): logged with the status, as unfinished."""
     started = trio.Event()

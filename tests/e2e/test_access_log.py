@@ -9,6 +9,7 @@ status; a request that finished is one line without an outcome word.
 from __future__ import annotations
 
 import re
+import socket
 import time
 from collections.abc import Iterator
 
@@ -101,6 +102,27 @@ def test_ready_polled_n_times_is_n_lines_each_with_its_status(served: Server) ->
             "200",
             None,
         )
+
+
+def test_ready_polls_whose_client_hangs_up_at_once_are_one_line_each(served: Server) -> None:
+    """A poller that closes its socket right after sending (a gateway's timed-out check): one line each.
+
+    Hypercorn's own log wrote such a poll without a status, or twice.
+    """
+    host, port = served.base_url.removeprefix("http://").split(":")
+    ids = [f"req-gone-{n}" for n in range(12)]
+    for request_id in ids:
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(f"GET /ready HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: {request_id}\r\n\r\n".encode())
+    for request_id in ids:
+        (line,) = lines_for(served, request_id)
+        assert (line["method"], line["path"]) == ("GET", "/ready")
+        # all of its answer went out before the server saw the client go; or the line says it left
+        assert (line["status"], line["outcome"]) in {
+            ("200", None),
+            ("200", "client_left"),
+            ("-", "client_left"),
+        }
 
 
 def test_a_finished_request_is_one_line_under_the_clients_own_id(served: Server) -> None:

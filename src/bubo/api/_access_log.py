@@ -7,8 +7,7 @@ no response header (``"POST /api/chat 1.1" - - 132 s request_id=-``) though it
 began with a 200 and an ``X-Request-Id``; and a response whose last write finds
 the client gone is logged twice, once without a status (the close, reached from
 inside the write) and once with it.  ``bubo serve`` turns that log off and this
-middleware, outermost on the app, writes the one line instead, from what the
-app sent and received::
+middleware writes the one line instead, from what the app sent and received::
 
     127.0.0.1:50412 "POST /api/chat 1.1" 200 4711 2.048311s request_id=req_3f… client_left
 
@@ -16,10 +15,15 @@ Fields: the client's address, the method, path (no query string) and HTTP
 version, the status sent (``-`` when none was: the client left first), the body
 bytes sent, the seconds from the request's arrival to the end of the exchange,
 the request id (the ``X-Request-Id`` the response carries), and how the
-exchange ended when the response did not: ``client_left`` (the client closed
-its connection first) or ``unfinished`` (the server stopped it: shutdown, or a
-failure after the status was sent).  A failure before any status gets 500 from
-Hypercorn, and that is logged.
+exchange ended when the app did not finish its response: ``client_left`` (the
+client closed its connection first) or ``unfinished`` (the server stopped it:
+shutdown, or a failure after the status was sent).  A failure before any status
+gets 500 from Hypercorn, and that is logged.
+
+It sits under :class:`~bubo.api._transport.TransportGuard`, which holds the
+response's last message back until the framework's task is over: here that
+message is seen when the app sends it, so a client that closes once it has the
+whole response (every byte of a ``Content-Length``) is not said to have left.
 
 The request id is decided here, before the app runs, by the function the app
 gives (``server.py``: the client's own when it sent a sane one, else a new
@@ -31,7 +35,7 @@ the app used.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
@@ -96,6 +100,7 @@ class _Exchange:
         self.request_id = request_id
         self._started = trio.current_time()
         self._status: int | None = None
+        self._length: int | None = None  # the response's Content-Length, when it has one
         self._bytes = 0
         self._ending = False  # the response's last message was handed to the server
         self._client_left = False  # the client closed the connection before that
@@ -110,10 +115,15 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             self._status = int(message["status"])
+            self._length = _content_length(message.get("headers", ()))
         elif kind == "http.response.body":
             self._bytes += len(message.get("body", b""))
-            # Before the send: the server queues the disconnect that follows a finished response inside it.
-            self._ending = self._ending or not message.get("more_body", False)
+            # Set before the send: the disconnect that follows a finished response may come inside it.
+            # Its last byte is the end of a response with a length: the client may close before the
+            # (empty) last message, and has had it all.
+            last = not message.get("more_body", False)
+            whole = self._length is not None and self._bytes >= self._length
+            self._ending = self._ending or last or whole
         await self._send(message)
 
     def line(self, scope: Mapping[str, Any], *, failed: bool) -> str:
@@ -133,6 +143,16 @@ class _Exchange:
             f'{scope.get("http_version", "-")}" {"-" if status is None else status} {self._bytes} '
             f"{seconds:.6f}s request_id={self.request_id}{outcome}"
         )
+
+
+def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def _client(scope: Mapping[str, Any]) -> str:
