@@ -181,6 +181,12 @@ class TestLlmOllama:
         ranked = [json.loads(line)["id"] for line in similar.splitlines()]
         assert ranked[:2] == ["1", "0"]  # itself, then its paraphrase
 
+    def test_llm_registers_no_embedding_model_where_none_is_served(
+        self, plain: Server, tmp_path: Path
+    ) -> None:
+        assert "ollama/bubo" in run_llm(plain, tmp_path, "models")
+        assert "ollama/bubo" not in run_llm(plain, tmp_path, "embed-models")
+
 
 class TestCapabilitiesAreWhatIsServed:
     @pytest.mark.parametrize("which", ["embedding", "plain"])
