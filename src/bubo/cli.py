@@ -26,8 +26,6 @@ logger = logging.getLogger("bubo")
 # After the drain, Hypercorn's grace: streams that just finished flush their last bytes;
 # what still runs is cancelled, idle keep-alive connections are closed.
 FLUSH_AFTER_DRAIN_S = 2.0
-# Hypercorn's access log, with the request id every response carries (never a header with a key).
-ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss request_id=%({x-request-id}o)s'
 
 
 def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -137,8 +135,7 @@ async def _serve(settings: Settings, flags: dict[str, str | list[str]]) -> int:
         app = create_app(settings, on_load_failure=load_failed.set)
     config = Config()
     config.bind = serve_binds(settings, os.environ)
-    config.accesslog = logging.getLogger("hypercorn.access")
-    config.access_log_format = ACCESS_LOG_FORMAT
+    config.accesslog = None  # the app writes one line per request, aborted ones too (bubo/api/_access_log.py)
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = FLUSH_AFTER_DRAIN_S
     config.keep_alive_timeout = settings.server.keep_alive_timeout

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from bubo.api import (
     responses,
     webui,
 )
+from bubo.api._access_log import AccessLog, header, request_id_in
 from bubo.api._boundary import DEFAULT_ORIGIN_SCHEMES, BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._errors import render_error
@@ -170,8 +171,11 @@ def install_edge(app: QuartTrio, settings: Settings) -> QuartTrio:
         expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
     )
     # How each response ends (connections closed, keep-alive timers re-armed, HTTP/2 streams kept
-    # until the request ends) and WebSocket refused: bubo/api/_transport.py.
-    app.asgi_app = TransportGuard(app.asgi_app)  # type: ignore[method-assign] # Quart's middleware hook
+    # until the request ends) and WebSocket refused: bubo/api/_transport.py; under it the access log,
+    # one line per request however it ended (bubo/api/_access_log.py), which also assigns its id.
+    app.asgi_app = TransportGuard(  # type: ignore[method-assign] # Quart's middleware hook
+        AccessLog(app.asgi_app, request_id=_request_id_of)
+    )
     app.before_request(_note_arrival)
     app.before_request(_assign_request_id)
     app.before_request(_boundary_check(browser_boundary(settings.server)))
@@ -286,9 +290,14 @@ async def _note_arrival() -> None:
     g.received_at = trio.current_time()
 
 
+def _request_id_of(scope: Mapping[str, Any]) -> str:
+    """The client's ``X-Request-Id`` when it sent a sane one, else a new ``req_…`` (the access log's too)."""
+    supplied = header(scope, REQUEST_ID_HEADER.lower().encode())
+    return supplied if _SANE_REQUEST_ID.fullmatch(supplied) else new_id("req_")
+
+
 async def _assign_request_id() -> None:
-    supplied = request.headers.get(REQUEST_ID_HEADER, "")
-    g.request_id = supplied if _SANE_REQUEST_ID.fullmatch(supplied) else new_id("req_")
+    g.request_id = request_id_in(request.scope)
 
 
 async def _echo_request_id(response: Response) -> Response:

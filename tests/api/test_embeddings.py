@@ -94,11 +94,28 @@ class TestOpenAI:
         assert (await response.get_json())["error"]["param"] == param
 
     @pytest.mark.parametrize("embedder", ["none"], indirect=True)
-    async def test_unpooled_is_refused(self, emb_app) -> None:
-        """--pooling none gives a vector per token: /v1/embeddings cannot answer that (llama-server: 400)."""
+    async def test_unpooled_is_the_last_tokens_vector(self, emb_app, embedder, tokenizer) -> None:
+        """Pooling none (a generative model's own): each input's last token's vector, normalized, as Ollama.
+
+        llama-server answers this case 400; Bubo answers what Ollama's ``/v1/embeddings`` does.
+        """
+        response = await emb_app.test_client().post(
+            "/v1/embeddings", json={"input": ["one two three", "four"]}
+        )
+        assert response.status_code == 200
+        data = (await response.get_json())["data"]
+        for item, text in zip(data, ("one two three", "four"), strict=True):
+            rows = embedder.embed(tokenizer.encode(text, add_special=True))
+            assert rows.ndim == 2  # one row per token, as llama.cpp gives them with pooling none
+            assert item["embedding"] == pytest.approx(rows[-1] / np.linalg.norm(rows[-1]), abs=1e-5)
+
+    @pytest.mark.parametrize("embedder", ["rank"], indirect=True)
+    async def test_a_reranker_is_refused(self, emb_app) -> None:
+        """Rank pooling gives scores, not embeddings: 400 pointing to /rerank."""
         response = await emb_app.test_client().post("/v1/embeddings", json={"input": "a"})
         assert response.status_code == 400
-        assert (await response.get_json())["error"]["code"] == "pooling_not_supported"
+        error = (await response.get_json())["error"]
+        assert (error["code"], "/rerank" in error["message"]) == ("pooling_not_supported", True)
 
     async def test_without_the_flag(self, app) -> None:
         """Without --embeddings: 501, and the message says how to turn them on."""
@@ -175,6 +192,17 @@ class TestAnswerSize:
         assert f"{2 * embedder.n_embd:,} floats" in body["error"]["message"]
         assert f"{MAX_EMBEDDING_FLOATS:,}" in body["error"]["message"]
         assert embedder.inputs == []
+
+    async def test_unpooled_but_one_vector_per_input_counts_inputs(
+        self, settings, make_runtime, script
+    ) -> None:
+        """Pooling none where one vector per input is answered (the last token's): inputs x n_embd bound it."""
+        embedder = FakeEmbedder(pooling="none", n_tokens=16, n_embd=300_000)
+        status, body = await self._post(
+            settings, make_runtime, script, embedder, "/v1/embeddings", {"input": [[5] * 8, [6] * 8]}
+        )
+        assert status == 200
+        assert [len(item["embedding"]) for item in body["data"]] == [embedder.n_embd] * 2
 
     async def test_unpooled_counts_every_token(self, settings, make_runtime, script) -> None:
         """--pooling none: the tokens of all inputs x n_embd are bounded, though each input alone fits."""

@@ -526,6 +526,28 @@ class TestEmbeddings:
         response = await post(app, "/api/embed", {"model": "bubo", "input": "x"})
         assert response.status_code == 501
         matches(await response.get_json(), SHAPES["error"])
+        shown = await (await post(app, "/api/show", {"model": "bubo"})).get_json()
+        assert "embedding" not in shown["capabilities"]
+
+    async def test_a_generative_models_embedding_is_its_last_tokens(
+        self, settings, make_runtime, script, tokenizer
+    ) -> None:
+        """Pooling none (SmolLM2's own): /api/embed and /api/embeddings pool as Ollama does, by the last token."""
+        embedder = FakeEmbedder(pooling="none", n_tokens=16)
+        runtime = attrs.evolve(make_runtime(), engine=FakeEngine(script=script, embedder=embedder))
+        app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+        async with app.test_app() as test_app:
+            await wait_until_ready(app)
+            shown = await (await post(test_app, "/api/show", {"model": "bubo"})).get_json()
+            embedded = await post(test_app, "/api/embed", {"model": "bubo", "input": ["cat sat", "dog"]})
+            legacy = await post(test_app, "/api/embeddings", {"model": "bubo", "prompt": "cat sat"})
+        assert "embedding" in shown["capabilities"]
+        assert (embedded.status_code, legacy.status_code) == (200, 200)
+        vectors = (await embedded.get_json())["embeddings"]
+        for vector, text in zip(vectors, ("cat sat", "dog"), strict=True):
+            last = embedder.embed(tokenizer.encode(text, add_special=True))[-1]
+            assert vector == pytest.approx(last / math.sqrt(math.fsum(x * x for x in last)), abs=1e-5)
+        assert (await legacy.get_json())["embedding"] == pytest.approx(vectors[0], abs=1e-6)
 
 
 class TestManagement:

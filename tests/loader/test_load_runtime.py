@@ -152,7 +152,8 @@ def test_a_reranker_loads_with_reranking(reranker_path: Path) -> None:
     try:
         assert runtime.engine.embedder is not None
         assert runtime.engine.embedder.pooling == "rank"
-        assert runtime.capabilities == ("rerank",)
+        served = runtime.capabilities
+        assert (served.rerank, served.embedding, served.completion) == (True, False, False)
         assert runtime.kv_cache is None  # an encoder keeps none
     finally:
         runtime.engine.close()

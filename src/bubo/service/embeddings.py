@@ -1,4 +1,13 @@
-"""Embeddings of texts or token ids: tokenize, check, embed and normalize, off the event loop."""
+"""Embeddings of texts or token ids: tokenize, check, embed and normalize, off the event loop.
+
+One vector per input is llama.cpp's pooled one (``--pooling mean``, ``cls``,
+``last``, or an encoder's own), or, where the context pools nothing (``none``,
+a generative model's own pooling), the input's last token's: what Ollama
+answers for such a model (its runner reads ``llama_get_embeddings_ith`` of the
+last token when ``llama_get_embeddings_seq`` has nothing), and the one state of
+a causal model that has read the whole input.  llama-server's ``/embedding``
+alone asks for one vector per token instead (``per_token``).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ __all__ = [
     "embed",
     "normalize",
     "require_embedder",
+    "require_vectors",
     "too_long",
 ]
 
@@ -43,9 +53,9 @@ ids and texts mixed (the texts tokenized as a raw prompt's are, BOS added as for
 
 @attrs.frozen(kw_only=True)
 class Embedded:
-    """One input's embedding: a vector, or one per token (pooling ``none``)."""
+    """One input's embedding: a vector, or one per token (pooling ``none``, asked ``per_token``)."""
 
-    vectors: npt.NDArray[np.float32]  # (n_embd,) pooled, (n_tokens, n_embd) with pooling none
+    vectors: npt.NDArray[np.float32]  # (n_embd,) one per input, (n_tokens, n_embd) per token
     n_tokens: int
 
 
@@ -53,17 +63,39 @@ def require_embedder(runtime: Runtime) -> EmbeddingModel:
     """The embedding model, or llama-server's 501 for a server started without ``--embeddings``."""
     embedder = runtime.engine.embedder
     if embedder is None:
-        raise NotImplementedOnThisModel(
-            "this server does not serve embeddings; start it with --embeddings (and --pooling mean "
-            "for a generative model)"
+        raise NotImplementedOnThisModel("this server does not serve embeddings; start it with --embeddings")
+    return embedder
+
+
+def require_vectors(runtime: Runtime) -> EmbeddingModel:
+    """The embedding model, for one vector per text (Ollama's and OpenAI's): a reranker gives none.
+
+    Raises:
+        NotImplementedOnThisModel: the server was started without ``--embeddings``.
+        InvalidRequest: the context ranks (``--pooling rank``: scores, not embeddings).
+
+    """
+    embedder = require_embedder(runtime)
+    if embedder.pooling == "rank":
+        raise InvalidRequest(
+            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
+            code="pooling_not_supported",
         )
     return embedder
 
 
 async def embed(
-    runtime: Runtime, inputs: Sequence[EmbeddingInput], *, param: str, truncate: bool = False
+    runtime: Runtime,
+    inputs: Sequence[EmbeddingInput],
+    *,
+    param: str,
+    truncate: bool = False,
+    per_token: bool = False,
 ) -> list[Embedded]:
     """Embed every input, in order (each is one decode of the embedding context).
+
+    One vector per input (the module's docstring says which), or with
+    *per_token* and pooling ``none`` one per token, as llama.cpp gives them.
 
     *param* names the request field; an input's errors name ``<param>[<index>]``
     (``<param>`` alone for a single input).  With *truncate*, a text longer than
@@ -82,7 +114,8 @@ async def embed(
     embedder = require_embedder(runtime)
     if not inputs:
         raise InvalidRequest("the input is empty", param=param)
-    if embedder.pooling != "none":
+    per_token = per_token and embedder.pooling == "none"
+    if not per_token:
         _check_floats(len(inputs) * embedder.n_embd, f"{len(inputs)} inputs", embedder.n_embd, param=param)
     token_lists: list[tuple[int, ...]] = []
     n_tokens = 0
@@ -94,7 +127,7 @@ async def embed(
             need_bytes=chars * PREPARE_BYTES_PER_CHAR,
         )
         n_tokens += len(tokens)
-        if embedder.pooling == "none":
+        if per_token:
             counted = f"{n_tokens} tokens" + (" so far" if index < len(inputs) - 1 else "")
             _check_floats(n_tokens * embedder.n_embd, counted, embedder.n_embd, param=param)
         token_lists.append(tokens)
@@ -102,6 +135,8 @@ async def embed(
     async with runtime.engine.awake():  # the embedding context sleeps with the model
         for tokens in token_lists:
             vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
+            if embedder.pooling == "none" and not per_token:  # a row per token: the last one's
+                vectors = vectors[-1].copy()
             results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
     return results
 

@@ -15,6 +15,7 @@ from bubo.model import ALIAS, KvCacheSize, ModelCard
 from bubo.templates import ChatTemplate
 from bubo.tokenizer import Tokenizer
 
+from .capabilities import Capabilities, capabilities_of
 from .idle import IdleSleeper
 from .memory import MemoryGuard
 from .slot_store import SlotFileStore
@@ -67,17 +68,9 @@ class Runtime:
     )  # when the idle model is freed (--sleep-idle-seconds)
 
     @property
-    def capabilities(self) -> tuple[str, ...]:
-        """What the model is served for, in llama-server's words (``/v1/models``, ``/props``).
-
-        ``completion`` for a model that generates, and ``multimodal`` when it
-        reads images (``--mmproj``); an encoder serves ``rerank`` (rank pooling)
-        or ``embedding`` only.
-        """
-        if self.engine.info.generates:
-            return ("completion", "multimodal") if self.engine.vision is not None else ("completion",)
-        embedder = self.engine.embedder
-        return ("rerank",) if embedder is not None and embedder.pooling == "rank" else ("embedding",)
+    def capabilities(self) -> Capabilities:
+        """What the model is served for (``service/capabilities.py``), which every dialect lists."""
+        return capabilities_of(self.engine, self.template)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -62,7 +62,7 @@ async def embedding() -> Response:
         return embedding_inputs(value, param, max_tokens=embedder.n_tokens), param
 
     body, (inputs, param) = await read_body(runtime, EmbeddingRequest, translated)
-    results = await embed(runtime, inputs, param=param)
+    results = await embed(runtime, inputs, param=param, per_token=True)
     mode = EUCLIDEAN if body.embd_normalize is None else body.embd_normalize
     n_floats = sum(result.vectors.size for result in results)
     # Up to MAX_EMBEDDING_FLOATS Python floats and their JSON: seconds of work, off the event loop.

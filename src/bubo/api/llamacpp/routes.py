@@ -10,6 +10,7 @@ import attrs
 import trio
 from quart import Blueprint, Response, request
 
+from bubo.api._capabilities import llama_server_capabilities
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
 from bubo.api._context import api_context, read_body, request_timeline, require_runtime, structured_body
 from bubo.api._errors import error_envelope
@@ -471,7 +472,7 @@ async def props() -> Response:
             build_info=api_context().fingerprint,
             is_sleeping=runtime.engine.sleeping,
             kv_cache=translate.kv_cache(runtime.kv_cache),
-            capabilities=list(runtime.capabilities),
+            capabilities=llama_server_capabilities(runtime.capabilities),
         )
     )
 

@@ -28,6 +28,7 @@ from bubo.api._embedding_inputs import MAX_EMBEDDING_INPUTS
 from bubo.api._json import json_response
 from bubo.errors import InternalError, InvalidRequest, NotImplementedOnThisModel
 from bubo.model import ModelCard
+from bubo.service.capabilities import Capabilities
 from bubo.service.chat import prepare_chat
 from bubo.service.embeddings import (
     ANSWER_BYTES_PER_FLOAT,
@@ -35,7 +36,7 @@ from bubo.service.embeddings import (
     Embedded,
     embed,
     normalize,
-    require_embedder,
+    require_vectors,
 )
 from bubo.service.generation import PreparedGeneration, open_output, prepare_completion
 from bubo.service.infill import InfillParts, chunk_chars, infill_tokens
@@ -79,25 +80,26 @@ def _card(runtime: Runtime) -> ModelCard:
     return runtime.card
 
 
-def capabilities(
-    *, fim: bool, embeddings: bool, thinking: bool, generates: bool, vision: bool = False
-) -> list[str]:
-    """``capabilities``, in Ollama's order.
+def capabilities(served: Capabilities) -> list[str]:
+    """``capabilities``, in Ollama's order, from what the server answers (``service/capabilities.py``).
 
-    Every model that generates completes and calls tools (a template without a
-    tools section gets Bubo's); ``vision`` with a projector (``--mmproj``);
-    ``insert`` with fill-in-the-middle tokens; ``embedding`` with
-    ``--embeddings``; ``thinking`` for a template that thinks.  An encoder
-    (BERT's kind) only embeds, as Ollama lists its embedding models (a reranker
-    lists nothing: Ollama has no word for ranking).
+    ``completion`` and ``tools`` for a model that generates (a template without
+    a tools section gets Bubo's); ``vision`` with a projector (``--mmproj``);
+    ``insert`` with fill-in-the-middle tokens; ``embedding`` where embeddings
+    are served (``--embeddings``; a generative model's pooled as Ollama pools
+    it, by its last token); ``thinking`` for a template that thinks.  An
+    encoder (BERT's kind) only embeds, as Ollama lists its embedding models (a
+    reranker lists nothing: Ollama has no word for ranking).
     """
-    if not generates:
-        return ["embedding"] if embeddings else []
-    found = ["completion", *(["vision"] if vision else []), "tools"]
-    found += ["insert"] if fim else []
-    found += ["embedding"] if embeddings else []
-    found += ["thinking"] if thinking else []
-    return found
+    words = [
+        ("completion", served.completion),
+        ("vision", served.vision),
+        ("tools", served.tools),
+        ("insert", served.insert),
+        ("embedding", served.embedding),
+        ("thinking", served.thinking),
+    ]
+    return [word for word, on in words if on]
 
 
 def _parameters(runtime: Runtime) -> dict[str, Any]:
@@ -228,13 +230,7 @@ async def show() -> Response:
             _card(runtime),
             template=runtime.template.source,
             parameters=_parameters(runtime),
-            capabilities=capabilities(
-                fim=info.fim is not None,
-                embeddings=runtime.engine.embedder is not None and runtime.engine.embedder.pooling != "rank",
-                thinking=runtime.template.supports_thinking,
-                vision=runtime.engine.vision is not None,
-                generates=info.generates,
-            ),
+            capabilities=capabilities(runtime.capabilities),
             context_length=info.n_ctx,
             basename=requested if copilot else None,
         )
@@ -404,17 +400,7 @@ def _vectors(results: Sequence[Embedded], dimensions: int | None) -> list[list[f
 
 
 async def _embedded(runtime: Runtime, texts: list[str], *, param: str, truncate: bool) -> list[Embedded]:
-    embedder = require_embedder(runtime)
-    if embedder.pooling == "none":
-        raise InvalidRequest(
-            "the server pools no embeddings (--pooling none); start it with --pooling mean",
-            code="pooling_not_supported",
-        )
-    if embedder.pooling == "rank":
-        raise InvalidRequest(
-            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
-            code="pooling_not_supported",
-        )
+    require_vectors(runtime)
     return await embed(runtime, texts, param=param, truncate=truncate)
 
 
@@ -434,7 +420,7 @@ async def embed_route() -> Response:
     texts = await runtime.workers.run(functools.partial(_texts, body.input))
     model = body.model or name
     if not texts:
-        require_embedder(runtime)
+        require_vectors(runtime)
         return json_response(wire.EmbedResponse(model=model, embeddings=[]))
     clock = translate.Clock(received=request_timeline().received, loaded=trio.current_time())
     results = await _embedded(runtime, texts, param="input", truncate=body.truncate is not False)
@@ -455,7 +441,7 @@ async def embeddings() -> Response:
     _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
     await _check_options(runtime, body.options)
     if not body.prompt:
-        require_embedder(runtime)
+        require_vectors(runtime)
         return json_response(wire.EmbeddingResponse(embedding=[]))
     results = await _embedded(runtime, [body.prompt], param="prompt", truncate=False)
     (vector,) = _vectors(results, None)

@@ -1,4 +1,9 @@
-"""OpenAI's ``POST /v1/embeddings`` (``--embeddings``): float or base64 vectors, pooled by llama.cpp."""
+"""OpenAI's ``POST /v1/embeddings`` (``--embeddings``): one float or base64 vector per input.
+
+Pooled by llama.cpp, or for a model whose pooling is ``none`` (a generative
+one's own) the input's last token's, as Ollama's ``/v1/embeddings`` answers
+there (``service/embeddings.py``); llama-server refuses that case with a 400.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from bubo.service.embeddings import (
     EmbeddingInput,
     embed,
     normalize,
-    require_embedder,
+    require_vectors,
 )
 
 from .routes import blueprint
@@ -69,9 +74,9 @@ class EmbeddingList:
 
 @blueprint.post("/v1/embeddings")
 async def embeddings() -> Response:
-    """Pooled, Euclidean-normalized vectors, as llama-server's ``/v1/embeddings``."""
+    """One Euclidean-normalized vector per input (see the module's docstring)."""
     runtime = require_runtime()
-    embedder = require_embedder(runtime)
+    embedder = require_vectors(runtime)
 
     def translated(body: EmbeddingRequest) -> list[EmbeddingInput]:
         if body.model is not None:
@@ -81,17 +86,6 @@ async def embeddings() -> Response:
         return embedding_inputs(body.input, "input", max_tokens=embedder.n_tokens)
 
     body, inputs = await read_body(runtime, EmbeddingRequest, translated)
-    if embedder.pooling == "none":
-        raise InvalidRequest(
-            "the server pools no embeddings (--pooling none gives a vector per token, which /v1/embeddings "
-            "cannot answer); use /embedding, or start the server with --pooling mean",
-            code="pooling_not_supported",
-        )
-    if embedder.pooling == "rank":
-        raise InvalidRequest(
-            "the server ranks (--pooling rank gives a reranker's scores, not embeddings); use /rerank",
-            code="pooling_not_supported",
-        )
     if body.dimensions is not None and body.dimensions != embedder.n_embd:
         raise InvalidRequest(
             f"this model's embeddings have {embedder.n_embd} dimensions; they cannot be shortened",

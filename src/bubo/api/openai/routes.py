@@ -6,6 +6,7 @@ import time
 
 from quart import Blueprint, Response
 
+from bubo.api._capabilities import llama_server_capabilities
 from bubo.api._chat import translate as chat_translate
 from bubo.api._chat import wire as chat_wire
 from bubo.api._chat.reading import chat_request_without_model, on_the_prompt
@@ -154,7 +155,9 @@ def model_list(runtime: Runtime) -> wire.ModelList:
     aliases = list(dict.fromkeys((runtime.model_id, *runtime.aliases)))  # llama-server's: every --alias name
     return wire.ModelList(
         models=[
-            wire.ListedModel(name=name, model=name, capabilities=list(runtime.capabilities))
+            wire.ListedModel(
+                name=name, model=name, capabilities=llama_server_capabilities(runtime.capabilities)
+            )
             for name in runtime.model_names
         ],
         data=[
