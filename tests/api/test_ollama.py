@@ -175,6 +175,25 @@ class TestNames:
         missing = await post(app, "/api/generate", {"prompt": "x"})
         assert (missing.status_code, await missing.get_json()) == (400, {"error": "model is required"})
 
+    async def test_any_name_with_model_names_any(self, make_runtime, settings) -> None:
+        """--model-names any: every name is the served model here too (aider's ``ollama_chat/qwen2.5-coder``)."""
+        runtime = attrs.evolve(make_runtime(), any_model_name=True)
+        any_app = create_app(settings, load=lambda _s, _p: runtime, on_load_failure=lambda: None)
+        async with any_app.test_app() as test_app:
+            await wait_until_ready(any_app)
+            shown = await post(test_app, "/api/show", {"model": "qwen2.5-coder"})
+            chat = await post(
+                test_app, "/api/chat", {"model": "qwen2.5-coder", "messages": HI, "stream": False}
+            )
+            pulled = await post(test_app, "/api/pull", {"model": "llama3.2", "stream": False})
+            missing = await post(test_app, "/api/chat", {"messages": HI})
+        assert shown.status_code == 200
+        assert (await shown.get_json())["model_info"]["general.architecture"] == "llama"
+        assert chat.status_code == 200
+        assert (await chat.get_json())["model"] == "qwen2.5-coder"
+        assert (pulled.status_code, await pulled.get_json()) == (200, {"status": "success"})
+        assert (missing.status_code, await missing.get_json()) == (400, {"error": "model is required"})
+
     async def test_each_chunk_echoes_the_name_as_sent(self, app) -> None:
         lines = await lines_of(app, "/api/chat", {"model": "Bubo:Latest", "messages": HI})
         assert {line["model"] for line in lines} == {"Bubo:Latest"}

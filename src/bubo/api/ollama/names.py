@@ -4,7 +4,9 @@ Ollama lists a model as ``NAME:latest`` and resolves ``NAME`` to it; clients
 write names in any case.  So a served name is listed with ``:latest`` (unless it
 has a tag of its own), and a request's name resolves to the served name it
 equals, ignoring case and a ``:latest`` tag.  Anything else is not found
-(404 ``model 'x' not found``, Ollama's message).
+(404 ``model 'x' not found``, Ollama's message), unless the server was started
+with ``--model-names any``: then every name is the served model, as in the
+other dialects.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def resolve(requested: str, served: Iterable[str]) -> str | None:
     return None
 
 
-def require_name(requested: str | None, served: Iterable[str]) -> str:
-    """The served name for a request's ``model``.
+def require_name(requested: str | None, served: Iterable[str], *, any_name: bool = False) -> str:
+    """The served name for a request's ``model``: with *any_name*, an unknown one means the first served name.
 
     Raises:
         InvalidRequest: no model (``missing_model``, Ollama's ``model is required``).
@@ -50,7 +52,10 @@ def require_name(requested: str | None, served: Iterable[str]) -> str:
     """
     if not requested:
         raise InvalidRequest("model is required", code="missing_model", param="model")
-    name = resolve(requested, served)
+    names = tuple(served)
+    name = resolve(requested, names)
+    if name is None and any_name:
+        return names[0]
     if name is None:
         raise NotFound(f"model '{requested}' not found", code="model_not_found", param="model")
     return name

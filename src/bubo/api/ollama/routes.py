@@ -219,7 +219,7 @@ async def show() -> Response:
     runtime = require_runtime()
     body = await structured_body(runtime, wire.ShowRequest)
     requested = body.model or body.name
-    name = require_name(requested, runtime.model_names)
+    name = require_name(requested, runtime.model_names, any_name=runtime.any_model_name)
     if body.verbose:
         logger.debug("/api/show verbose: long metadata arrays are always shown empty")
     info = runtime.engine.info
@@ -250,7 +250,7 @@ async def chat() -> Response:
     """A chat turn; streamed as NDJSON unless ``stream`` is ``false``."""
     runtime = require_runtime()
     body = await structured_body(runtime, wire.ChatRequest)
-    name = require_name(body.model, runtime.model_names)
+    name = require_name(body.model, runtime.model_names, any_name=runtime.any_model_name)
     keep_alive = _keep_alive(runtime, body, keep_alive_seconds(body.keep_alive))
     model = body.model or name
     if not body.messages:
@@ -274,7 +274,7 @@ async def generate() -> Response:
     """A completion of ``prompt``: through the chat template, ``raw``, or filling in before ``suffix``."""
     runtime = require_runtime()
     body = await structured_body(runtime, wire.GenerateRequest)
-    name = require_name(body.model, runtime.model_names)
+    name = require_name(body.model, runtime.model_names, any_name=runtime.any_model_name)
     keep_alive = _keep_alive(runtime, body, keep_alive_seconds(body.keep_alive))
     model = body.model or name
     if body.raw and (body.template or body.system or body.context):
@@ -412,7 +412,7 @@ async def embed_route() -> Response:
     """
     runtime = require_runtime()
     body = await structured_body(runtime, wire.EmbedRequest)
-    name = require_name(body.model, runtime.model_names)
+    name = require_name(body.model, runtime.model_names, any_name=runtime.any_model_name)
     _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
     await _check_options(runtime, body.options)
     if body.dimensions is not None and body.dimensions < 0:
@@ -437,7 +437,7 @@ async def embeddings() -> Response:
     """The older form: ``prompt`` → ``embedding`` (``[]`` for an empty prompt)."""
     runtime = require_runtime()
     body = await structured_body(runtime, wire.EmbeddingsRequest)
-    require_name(body.model, runtime.model_names)
+    require_name(body.model, runtime.model_names, any_name=runtime.any_model_name)
     _keep_alive(runtime, None, keep_alive_seconds(body.keep_alive))
     await _check_options(runtime, body.options)
     if not body.prompt:
@@ -476,10 +476,10 @@ def pull_response(lines: list[wire.Progress], *, stream: bool | None) -> Respons
 
 @blueprint.post("/api/pull")
 async def pull() -> Response:
-    """A served model is here already: its progress ends in ``success`` at once; any other name is 404."""
+    """A served model is here already: success at once; another name is 404 (not with --model-names any)."""
     runtime = require_runtime()
     body = await structured_body(runtime, wire.PullRequest)
-    require_name(body.model or body.name, runtime.model_names)
+    require_name(body.model or body.name, runtime.model_names, any_name=runtime.any_model_name)
     return pull_response(pull_lines(_card(runtime)), stream=body.stream)
 
 
