@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.openwebui]
 
 ANSWER_MS = 180_000  # a whole answer, or a title, on two cores busy with other work
 expect.set_options(timeout=60_000)
+BUILTIN_TOOLS_MS = 600_000  # a 7,000-token prefill, minutes when the two cores are busy with other work
 CHAT_PATHS = ("/api/chat", "/v1/chat/completions")
 SYSTEM_PROMPT = "You are a ship's parrot. Answer in one short sentence."
 CODE_WORD = "tawny-frogmouth-417"
@@ -117,9 +118,11 @@ def chats(webui: OpenWebUI, since: int = 0) -> list[Exchange]:
     return [e for e in webui.exchanges()[since:] if e.method == "POST" and e.endpoint in CHAT_PATHS]
 
 
-def wait_for_chats(webui: OpenWebUI, since: int, *, streamed: int) -> list[Exchange]:
+def wait_for_chats(
+    webui: OpenWebUI, since: int, *, streamed: int, within_ms: int = ANSWER_MS
+) -> list[Exchange]:
     """Until *streamed* streamed chat requests after exchange *since* have ended; all chat requests since."""
-    deadline = time.monotonic() + ANSWER_MS / 1000
+    deadline = time.monotonic() + within_ms / 1000
     while time.monotonic() < deadline:
         found = chats(webui, since)
         done = [e for e in found if json_body(e).get("stream") and e.ended_s is not None]
@@ -290,6 +293,28 @@ def test_an_uploaded_text_file_reaches_the_model(
     expect(page.get_by_role("button", name="Regenerate").last).to_be_visible(timeout=ANSWER_MS)
     page.screenshot(path=artifacts / "file.png")
     assert_all_ok(found)
+
+
+def test_open_webuis_default_36_built_in_tools_fit_the_default_context(
+    page: Page, webui: OpenWebUI, artifacts: Path
+) -> None:
+    """The served id, left as Open WebUI configures it: its built-in tools come with the chat (about
+    7,000 tokens with the question), and Bubo answers within the model's own 8,192-token context."""
+    new_chat(page, webui)
+    menu = open_model_menu(page)
+    menu.get_by_role(
+        "option", name=f"Select {served_name(webui, 'smollm2-135m-instruct-q4-1')} model"
+    ).click()
+    since = len(webui.exchanges())
+    send(page, "What time is it?")
+    found = wait_for_chats(webui, since, streamed=1, within_ms=BUILTIN_TOOLS_MS)
+    chat = next(e for e in found if json_body(e).get("stream"))
+    tools = json_body(chat)["tools"]
+    assert len(tools) > 30, [t["function"]["name"] for t in tools]
+    assert {t["type"] for t in tools} == {"function"}
+    assert_all_ok(found)
+    expect(page.get_by_role("button", name="Regenerate").last).to_be_visible(timeout=BUILTIN_TOOLS_MS)
+    page.screenshot(path=artifacts / "builtin-tools.png")
 
 
 def test_loaded_models_come_from_api_ps_and_eject_frees_the_model(
