@@ -5,7 +5,8 @@ deselects): the session installs open-webui from PyPI into its own venv, and `op
 is found next to this interpreter (or at ``$BUBO_OPEN_WEBUI``); a missing one fails the run.
 
 Bubo serves the default model with the model's own 8,192-token context: Open WebUI 0.12 offers
-its 36 built-in tools with every chat (about 7,000 tokens).  A logging proxy (agents/proxy.py)
+its 36 built-in tools with every chat (about 7,000 tokens); the tests turn them off for `bubo`, as
+a CPU user would (docs/ollama.md), and leave them on for the served id.  A logging proxy (agents/proxy.py)
 sits between the two and records every request Open WebUI sends; with
 ``BUBO_OPENWEBUI_RECORD=DIR`` the session writes them as the fixtures that
 tests/e2e/test_openwebui_replays.py replays in the default run.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
 import os
 import shutil
 import signal
@@ -45,7 +45,7 @@ CONNECTIONS = ("ollama", "openai")
 
 
 def open_webui_command() -> str:
-    """`open-webui` beside this interpreter (the session's venv), else ``$BUBO_OPEN_WEBUI`` or PATH."""
+    """``$BUBO_OPEN_WEBUI``, else `open-webui` beside this interpreter (the session's venv), else on PATH."""
     beside = Path(sys.executable).with_name("open-webui")
     found = os.environ.get("BUBO_OPEN_WEBUI") or (
         str(beside) if beside.exists() else shutil.which("open-webui")
@@ -210,7 +210,3 @@ def json_body(exchange: Exchange) -> dict[str, Any]:
     body = exchange.json_body()
     assert isinstance(body, dict), exchange.body[:200]
     return body
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
