@@ -5,6 +5,15 @@ answer and reasoning text arrive in ``delta.content`` / ``delta.reasoning_conten
 the last chunk with choices has an empty delta, the ``finish_reason`` and
 ``timings``; with ``stream_options.include_usage`` one more chunk follows with
 ``choices: []`` and ``usage``; then ``data: [DONE]``.
+
+Keep-alives are chunks every client parses, not SSE comments: agents such as
+qwen-code count parsed chunks against an idle timeout (240 s), and a comment
+never reaches it.  A chat keep-alive is a chunk of the stream with an empty
+delta and a null ``finish_reason`` (the first one, while the request waits for
+its slot, is the role chunk itself, so the role is still sent exactly once and
+first); a completions keep-alive is a choice with empty text.  Once the finish
+chunk went out, a keep-alive is the comment again, so nothing follows the
+finish but the usage chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ class ChatStream:
         self._logprobs = logprobs
         self._return_progress = return_progress
         self._live = LiveTimings() if timings_per_token else None
+        self._opened = False  # the role chunk went out (from opening() or as the first keep-alive)
+        self._finished = False  # the finish chunk went out: no chunk with choices may follow
 
     def _envelope(self, choices: list[wire.ChunkChoice], **fields: Any) -> bytes:
         """A ``chat.completion.chunk`` frame of this stream: its identity, *choices* and *fields*."""
@@ -110,10 +121,15 @@ class ChatStream:
         timings = self._live.now() if self._live is not None else None
         return self._envelope([], timings=timings, prompt_progress=progress(event))
 
-    def opening(self) -> Iterable[bytes]:
+    def _role(self) -> bytes:
         """The role chunk, without ``timings`` even with ``timings_per_token``: nothing is timed yet."""
+        self._opened = True
         choice = wire.ChunkChoice(index=0, delta=wire.RoleDelta(), finish_reason=None)
-        return [self._envelope([choice])]
+        return self._envelope([choice])
+
+    def opening(self) -> Iterable[bytes]:
+        """The role chunk, unless a keep-alive sent it while the request waited for its slot."""
+        return () if self._opened else [self._role()]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
@@ -140,6 +156,7 @@ class ChatStream:
                 yield from self._closing(event)
 
     def _closing(self, done: Done) -> list[bytes]:
+        self._finished = True
         final = timings(done.stats)
         frames = [self._chunk(wire.Delta(), finish_reason=done.finish_reason, timings=final)]
         if self._include_usage:
@@ -154,8 +171,18 @@ class ChatStream:
         return _error_frames(error)
 
     def keepalive(self) -> Iterable[bytes]:
-        """An SSE comment line, which every client skips."""
-        return [COMMENT_KEEPALIVE]
+        """A chunk whose delta adds nothing: the role chunk if none went out yet, the comment once finished.
+
+        The OpenAI SDKs (Python and JS) yield it and their stream helpers add nothing from it; the
+        AI SDK's openai-compatible provider (opencode) and qwen-code skip an empty delta; litellm
+        drops it.  The role is never repeated: the Python SDK's helper concatenates string fields of
+        deltas, so a second role chunk would make the message's role ``"assistantassistant"``.
+        """
+        if self._finished:
+            return [COMMENT_KEEPALIVE]
+        if not self._opened:
+            return [self._role()]
+        return [self._chunk(wire.Delta())]
 
 
 class CompletionStream:
@@ -172,6 +199,7 @@ class CompletionStream:
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._offset = 0
+        self._finished = False  # the finish chunk went out
 
     def _chunk(
         self,
@@ -218,6 +246,7 @@ class CompletionStream:
         return ()
 
     def _closing(self, done: Done) -> list[bytes]:
+        self._finished = True
         if not self._include_usage:
             return [self._chunk("", finish_reason=done.finish_reason, usage_of=done, timings_of=done), _DONE]
         return [
@@ -231,5 +260,5 @@ class CompletionStream:
         return _error_frames(error)
 
     def keepalive(self) -> Iterable[bytes]:
-        """An SSE comment line, which every client skips."""
-        return [COMMENT_KEEPALIVE]
+        """A choice with empty text and a null ``finish_reason`` (the comment once finished)."""
+        return [COMMENT_KEEPALIVE] if self._finished else [self._chunk("")]
