@@ -11,9 +11,9 @@ after the headers is a last ``{"error": "..."}`` line, with no ``done`` line.
 A stream silent for ``--sse-keepalive`` seconds (waiting for the slot, reading
 a long prompt) sends a keep-alive line: a ``done: false`` chunk with empty
 content, which Ollama's clients read as a chunk that adds nothing (the Python
-and JavaScript clients yield it, their callers join its empty text; LangChain
-and Open WebUI do the same), so a client with an idle timeout of its own sees
-activity; none follows the ``done`` line.
+and JavaScript clients yield it and their callers, LangChain and Open WebUI
+among them, join its empty text), so a client with a read timeout of its own
+sees activity; none follows the ``done`` line.
 
 Not streamed: the chunks are folded as Ollama folds them (texts joined, calls
 and log-probabilities gathered, the rest from the last chunk).
