@@ -119,9 +119,9 @@ def agents(session: nox.Session) -> None:
 
     Never part of `tests`: about 20-30 minutes on two cores (agents/run.py; `-- --only codex`,
     `-- --timeout 900`). Writes .nox/agents-report.md; fails on a non-2xx, an error in a stream, or a
-    request that re-read the prompt prefix the previous one had. `-- --only qwen --slow-prefill 90`:
-    each prompt chunk waits 90 s (tests/e2e/harness_server.py), and qwen-code with its default 240 s
-    idle guard must still get an answer whose prompt took longer than that (about 15 minutes).
+    request that re-read the prompt prefix the previous one had. `-- --only qwen --slow-prefill 60`:
+    each prompt chunk waits 60 s (tests/e2e/harness_server.py), and qwen-code with its default 240 s
+    idle guard must still get an answer whose prompt took longer than that (15-30 minutes).
     """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
     session.run("python", "agents/run.py", *session.posargs)

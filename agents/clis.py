@@ -27,12 +27,12 @@ class Agent:
     binary: str  # its command in node_modules/.bin
     model: str  # the model name it is told to use (Bubo runs with --model-names any)
 
-    def command(self, cache: Path, task: str, *, short_prompt: bool = False) -> list[str]:
+    def command(self, cache: Path, task: str, *, slowed: bool = False) -> list[str]:
         """The command line that runs *task* once, non-interactively.
 
-        *short_prompt*: qwen-code with a one-line system prompt and four tools (about 5,000 prompt
-        tokens, not 17,400), so a run with a slowed prefill lasts as long as the delay says on any
-        machine (agents/run.py ``--slow-prefill``); the others ignore it.
+        *slowed*: the server reads prompts slowly on purpose (agents/run.py ``--slow-prefill``):
+        qwen-code then runs one turn with a one-line system prompt and fewer tools (about 9,000
+        prompt tokens, not 17,400), so the run lasts minutes, not an hour; the others ignore it.
         """
         program = str(cache / "node_modules" / ".bin" / self.binary)
         match self.name:
@@ -41,13 +41,23 @@ class Agent:
             case "codex":
                 return [program, "exec", "--skip-git-repo-check", task]
             case "qwen":
-                flags = ["--auth-type", "openai", "--approval-mode", "auto-edit", "--max-session-turns", "4"]
-                return [program, *flags, *(_QWEN_SHORT_PROMPT if short_prompt else ()), "-p", task]
+                flags = ["--auth-type", "openai", "--approval-mode", "auto-edit"]
+                lean = (
+                    ["--max-session-turns", "1", *_QWEN_SHORT_PROMPT]
+                    if slowed
+                    else ["--max-session-turns", "4"]
+                )
+                return [program, *flags, *lean, "-p", task]
             case _:
                 return [program, "run", "--model", f"bubo/{self.model}", task]
 
-    def environment(self, base_url: str, home: Path, context: int) -> dict[str, str]:
-        """Its variables: the base URL and model, no traffic but to it (files it reads are written too)."""
+    def environment(self, base_url: str, home: Path, context: int, *, slowed: bool = False) -> dict[str, str]:
+        """Its variables: the base URL and model, no traffic but to it (files it reads are written too).
+
+        *slowed* (see :meth:`command`): qwen-code's cap on a stream's whole length is lifted, its idle
+        guard kept: the cap (15 minutes) is no idle timeout, and a prompt read slowly on a busy machine
+        may outlast it.
+        """
         common = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "NO_COLOR": "1"}
         match self.name:
             case "claude":
@@ -75,12 +85,13 @@ class Agent:
                 settings = home / ".qwen" / "settings.json"
                 settings.parent.mkdir(parents=True, exist_ok=True)
                 settings.write_text(json.dumps(_QWEN_SETTINGS, indent=1))
-                # its stream guard keeps its default (QWEN_STREAM_IDLE_TIMEOUT_MS, 240 s): keep-alives feed it
+                # its idle guard keeps its default (QWEN_STREAM_IDLE_TIMEOUT_MS, 240 s): keep-alives feed it
                 return {
                     **common,
                     "OPENAI_BASE_URL": f"{base_url}/v1",
                     "OPENAI_API_KEY": "sk-local",
                     "OPENAI_MODEL": self.model,
+                    **({"QWEN_STREAM_MAX_LIFETIME_MS": "0"} if slowed else {}),
                 }
             case _:
                 config = home / "opencode.json"

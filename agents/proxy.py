@@ -43,9 +43,7 @@ class Exchange:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     stream_errors: list[str] = attrs.Factory(list)
-    keepalives: int = (
-        0  # parsed keep-alive events: Anthropic pings, Responses in_progress again, empty chat deltas
-    )
+    keepalives: int = 0  # pings, response.in_progress again, chat chunks with an empty delta
     left_early: bool = False  # the agent closed the connection before the response ended
     response_head: bytes = b""  # the first bytes of the response body (for the report)
 

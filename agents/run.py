@@ -23,11 +23,10 @@ also fails unless a request waited longer than ``--guard`` seconds (240, qwen-co
 default stream idle guard) for its first token and was still answered in full,
 and when the agent left any request before its answer ended: the keep-alives
 (counted per request in the report) must feed the agent's guard.  qwen-code
-then runs with a short system prompt and fewer tools (about 5,000 prompt
-tokens, not 17,400): read on a busy CPU its whole prompt can outlast its other
-guard, a 15-minute cap on a stream's total wait (QWEN_STREAM_MAX_LIFETIME_MS),
-which no keep-alive can feed, and the run's length would be the machine's, not
-the delay's.
+then runs one turn with a short system prompt and fewer tools (about 9,000
+prompt tokens, not 17,400), and without its other guard, a 15-minute cap on a
+stream's whole length (QWEN_STREAM_MAX_LIFETIME_MS): no keep-alive can feed
+that one, and a prompt read slowly beside other work can outlast it.
 """
 
 from __future__ import annotations
@@ -105,8 +104,9 @@ def main() -> int:
         _BuboServer(model, Path(scratch), args.threads, args.slow_prefill) as url,
     ):
         for agent in agents:
-            command = agent.command(args.cache, TASK, short_prompt=args.slow_prefill > 0)
-            run = _run(agent, command, url, Path(scratch) / agent.name, args.timeout)
+            slowed = args.slow_prefill > 0
+            command = agent.command(args.cache, TASK, slowed=slowed)
+            run = _run(agent, command, url, Path(scratch) / agent.name, args.timeout, slowed=slowed)
             run.cache = httpx.get(f"{url}/debug/cache", timeout=30).json()
             _check(run, renderer)
             if args.slow_prefill > 0:
@@ -218,13 +218,18 @@ def _repository(folder: Path) -> Path:
     return repo
 
 
-def _run(agent: Agent, command: list[str], upstream: str, folder: Path, timeout: float) -> AgentRun:
+def _run(
+    agent: Agent, command: list[str], upstream: str, folder: Path, timeout: float, *, slowed: bool
+) -> AgentRun:
     repo = _repository(folder)
     home = folder / "home"
     home.mkdir()
     started = time.monotonic()
     with LoggingProxy(upstream) as proxy:
-        environment = {"PATH": os.environ.get("PATH", ""), **agent.environment(proxy.base_url, home, CONTEXT)}
+        environment = {
+            "PATH": os.environ.get("PATH", ""),
+            **agent.environment(proxy.base_url, home, CONTEXT, slowed=slowed),
+        }
         log = folder / f"{agent.name}.log"
         with log.open("wb") as output:
             process = subprocess.Popen(
