@@ -59,10 +59,10 @@ class _CompletionStream:
     llama-server's stream does (``return_tokens`` is for the whole answer's ids, which a stream's last
     chunk leaves empty); ``fields`` (``response_fields``) projects the final result.
 
-    Keep-alives are the SSE comment: llama-server's clients read ``content`` from every
-    data line, and have no idle timeout of their own.  A client that asked for
-    ``return_progress`` reads progress chunks, so while its prompt is read the keep-alive
-    is the last ``prompt_progress`` chunk again (the comment before the first one).
+    Keep-alives are the SSE comment: llama-server sends no data line while it reads a
+    prompt, so one would be a chunk its clients never saw from it.  A client that asked
+    for ``return_progress`` reads progress chunks, so while its prompt is read the
+    keep-alive is the last ``prompt_progress`` chunk again (the comment before the first).
     """
 
     def __init__(
