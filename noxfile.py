@@ -121,7 +121,7 @@ def agents(session: nox.Session) -> None:
     `-- --timeout 900`). Writes .nox/agents-report.md; fails on a non-2xx, an error in a stream, or a
     request that re-read the prompt prefix the previous one had. `-- --only qwen --slow-prefill 60`:
     each prompt chunk waits 60 s (tests/e2e/harness_server.py), and qwen-code with its default 240 s
-    idle guard must still get an answer whose prompt took longer than that (15-30 minutes).
+    idle guard must still get an answer whose prompt took longer than that (about 20 minutes).
     """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
     session.run("python", "agents/run.py", *session.posargs)

@@ -31,7 +31,7 @@ class Agent:
         """The command line that runs *task* once, non-interactively.
 
         *slowed*: the server reads prompts slowly on purpose (agents/run.py ``--slow-prefill``):
-        qwen-code then runs one turn with a one-line system prompt and fewer tools (about 9,000
+        qwen-code then runs one turn with a one-line system prompt and fewer tools (about 11,600
         prompt tokens, not 17,400), so the run lasts minutes, not an hour; the others ignore it.
         """
         program = str(cache / "node_modules" / ".bin" / self.binary)

@@ -23,7 +23,7 @@ also fails unless a request waited longer than ``--guard`` seconds (240, qwen-co
 default stream idle guard) for its first token and was still answered in full,
 and when the agent left any request before its answer ended: the keep-alives
 (counted per request in the report) must feed the agent's guard.  qwen-code
-then runs one turn with a short system prompt and fewer tools (about 9,000
+then runs one turn with a short system prompt and fewer tools (about 11,600
 prompt tokens, not 17,400), and without its other guard, a 15-minute cap on a
 stream's whole length (QWEN_STREAM_MAX_LIFETIME_MS): no keep-alive can feed
 that one, and a prompt read slowly beside other work can outlast it.
