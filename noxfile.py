@@ -117,11 +117,13 @@ def soak(session: nox.Session) -> None:
 
 @nox.session
 def agents(session: nox.Session) -> None:
-    """Claude Code, Codex CLI and opencode, installed from npm, each on a small task against a real Bubo.
+    """Claude Code, Codex CLI, opencode and qwen-code, from npm, each on a small task against a real Bubo.
 
     Never part of `tests`: about 20-30 minutes on two cores (agents/run.py; `-- --only codex`,
     `-- --timeout 900`). Writes .nox/agents-report.md; fails on a non-2xx, an error in a stream, or a
-    request that re-read the prompt prefix the previous one had.
+    request that re-read the prompt prefix the previous one had. `-- --only qwen --slow-prefill 60`:
+    each prompt chunk waits 60 s (tests/e2e/harness_server.py), and qwen-code with its default 240 s
+    idle guard must still get an answer whose prompt took longer than that (about 20 minutes).
     """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "tests", "parity"))
     session.run("python", "agents/run.py", *session.posargs)

@@ -43,6 +43,7 @@ class Exchange:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     stream_errors: list[str] = attrs.Factory(list)
+    keepalives: int = 0  # pings, response.in_progress again, chat chunks with an empty delta
     left_early: bool = False  # the agent closed the connection before the response ended
     response_head: bytes = b""  # the first bytes of the response body (for the report)
 
@@ -67,6 +68,7 @@ class _Reader:
         self._buffer = b""
         self._whole = bytearray()
         self._event: str | None = None
+        self._in_progress = 0  # response.in_progress events seen
 
     def feed(self, chunk: bytes, now: float) -> None:
         self._whole.extend(chunk)
@@ -99,9 +101,21 @@ class _Reader:
             exchange.stream_errors.append(json.dumps(payload)[:300])
         if exchange.first_token_s is None and _is_token(event, payload):
             exchange.first_token_s = now - exchange.started
+        if self._is_keepalive(event, payload):
+            exchange.keepalives += 1
         usage = _usage(event, payload)
         if usage is not None:
             exchange.prompt_tokens, exchange.cached_tokens = usage
+
+    def _is_keepalive(self, event: str, payload: dict[str, Any]) -> bool:
+        """A ping, a repeated ``response.in_progress``, or a chat chunk that adds nothing (not the role's)."""
+        if event == "ping":
+            return True
+        if event == "response.in_progress":
+            self._in_progress += 1
+            return self._in_progress > 1  # the first is the stream's own
+        choices = payload.get("choices")
+        return bool(choices) and all(c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
 
     def finish(self) -> None:
         """The response ended: a JSON body's usage, if it was not a stream."""

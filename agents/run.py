@@ -15,6 +15,18 @@ cached tokens, the prefix shared with the previous request, the time to the
 first byte and to the first token.  ``--record DIR`` writes the agents' first
 requests, machine paths scrubbed, as the test fixtures the default test run
 replays.
+
+``--slow-prefill S`` runs the server through ``tests/e2e/harness_server.py``
+with its ``prefill-delay`` switch: each prompt chunk (up to 2,048 tokens) waits
+S seconds first, so a prompt is read for minutes on any machine.  The run then
+also fails unless a request waited longer than ``--guard`` seconds (240, qwen-code's
+default stream idle guard) for its first token and was still answered in full,
+and when the agent left any request before its answer ended: the keep-alives
+(counted per request in the report) must feed the agent's guard.  qwen-code
+then runs one turn with a short system prompt and fewer tools (about 11,600
+prompt tokens, not 17,400), and without its other guard, a 15-minute cap on a
+stream's whole length (QWEN_STREAM_MAX_LIFETIME_MS): no keep-alive can feed
+that one, and a prompt read slowly beside other work can outlast it.
 """
 
 from __future__ import annotations
@@ -48,6 +60,8 @@ REREAD_LIMIT = 0.10  # of the prefix the previous request had
 MIN_PREFIX = 256  # shorter shared prefixes are not judged
 TASK = "calc.py has a bug: add(2, 3) returns -1. Fix add() so that it returns the sum, then stop."
 GENERATING = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+GUARD_S = 240.0  # qwen-code's stream idle guard: no parsed chunk for this long and it drops the request
+HARNESS = ROOT / "tests" / "e2e" / "harness_server.py"
 
 
 @attrs.define
@@ -74,6 +88,8 @@ def main() -> int:
     parser.add_argument("--report", type=Path, default=ROOT / ".nox" / "agents-report.md")
     parser.add_argument("--record", type=Path, help="write the first requests as fixtures here")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--slow-prefill", type=float, default=0.0, help="seconds each prompt chunk waits (0)")
+    parser.add_argument("--guard", type=float, default=GUARD_S, help="with --slow-prefill: the idle guard, s")
     args = parser.parse_args()
     # a SIGTERM (nox's timeout, a CI runner) unwinds like Ctrl-C, so the server and the agent are stopped
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -85,12 +101,16 @@ def main() -> int:
     runs: list[AgentRun] = []
     with (
         tempfile.TemporaryDirectory(prefix="bubo-agents-") as scratch,
-        _BuboServer(model, Path(scratch), args.threads) as url,
+        _BuboServer(model, Path(scratch), args.threads, args.slow_prefill) as url,
     ):
         for agent in agents:
-            run = _run(agent, url, Path(scratch) / agent.name, args.cache, args.timeout)
+            slowed = args.slow_prefill > 0
+            command = agent.command(args.cache, TASK, slowed=slowed)
+            run = _run(agent, command, url, Path(scratch) / agent.name, args.timeout, slowed=slowed)
             run.cache = httpx.get(f"{url}/debug/cache", timeout=30).json()
             _check(run, renderer)
+            if args.slow_prefill > 0:
+                _check_guard(run, args.guard)
             runs.append(run)
             if args.record is not None:
                 _record(run, args.record, Path(scratch) / agent.name, args.cache)
@@ -105,22 +125,42 @@ def main() -> int:
 
 
 class _BuboServer:
-    """``bubo serve`` with the coder model on a free loopback port, stopped by PID."""
+    """``bubo serve`` with the coder model on a free loopback port, stopped by PID.
 
-    def __init__(self, model: Path, scratch: Path, threads: int) -> None:
+    With *slow_prefill* seconds, the fault-injecting harness instead (the same server, its
+    settings from ``BUBO_*`` variables), each prompt chunk delayed that long.
+    """
+
+    def __init__(self, model: Path, scratch: Path, threads: int, slow_prefill: float = 0.0) -> None:
         self._model = model
+        self._scratch = scratch
         self._log = scratch / "bubo.log"
         self._threads = threads
+        self._slow_prefill = slow_prefill
         self._process: subprocess.Popen[bytes] | None = None
+
+    def _command(self, port: int) -> tuple[list[str], dict[str, str] | None]:
+        if self._slow_prefill <= 0:
+            command = [
+                sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
+                "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
+            ]  # fmt: skip
+            return command, None
+        control = self._scratch / "control"
+        control.mkdir()
+        (control / "prefill-delay").write_text(str(self._slow_prefill))
+        settings = {
+            "BUBO_MODEL": str(self._model), "BUBO_CTX_SIZE": str(CONTEXT), "BUBO_MODEL_NAMES": "any",
+            "BUBO_THREADS": str(self._threads), "BUBO_DEBUG_HOOKS": "on",
+        }  # fmt: skip
+        command = [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)]
+        return command, {**os.environ, **settings}
 
     def __enter__(self) -> str:
         port = _free_port()
-        command = [
-            sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
-            "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
-        ]  # fmt: skip
+        command, environment = self._command(port)
         with self._log.open("wb") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -178,17 +218,22 @@ def _repository(folder: Path) -> Path:
     return repo
 
 
-def _run(agent: Agent, upstream: str, folder: Path, cache: Path, timeout: float) -> AgentRun:
+def _run(
+    agent: Agent, command: list[str], upstream: str, folder: Path, timeout: float, *, slowed: bool
+) -> AgentRun:
     repo = _repository(folder)
     home = folder / "home"
     home.mkdir()
     started = time.monotonic()
     with LoggingProxy(upstream) as proxy:
-        environment = {"PATH": os.environ.get("PATH", ""), **agent.environment(proxy.base_url, home, CONTEXT)}
+        environment = {
+            "PATH": os.environ.get("PATH", ""),
+            **agent.environment(proxy.base_url, home, CONTEXT, slowed=slowed),
+        }
         log = folder / f"{agent.name}.log"
         with log.open("wb") as output:
             process = subprocess.Popen(
-                agent.command(cache, TASK),
+                command,
                 cwd=repo,
                 env=environment,
                 stdin=subprocess.DEVNULL,
@@ -246,6 +291,25 @@ def _check(run: AgentRun, renderer: PromptRenderer) -> None:
         run.failures.append(f"{run.agent.name}: no generating request was answered")
 
 
+def _check_guard(run: AgentRun, guard: float) -> None:
+    """A prompt read for longer than the agent's idle guard was answered in full; no request was left."""
+    generating = [e for e in run.exchanges if e.endpoint.endswith(GENERATING) and e.method == "POST"]
+    for exchange in generating:
+        if exchange.left_early:
+            run.failures.append(
+                f"{run.agent.name} #{exchange.number}: the agent left after {exchange.ended_s or 0:.0f} s "
+                f"({exchange.keepalives} keep-alives received)"
+            )
+    if not any(
+        (e.first_token_s or 0) > guard and e.status == 200 and not e.left_early and not e.stream_errors
+        for e in generating
+    ):
+        run.failures.append(
+            f"{run.agent.name}: no request waited longer than {guard:.0f} s for its first token and was "
+            "answered in full (a longer --slow-prefill?)"
+        )
+
+
 # ---- the report ------------------------------------------------------------------------------------
 
 
@@ -259,6 +323,7 @@ _COLUMNS = (
     "first byte s",
     "first token s",
     "total s",
+    "keep-alives",
 )
 
 
@@ -285,7 +350,7 @@ def _report(runs: list[AgentRun]) -> str:
         for e in run.exchanges:
             cells = (
                 e.number, f"{e.method} {e.endpoint}", e.status, e.prompt_tokens, e.cached_tokens,
-                run.prefixes.get(e.number), e.first_byte_s, e.first_token_s, e.ended_s,
+                run.prefixes.get(e.number), e.first_byte_s, e.first_token_s, e.ended_s, e.keepalives,
             )  # fmt: skip
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         snapshots = run.cache.get("snapshots", [])

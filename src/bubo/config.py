@@ -657,7 +657,8 @@ OPTIONS: tuple[Option, ...] = (
            "closed ({default}; bubo serve only)", "S"),
     Option(("--sse-keepalive",), ("server", "sse_keepalive"), _float,
            "seconds a stream may send nothing (waiting for a slot, reading a long prompt) before it "
-           "sends a keep-alive: a ping, response.in_progress or an SSE comment ({default}; 0: never)", "S"),
+           "sends a keep-alive its clients parse: a ping, response.in_progress, a chunk that adds nothing "
+           "(chat, completions, Ollama) or /completion's SSE comment ({default}; 0: never)", "S"),
     Option(("--cors-origins",), ("server", "cors_origins"), _origins,
            "comma-separated origins allowed to call from a browser, * for any, or localhost for any page "
            "served from this machine (http(s)://localhost, 127.x.x.x or [::1], any port) (default: none: "

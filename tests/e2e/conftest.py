@@ -7,6 +7,7 @@ bounded waits everywhere.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -115,6 +116,28 @@ def hypercorn_command(port: int) -> list[str]:
         "--bind",
         f"127.0.0.1:{port}",
     ]
+
+
+NODE_PROJECT = Path(__file__).parent / "node"
+NODE_CACHE = Path(os.environ.get("BUBO_TEST_NODE", Path.home() / ".cache" / "bubo-test-node"))
+
+
+@pytest.fixture(name="node_modules", scope="session")
+def _node_modules() -> Path:
+    """The JavaScript clients of tests/e2e/node (ollama-js, the openai SDK), installed once with `npm ci`."""
+    npm = shutil.which("npm")
+    assert npm is not None, "npm is needed (Debian's npm package): the JavaScript clients run under node"
+    lock = (NODE_PROJECT / "package-lock.json").read_bytes()
+    target = NODE_CACHE / f"lock-{hashlib.sha256(lock).hexdigest()[:16]}"
+    if not (target / "node_modules" / ".package-lock.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copyfile(NODE_PROJECT / name, target / name)
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=target, check=True, timeout=300, capture_output=True,
+        )  # fmt: skip
+    return target / "node_modules"
 
 
 @pytest.fixture(name="server", scope="session")

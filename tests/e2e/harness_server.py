@@ -2,11 +2,15 @@
 
 Usage: python tests/e2e/harness_server.py --port N --control DIR  (settings from BUBO_* variables)
 
-It is ``bubo serve`` with the real model and Hypercorn, plus three switches a
+It is ``bubo serve`` with the real model and Hypercorn, plus four switches a
 test flips by creating files in DIR:
 
 - ``decode-fails``: every ``llama_decode`` returns -3, what llama.cpp returns
   when the device's compute fails (a lost GPU context): the engine is lost;
+- ``prefill-delay``: a number of seconds each ``llama_decode`` of more than one
+  token (a prompt chunk; generation decodes one token a step) sleeps first, in
+  the decode thread: a prompt read as slowly as a long one on a busy CPU, on
+  any machine (the keep-alive tests);
 - ``load-fails``: loading the model raises (so recovery keeps retrying);
 - ``memory.json``: ``{"available_bytes": …, "limit_bytes": …}`` replaces the
   system's memory reading for the memory guard.
@@ -22,6 +26,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +68,19 @@ def failing_decode(original: Callable[..., int], switch: Path) -> Callable[..., 
     return decode
 
 
+def slowed_prefill(original: Callable[..., int], switch: Path) -> Callable[..., int]:
+    def decode(ctx: Any, batch: Any) -> int:
+        if batch.n_tokens > 1:
+            try:
+                seconds = float(switch.read_text())
+            except (OSError, ValueError):
+                seconds = 0.0
+            time.sleep(seconds)
+        return original(ctx, batch)
+
+    return decode
+
+
 def loader(control: Path) -> Callable[[Settings, Callable[[float], None]], Runtime]:
     def load(settings: Settings, progress: Callable[[float], None]) -> Runtime:
         if (control / "load-fails").exists():
@@ -78,7 +96,8 @@ def loader(control: Path) -> Callable[[Settings, Callable[[float], None]], Runti
 async def main_async(port: int, control: Path) -> None:
     settings = load_settings()
     configure_logging(settings.log_level)
-    llama_cpp.llama_decode = failing_decode(llama_cpp.llama_decode, control / "decode-fails")
+    slowed = slowed_prefill(llama_cpp.llama_decode, control / "prefill-delay")
+    llama_cpp.llama_decode = failing_decode(slowed, control / "decode-fails")
     app = create_app(settings, load=loader(control))
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]

@@ -9,7 +9,11 @@ in its own shapes (Anthropic ``tool_use``/``tool_result``, Responses
 ``tool_calls``/``tool`` messages); each later turn must be served from the
 prompt cache, as its usage fields say.  The server is the default model with a
 16,384-token context (Claude Code's first prompt has 11,695 tokens) and a
-one-second keep-alive, so the long prefills show the keep-alives too.
+one-second keep-alive, so the long prefills show the keep-alives too, as each
+CLI's parser reads them: Anthropic ``ping`` events, ``response.in_progress``
+again, chat chunks with an empty delta (opencode's AI SDK and qwen-code's
+openai SDK count those against their idle timeouts; an SSE comment they never
+see).
 """
 
 from __future__ import annotations
@@ -165,6 +169,9 @@ class TestCodex:
         reply = replay(server, recorded, body)
         assert reply.status == 200
         prompt, _ = responses_usage(reply)
+        assert (
+            len(reply.data("response.in_progress")) > 1
+        )  # its own, then keep-alives while the prompt is read
 
         body["input"] += [
             {"type": "function_call", "name": "exec_command", "arguments": json.dumps({"cmd": "cat calc.py"}), "call_id": "call_cat"},
@@ -238,8 +245,9 @@ def chat_usage(reply: Reply) -> tuple[int, int]:
 
 class TestOpencode:
     def test_its_title_request_and_its_session(self, server: Server) -> None:
-        """The title request, the main request (a keep-alive comment while its prompt is read), then
-        the model's tool call and its result: the later turn from the cache."""
+        """The title request, the main request (keep-alive chunks with an empty delta while its prompt is
+        read, each a ChatCompletionChunk, no SSE comment), then the model's tool call and its result: the
+        later turn from the cache."""
         title = fixture("opencode-0")
         reply = replay(server, title, capped(title, "max_tokens"))
         assert reply.status == 200
@@ -253,7 +261,9 @@ class TestOpencode:
         first_content = next(
             i for i, (_, data) in enumerate(reply.events) if isinstance(data, dict) and _has_output(data)
         )
-        assert (":", ": keep-alive") in reply.events[:first_content]
+        keepalives = [data for _, data in reply.events[:first_content] if _is_idle(data)]
+        assert len(keepalives) > 0
+        assert not any(event == ":" for event, _ in reply.events)
 
         body["messages"] += [
             {"role": "assistant", "content": "", "tool_calls": [{"id": "call_read", "type": "function", "function": {"name": "read", "arguments": json.dumps({"filePath": "/work/repo/calc.py"})}}]},
@@ -263,6 +273,13 @@ class TestOpencode:
         assert reply.status == 200
         _, cached = chat_usage(reply)
         assert cached >= prompt - CACHE_SLACK
+
+
+def _is_idle(chunk: Any) -> bool:
+    """A chat keep-alive: a choice with an empty delta and no finish."""
+    return isinstance(chunk, dict) and chunk.get("choices") == [
+        {"index": 0, "delta": {}, "finish_reason": None}
+    ]
 
 
 def _has_output(chunk: dict[str, Any]) -> bool:

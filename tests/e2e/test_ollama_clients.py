@@ -10,9 +10,7 @@ embeddings); SmolLM2 with a Qwen3-style template and a grammar that forces the
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -34,7 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NODE_PROJECT = Path(__file__).parent / "node"
-NODE_CACHE = Path(os.environ.get("BUBO_TEST_NODE", Path.home() / ".cache" / "bubo-test-node"))
 GREEDY = {"temperature": 0, "top_k": 1}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
@@ -46,22 +43,9 @@ def client(server: Server) -> ollama.Client:
 
 
 @pytest.fixture(name="ollama_js", scope="session")
-def _ollama_js() -> Path:
-    """ollama-js's entry module, installed once with `npm ci` from tests/e2e/node's lock file."""
-    npm = shutil.which("npm")
-    assert npm is not None, "npm is needed (Debian's npm package): the JavaScript client runs under node"
-    lock = (NODE_PROJECT / "package-lock.json").read_bytes()
-    target = NODE_CACHE / f"lock-{hashlib.sha256(lock).hexdigest()[:16]}"
-    entry = target / "node_modules" / "ollama" / "dist" / "index.mjs"
-    if not entry.exists():
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copyfile(NODE_PROJECT / name, target / name)
-        subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=target, check=True, timeout=300, capture_output=True,
-        )  # fmt: skip
-    return entry
+def _ollama_js(node_modules: Path) -> Path:
+    """ollama-js's entry module, installed from tests/e2e/node's lock file."""
+    return node_modules / "ollama" / "dist" / "index.mjs"
 
 
 ONE_SHOT = {"headers": {"Connection": "close"}}

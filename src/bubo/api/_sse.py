@@ -6,7 +6,10 @@ opens a nursery whose one task enters the generation (waiting for the slot),
 encodes its output events and hands the frames over an unbuffered channel;
 iteration receives them, and whenever nothing came for the keep-alive
 interval it sends the dialect's keep-alive instead (a queued request, or a
-prompt read for minutes on a CPU, never trips a client's idle timeout).
+prompt read for minutes on a CPU, never trips a client's idle timeout).  Once
+the last event (``Done``, or an error) is encoded, no keep-alive follows its
+frames: a stream's end is its last frame in every dialect, however long the
+slot takes to be released after it.
 ``__aexit__`` cancels that task (its own scope, not the reader's), which
 cancels the decode if the client left (quart-trio cancels the request's
 nursery on ``http.disconnect``).  No generator here holds a nursery or cancel
@@ -29,7 +32,7 @@ import trio
 from quart import Response
 from quart.wrappers.response import ResponseBody
 
-from bubo.domain.output import OutputEvent
+from bubo.domain.output import Done, OutputEvent
 from bubo.errors import BuboError, InternalError
 
 from ._context import api_context
@@ -97,6 +100,7 @@ class EventStreamBody(ResponseBody):
         self._stack = AsyncExitStack()
         self._producer: trio.CancelScope | None = None  # the producer task's own scope
         self._frames: AsyncIterator[bytes] | None = None
+        self._ended = False  # the last event (Done, or an error) was encoded: no keep-alive follows it
 
     async def __aenter__(self) -> AsyncIterator[bytes]:
         nursery = await self._stack.enter_async_context(trio.open_nursery())
@@ -121,6 +125,7 @@ class EventStreamBody(ResponseBody):
                     for frame in encoder.opening():
                         await send.send(frame)
                     async for event in output:
+                        self._ended = self._ended or isinstance(event, Done)
                         for frame in encoder.encode(event):
                             await send.send(frame)
             except BuboError as error:
@@ -130,11 +135,12 @@ class EventStreamBody(ResponseBody):
                 frames = encoder.error(InternalError("the server failed while streaming"))
             else:
                 return
+            self._ended = True
             for frame in frames:
                 await send.send(frame)
 
     async def _relay(self, receive: trio.MemoryReceiveChannel[bytes]) -> AsyncIterator[bytes]:
-        """The producer's frames, and a keep-alive whenever none came for the interval."""
+        """The producer's frames, and a keep-alive whenever none came for the interval before the end."""
         async with receive:
             while True:
                 frame: bytes | None = None
@@ -144,6 +150,8 @@ class EventStreamBody(ResponseBody):
                     except trio.EndOfChannel:
                         return
                 if frame is None:
+                    if self._ended:
+                        continue
                     for keepalive in self._encoder.keepalive():
                         yield keepalive
                 else:

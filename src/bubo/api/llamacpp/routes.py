@@ -59,6 +59,11 @@ class _CompletionStream:
     Each chunk's ``tokens`` carries its token ids whether or not ``return_tokens`` asks, as
     llama-server's stream does (``return_tokens`` is for the whole answer's ids, which a stream's last
     chunk leaves empty); ``fields`` (``response_fields``) projects the final result.
+
+    Keep-alives are the SSE comment: llama-server sends no data line while it reads a
+    prompt, so one would be a chunk its clients never saw from it.  A client that asked
+    for ``return_progress`` reads progress chunks, so while its prompt is read the
+    keep-alive is the last ``prompt_progress`` chunk again (the comment before the first).
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class _CompletionStream:
         self._evaluated = 0
         self._slot = 0  # the slot evaluating the prompt (known from its first progress event)
         self._has_new_line = False
+        self._read: PromptProgress | None = None  # the last progress while the prompt is read, else None
 
     def opening(self) -> Iterable[bytes]:
         return ()
@@ -92,21 +98,13 @@ class _CompletionStream:
             case PromptProgress() if self._progress:
                 self._evaluated = event.total
                 self._slot = event.slot_id
-                return self._chunk(
-                    wire.CompletionChunk(
-                        index=self._index,
-                        content="",
-                        tokens=[],
-                        id_slot=event.slot_id,
-                        tokens_predicted=0,
-                        tokens_evaluated=event.total,
-                        prompt_progress=progress(event),
-                    )
-                )
+                self._read = event
+                return self._progress_chunk(event)
             case PromptProgress():
                 self._evaluated = event.total
                 self._slot = event.slot_id
             case TextDelta(text=text, token_ids=token_ids, logprobs=entries):
+                self._read = None
                 self._predicted += len(token_ids)
                 self._has_new_line = self._has_new_line or "\n" in text
                 if not text and not (self._n_probs and entries) and not token_ids:
@@ -127,6 +125,7 @@ class _CompletionStream:
                     )
                 )
             case Done():
+                self._read = None
                 result = translate.completion_result(
                     content="",
                     done=event,
@@ -139,11 +138,25 @@ class _CompletionStream:
                 return [sse_frame(dumps(_final(result, self._fields)))]
         return ()
 
+    def _progress_chunk(self, event: PromptProgress) -> list[bytes]:
+        return self._chunk(
+            wire.CompletionChunk(
+                index=self._index,
+                content="",
+                tokens=[],
+                id_slot=event.slot_id,
+                tokens_predicted=0,
+                tokens_evaluated=event.total,
+                prompt_progress=progress(event),
+            )
+        )
+
     def error(self, error: BuboError) -> Iterable[bytes]:
         return [sse_frame(dumps(unstructure(error_envelope(error, llama_server=True))))]
 
     def keepalive(self) -> Iterable[bytes]:
-        return [COMMENT_KEEPALIVE]
+        """The last progress chunk again while a ``return_progress`` prompt is read; else the comment."""
+        return [COMMENT_KEEPALIVE] if self._read is None else self._progress_chunk(self._read)
 
 
 @attrs.frozen

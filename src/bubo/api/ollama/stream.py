@@ -8,6 +8,12 @@ each line sent as soon as its token is decoded.  Every chunk carries ``model``
 complete, its arguments an object).  The last line has ``done: true``,
 ``done_reason`` and the metrics; ``/api/generate``'s also ``context``.  An error
 after the headers is a last ``{"error": "..."}`` line, with no ``done`` line.
+A stream silent for ``--sse-keepalive`` seconds (waiting for the slot, reading
+a long prompt) sends a keep-alive line: a ``done: false`` chunk with empty
+content, which Ollama's clients read as a chunk that adds nothing (the Python
+and JavaScript clients yield it and their callers, LangChain and Open WebUI
+among them, join its empty text), so a client with a read timeout of its own
+sees activity; none follows the ``done`` line.
 
 Not streamed: the chunks are folded as Ollama folds them (texts joined, calls
 and log-probabilities gathered, the rest from the last chunk).
@@ -23,6 +29,7 @@ import attrs
 import trio
 from quart import Response
 
+from bubo.api._context import api_context
 from bubo.api._json import dumps, json_response, unstructure
 from bubo.api._sse import EventStreamBody
 from bubo.domain.messages import ToolCall
@@ -128,6 +135,10 @@ class ChatChunks(_Chunks):
                 return [*chunks, final]
         return []
 
+    def idle(self) -> wire.ChatResponse:
+        """A chunk that adds nothing: the keep-alive."""
+        return self._chunk(wire.MessageOut(), done=False)
+
     @staticmethod
     def fold(chunks: Sequence[wire.ChatResponse]) -> wire.ChatResponse:
         """One answer from its chunks, as Ollama folds them."""
@@ -183,6 +194,10 @@ class GenerateChunks(_Chunks):
                 ]
         return []
 
+    def idle(self) -> wire.GenerateResponse:
+        """A chunk that adds nothing: the keep-alive."""
+        return self._chunk("", done=False)
+
     @staticmethod
     def fold(chunks: Sequence[wire.GenerateResponse]) -> wire.GenerateResponse:
         """One answer from its chunks, as Ollama folds them."""
@@ -219,8 +234,8 @@ class NdjsonStream:
         return [line(wire.ErrorBody(error=error.message))]
 
     def keepalive(self) -> Iterable[bytes]:
-        """Nothing: Ollama's clients read every line as a JSON chunk, and have no idle timeout to feed."""
-        return ()
+        """A ``done: false`` chunk with empty content (``EventStreamBody`` sends none after the end)."""
+        return [line(self._chunks.idle())]
 
 
 Output = AbstractAsyncContextManager[AsyncIterator[OutputEvent]]
@@ -229,7 +244,7 @@ Output = AbstractAsyncContextManager[AsyncIterator[OutputEvent]]
 def ndjson_response(output: Output, chunks: Chunks) -> Response:
     """A streamed answer: one line per chunk, never cut by Quart's response timeout."""
     response = Response(
-        EventStreamBody(output, NdjsonStream(chunks)),
+        EventStreamBody(output, NdjsonStream(chunks), keepalive_s=api_context().sse_keepalive_s),
         status=200,
         content_type=NDJSON,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -5,6 +5,15 @@ answer and reasoning text arrive in ``delta.content`` / ``delta.reasoning_conten
 the last chunk with choices has an empty delta, the ``finish_reason`` and
 ``timings``; with ``stream_options.include_usage`` one more chunk follows with
 ``choices: []`` and ``usage``; then ``data: [DONE]``.
+
+Keep-alives are chunks every client parses, not SSE comments: agents such as
+qwen-code count parsed chunks against an idle timeout (240 s), and a comment
+never reaches it.  A chat keep-alive is a chunk of the stream with an empty
+delta and a null ``finish_reason`` (the first one, while the request waits for
+its slot, is the role chunk itself, so the role is still sent exactly once and
+first); a completions keep-alive is a choice with empty text.  None follows
+the finish chunk (``EventStreamBody`` sends no keep-alive after the last
+event), so nothing comes after it but the usage chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import attrs
 from bubo.api._errors import error_envelope
 from bubo.api._json import dumps, unstructure
 from bubo.api._progress import LiveTimings, progress
-from bubo.api._sse import COMMENT_KEEPALIVE, sse_frame
+from bubo.api._sse import sse_frame
 from bubo.api._usage import Timings, timings, usage
 from bubo.api._verbose import verbose_fields
 from bubo.domain.generation import PromptProgress
@@ -83,6 +92,7 @@ class ChatStream:
         self._return_progress = return_progress
         self._live = LiveTimings() if timings_per_token else None
         self._verbose_prompt = verbose_prompt  # --verbose: the finish chunk carries __verbose
+        self._opened = False  # the role chunk went out (from opening() or as the first keep-alive)
 
     def _envelope(
         self, choices: list[wire.ChunkChoice], extra: dict[str, Any] | None = None, **fields: Any
@@ -119,10 +129,15 @@ class ChatStream:
         timings = self._live.now() if self._live is not None else None
         return self._envelope([], timings=timings, prompt_progress=progress(event))
 
-    def opening(self) -> Iterable[bytes]:
+    def _role(self) -> bytes:
         """The role chunk, without ``timings`` even with ``timings_per_token``: nothing is timed yet."""
+        self._opened = True
         choice = wire.ChunkChoice(index=0, delta=wire.RoleDelta(), finish_reason=None)
-        return [self._envelope([choice])]
+        return self._envelope([choice])
+
+    def opening(self) -> Iterable[bytes]:
+        """The role chunk, unless a keep-alive sent it while the request waited for its slot."""
+        return () if self._opened else [self._role()]
 
     def encode(self, event: OutputEvent) -> Iterable[bytes]:
         """Frames for one output event."""
@@ -164,8 +179,16 @@ class ChatStream:
         return _error_frames(error)
 
     def keepalive(self) -> Iterable[bytes]:
-        """An SSE comment line, which every client skips."""
-        return [COMMENT_KEEPALIVE]
+        """A chunk whose delta adds nothing: the role chunk if none went out yet.
+
+        The OpenAI SDKs (Python and JS) yield it and their stream helpers add nothing from it; the
+        AI SDK's openai-compatible provider (opencode) and qwen-code skip an empty delta; litellm
+        drops it.  The role is never repeated: the Python SDK's helper concatenates string fields of
+        deltas, so a second role chunk would make the message's role ``"assistantassistant"``.
+        """
+        if not self._opened:
+            return [self._role()]
+        return [self._chunk(wire.Delta())]
 
 
 class CompletionStream:
@@ -255,5 +278,5 @@ class CompletionStream:
         return _error_frames(error)
 
     def keepalive(self) -> Iterable[bytes]:
-        """An SSE comment line, which every client skips."""
-        return [COMMENT_KEEPALIVE]
+        """A choice with empty text and a null ``finish_reason``."""
+        return [self._chunk("")]
