@@ -21,7 +21,7 @@ from typing import Any, Self
 import attrs
 import httpx
 
-__all__ = ["Exchange", "LoggingProxy"]
+__all__ = ["Exchange", "LocalServer", "LoggingProxy"]
 
 _HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding", "keep-alive"}
 
@@ -176,6 +176,28 @@ def _usage(event: str, payload: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+class LocalServer:
+    """An HTTP server on a free port of 127.0.0.1, serving *handler* from a daemon thread until stopped."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], *, name: str) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and wait for the thread (ten seconds at most)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
 class LoggingProxy:
     """``http://127.0.0.1:PORT`` forwarding to *upstream*, recording every :class:`Exchange`."""
 
@@ -184,23 +206,19 @@ class LoggingProxy:
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="agent-proxy", daemon=True)
+        self._local = LocalServer(self._handler(), name="agent-proxy")
 
     @property
     def base_url(self) -> str:
         """Where agents are pointed."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._local.base_url
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        self._local.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._local.stop()
 
     def _record(self, exchange: Exchange) -> None:
         with self._lock:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Self
 
-from agents.proxy import Exchange
+from agents.proxy import Exchange, LocalServer
 
 # Headers that shape how Bubo answers; the rest (Host, Content-Length, aiohttp's Accept-Encoding) are the transport's.
 KEPT_HEADERS = {"content-type", "accept", "user-agent"}
@@ -33,22 +32,18 @@ class Trap:
             def log_message(self, *_: object) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="internet-trap", daemon=True)
+        self._local = LocalServer(Handler, name="internet-trap")
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._local.base_url
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        self._local.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._local.stop()
 
 
 def purpose(method: str, path: str, body: Any) -> str:
