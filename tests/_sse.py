@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -20,11 +21,14 @@ class Event:
     data: str
 
 
-def events(raw: bytes | str) -> list[Event]:
+Stream = bytes | str | Iterable[str]
+"""A whole body, or its lines as ``httpx.Response.iter_lines()`` gives them (blank lines included)."""
+
+
+def events(raw: Stream) -> list[Event]:
     """Every event of *raw*, in order; comment lines (``: keep-alive``) and empty frames skipped."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
     out = []
-    for frame in text.split("\n\n"):
+    for frame in _text(raw).split("\n\n"):
         name = None
         data: list[str] = []
         for line in frame.split("\n"):
@@ -37,12 +41,18 @@ def events(raw: bytes | str) -> list[Event]:
     return out
 
 
-def payloads(raw: bytes | str) -> list[Any]:
+def _text(raw: Stream) -> str:
+    if isinstance(raw, bytes):
+        return raw.decode()
+    return raw if isinstance(raw, str) else "\n".join(raw)
+
+
+def payloads(raw: Stream) -> list[Any]:
     """The JSON of every event's data but OpenAI's closing ``[DONE]``."""
     return [json.loads(event.data) for event in events(raw) if event.data != DONE]
 
 
-def named(raw: bytes | str) -> list[tuple[str, Any]]:
+def named(raw: Stream) -> list[tuple[str, Any]]:
     """``(name, JSON data)`` of every event (Anthropic's and the Responses API's streams name each)."""
     out = []
     for event in events(raw):
