@@ -84,8 +84,11 @@ class Embedder:
         self._batch = llama_cpp.llama_batch_init(self.n_tokens, 0, 1)
         self.pair_format: PairFormat = pair_format(model)
 
-    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+    def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
         """The embedding of *tokens*: shape ``(n_embd,)`` pooled, ``(len(tokens), n_embd)`` with ``none``.
+
+        *last_only*, with ``none``: the last token's row alone, shape ``(n_embd,)``; llama.cpp
+        computes no output for the others.
 
         Raises:
             EngineFailure: more tokens than one batch holds, none, or llama.cpp failed.
@@ -99,23 +102,30 @@ class Embedder:
             if self._ctx is None:
                 raise EngineFailure("the engine is closed")
             batch = self._batch
+            last_only = last_only and self.pooling == "none"
+            last = len(tokens) - 1
             for i, token in enumerate(tokens):
                 batch.token[i] = token
                 batch.pos[i] = i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = True
+                batch.logits[i] = not last_only or i == last
             batch.n_tokens = len(tokens)
             llama_cpp.llama_memory_clear(self._memory, True)  # noqa: FBT003
             status = llama_cpp.llama_decode(self._ctx, batch)
             try:
                 if status != 0:
                     raise EngineFailure(f"llama_decode failed with status {status} on an embedding input")
-                return self._read(len(tokens))
+                return self._read(len(tokens), last_only=last_only)
             finally:
                 llama_cpp.llama_memory_clear(self._memory, True)  # noqa: FBT003
 
-    def _read(self, n_tokens: int) -> npt.NDArray[np.float32]:
+    def _read(self, n_tokens: int, *, last_only: bool) -> npt.NDArray[np.float32]:
+        if last_only:
+            row = llama_cpp.llama_get_embeddings_ith(self._ctx, n_tokens - 1)
+            if not row:
+                raise EngineFailure("llama.cpp gave no embedding for the last token")
+            return np.ctypeslib.as_array(row, shape=(self.n_embd,)).copy()
         if self.pooling == "none":
             rows = [
                 np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(self._ctx, i), shape=(self.n_embd,))
