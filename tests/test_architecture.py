@@ -73,6 +73,12 @@ NATIVE_ENGINE = {
     "probe",
     "vocab",
     "_probe_child",
+    "_loaded",
+    "_lasting",
+    "_model_info",
+    "_current_load",
+    "_producer",
+    "_sequence_jobs",
 }
 DIALECTS = tuple(sorted(p.name for p in (SRC / "api").iterdir() if p.is_dir() and not p.name.startswith("_")))
 

@@ -213,6 +213,26 @@ class LlamaContext:
         count = llama_cpp.llama_tokenize(self.vocab, data, len(data), out, len(out), False, True)  # noqa: FBT003
         return tuple(out[: max(count, 0)])
 
+    def check_decode(self, batch: int = 64) -> None:
+        """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).
+
+        These are the two shapes of work a server does first (a prefill and a
+        decode step), so a kernel that crashes on this CPU crashes here.  Call
+        before any request: the decode thread does not run yet.
+
+        Raises:
+            EngineFailure: a decode failed or its logits are not finite.
+
+        """
+        tokens = self.tokenize("The quick brown fox jumps over the lazy dog. " * batch)[:batch]
+        try:
+            self.decode(tokens)
+            self.decode((int(np.argmax(self.logits(-1))),))
+            if not np.isfinite(self.logits(-1)).all():
+                raise EngineFailure("the probe decode produced logits that are not finite")
+        finally:
+            self.caches[0].clear()
+
     def close(self) -> None:
         """Free the batch, the kept DRY stages and the context."""
         if self.ctx is not None:
