@@ -154,14 +154,20 @@ class LlamaEngine(SlotEngine):
         self._pieces = vocabulary.pieces
         self._n_cells = loaded.context.n_ctx  # the KV cache's capacity, the same after a sleep
         self.embedder, self.vision = self._load.embedder, self._load.vision
-        super().__init__(
-            describe(loaded.model, loaded.context, options, vocabulary=vocabulary, identity=lasting.identity),
-            n_slots=len(loaded.context.caches),
-            similarity=options.slot_prompt_similarity,
-            totals=lasting.totals,
-            lora=[LoraAdapter(id=i, path=str(f.path), scale=f.scale) for i, f in enumerate(options.lora)],
-        )
-        self._load.serve(self.slots)
+        try:
+            super().__init__(
+                describe(
+                    loaded.model, loaded.context, options, vocabulary=vocabulary, identity=lasting.identity
+                ),
+                n_slots=len(loaded.context.caches),
+                similarity=options.slot_prompt_similarity,
+                totals=lasting.totals,
+                lora=[LoraAdapter(id=i, path=str(f.path), scale=f.scale) for i, f in enumerate(options.lora)],
+            )
+            self._load.serve(self.slots)
+        except BaseException:
+            self._load.close(self.release_wait_s)
+            raise
 
     @property
     def _current(self) -> LoadedModel:
@@ -203,7 +209,7 @@ class LlamaEngine(SlotEngine):
         Only a head start: a model that sleeps (its stages freed) leaves the building to the decode thread.
         """
         loaded = self._load.loaded
-        if sampling.mirostat != 0 or "dry" not in sampling.samplers or loaded is None:
+        if sampling.mirostat != 0 or "dry" not in sampling.samplers or loaded is None or self.sleeping:
             return
         key = dry_key(sampling, loaded.context.n_ctx_seq)
         if key is not None:
