@@ -43,6 +43,7 @@ from bubo.errors import DeviceLost
 
 from ._backlog import BACKLOG_BYTES, MIB
 from ._cache_report import cache_contents
+from ._context import check_decode
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, cross
 from ._current_load import CurrentLoad
 from ._draft_policy import DraftOptions
@@ -217,8 +218,8 @@ class LlamaEngine(SlotEngine):
                 loaded.context.dry.prepare(key)
 
     def check_decode(self, batch: int = 64) -> None:
-        """The start-up probe's decode (:meth:`LlamaContext.check_decode`); before any request."""
-        self._current.context.check_decode(batch)
+        """The start-up probe's decode (:func:`~._context.check_decode`); before any request."""
+        check_decode(self._current.context, batch)
 
     def _kv_capacity(self) -> int:
         return self._n_cells
