@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import trio
 from llama_cpp import mtmd_cpp
+from PIL import Image
 
 from bubo.domain.generation import GenerationFailed, GenerationFinished, GenerationRequest
 from bubo.engine import _loaded
@@ -135,6 +137,14 @@ def _full(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LlamaOp
     )
 
 
+def png() -> bytes:
+    """A small picture, as a client sends one."""
+    pixels = np.random.default_rng(0).integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
 async def generate(engine: LlamaEngine, prompt: tuple[int, ...] = (1, 2, 3, 4)) -> object:
     request = GenerationRequest(prompt_tokens=prompt, max_new_tokens=4, sampling=GREEDY)
     async with engine.open_generation(request) as events:
@@ -194,15 +204,18 @@ class TestSleepAndWake:
             assert vision is not None
             async with engine.awake():
                 before = embedder.embed((1, 2, 3))
+                image = vision.read_image(png(), param="image")
             assert await engine.sleep() is True
             with pytest.raises(EngineFailure, match="sleeps"):
                 embedder.embed((1, 2, 3))
+            with pytest.raises(EngineFailure, match="sleeps"):
+                vision.read_image(png(), param="image")
             assert vision.encoder_bytes == 0
             async with engine.awake():
                 assert engine.embedder is embedder
                 assert engine.vision is vision
                 assert np.array_equal(embedder.embed((1, 2, 3)), before)
-                assert vision.encoder_bytes == engine._current.vision.encoder_bytes
+                assert vision.read_image(png(), param="image").tokens == image.tokens
         finally:
             engine.close()
         ledger.assert_each_freed_once()
