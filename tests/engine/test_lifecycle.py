@@ -176,6 +176,7 @@ async def generate(engine: LlamaEngine, prompt: tuple[int, ...] = (1, 2, 3, 4)) 
 @pytest.mark.llama
 class TestALoad:
     def test_that_succeeds_makes_each_part_and_its_close_frees_each_once(self, full, ledger) -> None:
+        """Weights (model and draft), an adapter, three contexts, a projector; close frees each once, twice no more."""
         engine = load_llama_engine(full)
         assert ledger.made == {"model": 2, "adapter": 1, "context": 3, "mtmd": 1, "batch": 3}
         engine.close()
@@ -185,6 +186,7 @@ class TestALoad:
 
     @pytest.mark.parametrize("step", range(1, len(FAILURE_POINTS) + 1), ids=FAILURE_POINTS)
     def test_that_fails_at_a_step_frees_what_it_made_each_once(self, full, ledger, step: int) -> None:
+        """A NULL from llama.cpp or mtmd at any of the seven allocations: the load raises, nothing leaks."""
         ledger.fail_at = step
         with pytest.raises(EngineFailure):
             load_llama_engine(full)
@@ -193,6 +195,7 @@ class TestALoad:
         ledger.assert_each_freed_once()
 
     def test_whose_projector_is_refused_after_it_loaded_frees_it_once(self, full, ledger) -> None:
+        """A projector whose image cannot fit a micro-batch is freed with everything made before it."""
         with pytest.raises(EngineFailure, match="ubatch-size"):
             load_llama_engine(attrs.evolve(full, n_ubatch=2))
         assert ledger.made["mtmd"] == 1
@@ -202,6 +205,7 @@ class TestALoad:
 @pytest.mark.llama
 class TestSleepAndWake:
     async def test_every_cycle_frees_its_load_once(self, full, ledger) -> None:
+        """Each sleep frees everything its load made; each wake loads anew; close frees the last load."""
         engine = load_llama_engine(full)
         try:
             for cycle in range(1, 3):
@@ -216,6 +220,7 @@ class TestSleepAndWake:
         ledger.assert_each_freed_once()
 
     async def test_the_ports_stay_and_serve_each_load(self, full, ledger) -> None:
+        """engine.embedder and engine.vision are the same objects across a sleep, refusing work while asleep."""
         engine = load_llama_engine(full)
         try:
             embedder, vision = engine.embedder, engine.vision
@@ -243,6 +248,7 @@ class TestSleepAndWake:
     async def test_a_wake_that_fails_at_a_step_frees_what_it_made_and_loses_the_engine(
         self, full, ledger, step: int
     ) -> None:
+        """The wake-up's partial load is freed, the request gets a 503, and the engine is lost."""
         engine = load_llama_engine(full)
         try:
             assert await engine.sleep() is True
@@ -294,6 +300,7 @@ class StoppingLoop:
 
 class TestTheRecord:
     def test_frees_nothing_while_its_thread_is_stuck_then_everything_once(self) -> None:
+        """A stuck decode thread keeps everything allocated; once it stops, one close frees each part once."""
         freed: list[str] = []
         loop = StoppingLoop()
         with contextlib.ExitStack() as stack:
@@ -320,6 +327,7 @@ class TestTheRecord:
 
 class TestThePorts:
     def test_keep_the_first_loads_facts_and_refuse_work_while_detached(self) -> None:
+        """The embedder port answers pooling and sizes while asleep, and embeds through the attached load."""
         first = FakeEmbedder(pooling="last", n_tokens=16, n_embd=8)
         port = EmbedderPort(first)
         vector = port.embed((1, 2))
@@ -332,6 +340,7 @@ class TestThePorts:
         assert first.inputs == [(1, 2)]
 
     def test_of_vision_report_no_encoder_while_detached(self) -> None:
+        """The vision port keeps its limits, reserves no encoder memory and reads nothing while asleep."""
         port = VisionPort(FakeVision(encoder_bytes=1024, max_images=3))
         assert (port.encoder_bytes, port.max_images) == (1024, 3)
         port.attach(None)
