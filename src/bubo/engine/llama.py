@@ -56,8 +56,10 @@ from ._sampler import Sampler, dry_key
 from ._sequence_jobs import erase_job, restore_job, save_job
 from .base import (
     CacheContents,
+    EmbeddingModel,
     EngineFailure,
     GrammarRejected,
+    ImageReader,
     RepackDecision,
     SlotEngine,
     SlotFile,
@@ -154,7 +156,9 @@ class LlamaEngine(SlotEngine):
         assert lasting.identity is not None  # set by the first load
         self._pieces = vocabulary.pieces
         self._n_cells = loaded.context.n_ctx  # the KV cache's capacity, the same after a sleep
-        self.embedder, self.vision = self._load.embedder, self._load.vision
+        # typed by the protocols the engine promises: mypy holds each port to its protocol
+        self.embedder: EmbeddingModel | None = self._load.embedder
+        self.vision: ImageReader | None = self._load.vision
         try:
             super().__init__(
                 describe(
