@@ -82,6 +82,33 @@ def stop_server(server: Server) -> int:
     return server.process.returncode
 
 
+@contextlib.contextmanager
+def serving(
+    log: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
+    hypercorn: bool = False,
+    clean_exit: bool = True,
+) -> Iterator[Server]:
+    """`bubo serve --port P *flags` on a free port, writing *log*, ready within the block and stopped after it.
+
+    *hypercorn*: `hypercorn bubo.app:app --worker-class trio` instead, configured by *env*'s BUBO_*
+    variables alone (no *flags*).  *clean_exit*: the server must exit with 0 when SIGTERM stops it (a
+    drain that fails or hangs fails the test using it).
+    """
+    assert not (hypercorn and flags), "hypercorn takes its settings from BUBO_* variables"
+    port = free_port()
+    command = hypercorn_command(port) if hypercorn else [bubo_command(), "serve", "--port", str(port), *flags]
+    server = start_server(command, port, log, env=env, api_key=api_key)
+    try:
+        yield server
+    finally:
+        status = stop_server(server)
+    if clean_exit:
+        assert status == 0, server.output()
+
+
 def openai_client(server: Server, *, timeout: float = 120) -> openai.OpenAI:
     """The official OpenAI SDK pointed at *server*; close it (``with``): a leaked socket fails a later test."""
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=timeout)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -29,24 +29,9 @@ COUNTERS = ("llamacpp:n_decode_total", "llamacpp:tokens_predicted_total")
 @pytest.fixture(name="served", scope="module")
 def _served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`bubo serve` on 127.0.0.1 with an API key and --allowed-hosts for one name."""
-    port = free_port()
-    server = start_server(
-        [
-            bubo_command(),
-            "serve",
-            "--port",
-            str(port),
-            "--api-key",
-            KEY,
-            "--allowed-hosts",
-            "llm.example.test",
-        ],
-        port,
-        tmp_path_factory.mktemp("boundary") / "serve.log",
-        api_key=KEY,
-    )
-    yield server
-    assert stop_server(server) == 0
+    log = tmp_path_factory.mktemp("boundary") / "serve.log"
+    with serving(log, "--api-key", KEY, "--allowed-hosts", "llm.example.test", api_key=KEY) as server:
+        yield server
 
 
 def generation_counters(server: Server) -> dict[str, str]:

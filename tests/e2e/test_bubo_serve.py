@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -16,30 +16,10 @@ KEY = "e2e-secret"
 
 @pytest.fixture(name="keyed_server", scope="module")
 def _keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    server = start_server(
-        [
-            bubo_command(),
-            "serve",
-            "--port",
-            str(port),
-            "--api-key",
-            KEY,
-            "-c",
-            "1024",
-            "--served-model-name",
-            "tiny",
-            "--host",
-            "127.0.0.1,127.0.0.2",  # two loopback addresses, as llama-server's --host takes them
-            "--tags",
-            "e2e,small",
-        ],
-        port,
-        tmp_path_factory.mktemp("bubo-serve") / "serve.log",
-        api_key=KEY,
-    )
-    yield server
-    assert stop_server(server) == 0
+    flags = ("--api-key", KEY, "-c", "1024", "--served-model-name", "tiny", "--tags", "e2e,small")
+    flags += ("--host", "127.0.0.1,127.0.0.2")  # two loopback addresses, as llama-server's --host takes them
+    with serving(tmp_path_factory.mktemp("bubo-serve") / "serve.log", *flags, api_key=KEY) as server:
+        yield server
     assert KEY not in server.output()
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests._models import qwen25_coder_path
 
 from .._sse import payloads
-from .conftest import Server, free_port, hypercorn_command, openai_client, start_server, stop_server
+from .conftest import Server, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -24,22 +24,16 @@ GREEDY = {"temperature": 0, "top_k": 1}
 @pytest.fixture(name="coder", scope="module")
 def _coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("coder")
-    port = free_port()
-    server = start_server(
-        hypercorn_command(port),
-        port,
-        folder / "hypercorn.log",
-        env={
-            "BUBO_MODEL": str(qwen25_coder_path()),
-            "BUBO_CTX_SIZE": "4096",
-            "BUBO_PARALLEL": "2",
-            "BUBO_EMBEDDINGS": "on",
-            "BUBO_POOLING": "mean",
-            "BUBO_SLOT_SAVE_PATH": str(folder / "slots"),
-        },
-    )
-    yield server
-    stop_server(server)
+    env = {
+        "BUBO_MODEL": str(qwen25_coder_path()),
+        "BUBO_CTX_SIZE": "4096",
+        "BUBO_PARALLEL": "2",
+        "BUBO_EMBEDDINGS": "on",
+        "BUBO_POOLING": "mean",
+        "BUBO_SLOT_SAVE_PATH": str(folder / "slots"),
+    }
+    with serving(folder / "hypercorn.log", env=env, hypercorn=True) as server:
+        yield server
 
 
 @pytest.fixture(name="http")

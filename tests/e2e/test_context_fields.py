@@ -6,13 +6,12 @@ The server has a 256-token context shared by two slots, and shifts it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from .._sse import payloads
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -22,12 +21,9 @@ COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 2
 
 @pytest.fixture(name="shifting", scope="module")
 def _shifting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("shift") / "bubo.log"
-    command = [bubo_command(), "serve", "--port", str(port), "-c", str(N_CTX), "-np", "2", "--context-shift"]
-    server = start_server(command, port, log, env={"BUBO_THREADS": "1"})
-    yield server
-    stop_server(server)
+    log = tmp_path_factory.mktemp("shift") / "bubo.log"
+    with serving(log, "-c", str(N_CTX), "-np", "2", "--context-shift", env={"BUBO_THREADS": "1"}) as server:
+        yield server
 
 
 @pytest.fixture(name="http")

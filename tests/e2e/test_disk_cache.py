@@ -12,14 +12,13 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -29,27 +28,8 @@ SYSTEM = "You are a terse assistant. " + " ".join(
 )
 
 
-@contextlib.contextmanager
-def serving(tmp_path: Path, name: str, *flags: str) -> Iterator[Server]:
-    port = free_port()
-    command = [
-        bubo_command(),
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        KEY,
-        "-c",
-        "1024",
-        "-np",
-        "1",
-        *flags,
-    ]
-    server = start_server(command, port, tmp_path / f"{name}.log", api_key=KEY)
-    try:
-        yield server
-    finally:
-        assert stop_server(server) == 0, server.output()
+def serving_keyed(tmp_path: Path, name: str, *flags: str) -> contextlib.AbstractContextManager[Server]:
+    return serving(tmp_path / f"{name}.log", "--api-key", KEY, "-c", "1024", "-np", "1", *flags, api_key=KEY)
 
 
 def ask(server: Server, messages: list[dict[str, str]]) -> openai.types.chat.ChatCompletion:
@@ -62,7 +42,7 @@ def test_an_agent_turn_after_a_restart_reads_only_its_new_message(tmp_path: Path
     cache_dir = tmp_path / "cache"
     disk = ("--cache-dir", str(cache_dir), "--cache-disk-mib", "64")
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a large ocean."}]
-    with serving(tmp_path, "day1", *disk) as server:
+    with serving_keyed(tmp_path, "day1", *disk) as server:
         first = ask(server, turn1)
     turn2 = [
         *turn1,
@@ -73,7 +53,7 @@ def test_an_agent_turn_after_a_restart_reads_only_its_new_message(tmp_path: Path
     assert len(files) == 1
     assert stat.S_IMODE((cache_dir / "prompts").stat().st_mode) == 0o700
 
-    with serving(tmp_path, "day2", *disk) as server:
+    with serving_keyed(tmp_path, "day2", *disk) as server:
         assert httpx.get(f"{server.base_url}/cache", timeout=10).status_code == 401
         listing = httpx.get(
             f"{server.base_url}/cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
@@ -97,7 +77,7 @@ def test_an_agent_turn_after_a_restart_reads_only_its_new_message(tmp_path: Path
     assert timings["prompt_n"] == usage.prompt_tokens - cached  # only the new turn was read
     assert timings["prompt_n"] < usage.prompt_tokens // 3
 
-    with serving(tmp_path, "cold", "--cache-ram", "0") as server:
+    with serving_keyed(tmp_path, "cold", "--cache-ram", "0") as server:
         cold = ask(server, turn2)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
     assert restored.choices[0].message.content == cold.choices[0].message.content
@@ -108,7 +88,7 @@ def test_a_kv_type_change_shares_the_budget_and_leaves_no_directory_behind(tmp_p
     cache_dir = tmp_path / "cache"
     prompts = cache_dir / "prompts"
     turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a large ocean."}]
-    with serving(tmp_path, "f16", "--cache-dir", str(cache_dir), "--cache-disk-mib", "64") as server:
+    with serving_keyed(tmp_path, "f16", "--cache-dir", str(cache_dir), "--cache-disk-mib", "64") as server:
         ask(server, turn)
     (f16,) = prompts.iterdir()
     (f16_file,) = f16.glob("*.kvc")
@@ -118,7 +98,7 @@ def test_a_kv_type_change_shares_the_budget_and_leaves_no_directory_behind(tmp_p
     for path in (f16_file, f16):
         os.utime(path, (two_days_ago, two_days_ago))
     q8 = ("--cache-dir", str(cache_dir), "--cache-disk-mib", "64", "-ctk", "q8_0")
-    with serving(tmp_path, "q8_0", *q8, "--cache-disk-max-age-days", "1") as server:
+    with serving_keyed(tmp_path, "q8_0", *q8, "--cache-disk-max-age-days", "1") as server:
         assert not f16.exists()  # pruned at start: unused for two days
         ask(server, turn)
     (q8_dir,) = prompts.iterdir()
@@ -128,7 +108,7 @@ def test_a_kv_type_change_shares_the_budget_and_leaves_no_directory_behind(tmp_p
 
     budget_mib = -(-f16_bytes // (1 << 20))  # the f16 file fits alone, not beside the q8_0 one
     assert f16_bytes + q8_bytes > budget_mib << 20
-    with serving(
+    with serving_keyed(
         tmp_path, "f16-again", "--cache-dir", str(cache_dir), "--cache-disk-mib", str(budget_mib)
     ) as server:
         ask(server, turn)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from .._models import gemma3_path
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, bubo_command, free_port, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -23,12 +23,20 @@ PROMPT = "<|im_start|>user\nWrite two sentences about the sea.<|im_end|>\n<|im_s
 
 @pytest.fixture(name="drafting_server", scope="module")
 def _drafting_server(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[Server]:
-    port = free_port()
-    command = [bubo_command(), "serve", "--port", str(port), "-c", "1024", "-np", "1"]
-    command += ["-md", str(model_path), "--draft-policy", "always", "--draft-max", "12"]
-    server = start_server(command, port, tmp_path_factory.mktemp("draft") / "serve.log")
-    yield server
-    stop_server(server)
+    flags = (
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "-md",
+        str(model_path),
+        "--draft-policy",
+        "always",
+        "--draft-max",
+        "12",
+    )
+    with serving(tmp_path_factory.mktemp("draft") / "serve.log", *flags) as server:
+        yield server
 
 
 @pytest.fixture(name="client")

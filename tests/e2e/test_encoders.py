@@ -21,17 +21,11 @@ import httpx
 import ollama
 import pytest
 
-from .conftest import Server, bubo_command, free_port, openai_client, start_server, stop_server
+from .conftest import Server, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 WORDS = ["cat", "kitten", "stock market"]
-
-
-def _serve(model: Path, folder: Path, *flags: str) -> Server:
-    port = free_port()
-    command = [bubo_command(), "serve", "-m", str(model), "--port", str(port), *flags]
-    return start_server(command, port, folder / "bubo.log")
 
 
 def _cosine(a: list[float], b: list[float]) -> float:
@@ -41,16 +35,17 @@ def _cosine(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture(name="embedder", scope="module")
 def _embedder(minilm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _serve(minilm_path, tmp_path_factory.mktemp("minilm-serve"), "--embeddings")
-    yield server
-    stop_server(server)
+    with serving(
+        tmp_path_factory.mktemp("minilm-serve") / "bubo.log", "-m", str(minilm_path), "--embeddings"
+    ) as server:
+        yield server
 
 
 @pytest.fixture(name="ranker", scope="module")
 def _ranker(reranker_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _serve(reranker_path, tmp_path_factory.mktemp("reranker-serve"), "--reranking")
-    yield server
-    stop_server(server)
+    log = tmp_path_factory.mktemp("reranker-serve") / "bubo.log"
+    with serving(log, "-m", str(reranker_path), "--reranking") as server:
+        yield server
 
 
 @pytest.fixture(name="ranked")

@@ -15,10 +15,8 @@ from .conftest import (
     Server,
     bubo_command,
     free_port,
-    hypercorn_command,
     openai_client,
-    start_server,
-    stop_server,
+    serving,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -34,12 +32,10 @@ def _adapter(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Path
 @pytest.fixture(name="lora_server", scope="module")
 def _lora_server(tmp_path_factory: pytest.TempPathFactory, adapter: Path) -> Iterator[Server]:
     """Hypercorn with the adapter loaded at scale 0 (``--lora-init-without-apply`` as variables)."""
-    port = free_port()
     log = tmp_path_factory.mktemp("lora-server") / "hypercorn.log"
     env = {"BUBO_LORA": str(adapter), "BUBO_LORA_INIT_WITHOUT_APPLY": "on", "BUBO_PARALLEL": "2"}
-    server = start_server(hypercorn_command(port), port, log, env=env)
-    yield server
-    stop_server(server)
+    with serving(log, env=env, hypercorn=True) as server:
+        yield server
 
 
 def ask(server: Server, **extra: object) -> str:

@@ -6,20 +6,21 @@ the test-only ``BUBO_PROBE_FAULT`` hook; everything else is the real server.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .conftest import Server, bubo_command, free_port, openai_client, start_server, stop_server
+from .conftest import Server, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 
-def serve(log: Path, cache_dir: Path, env: dict[str, str]) -> Server:
-    port = free_port()
-    command = [bubo_command(), "serve", "--port", str(port), "--cache-dir", str(cache_dir), "-c", "1024"]
-    return start_server(command, port, log, env=env)
+def serve(
+    log: Path, cache_dir: Path, env: dict[str, str], *flags: str
+) -> contextlib.AbstractContextManager[Server]:
+    return serving(log, "--cache-dir", str(cache_dir), "-c", "1024", *flags, env=env)
 
 
 def assert_serves_with_repacking_off(server: Server, reason: str) -> None:
@@ -46,11 +47,10 @@ def assert_serves_with_repacking_off(server: Server, reason: str) -> None:
 def test_a_crashing_or_hanging_probe_means_serving_without_repacking(
     fault: str, extra_env: dict[str, str], reason: str, tmp_path: Path
 ) -> None:
-    server = serve(tmp_path / "serve.log", tmp_path / "cache", {"BUBO_PROBE_FAULT": fault, **extra_env})
-    try:
+    with serve(
+        tmp_path / "serve.log", tmp_path / "cache", {"BUBO_PROBE_FAULT": fault, **extra_env}
+    ) as server:
         assert_serves_with_repacking_off(server, reason)
-    finally:
-        assert stop_server(server) == 0
     warnings = [line for line in server.output().splitlines() if "WARNING" in line and "repacking" in line]
     assert len(warnings) == 1
     assert warnings[0].endswith(f"weight repacking is off: {reason}")
@@ -60,34 +60,16 @@ def test_a_crashing_or_hanging_probe_means_serving_without_repacking(
 def test_the_next_start_reads_the_verdict(tmp_path: Path) -> None:
     """The second start pays no probe: the kept verdict says off, even with the fault hook gone."""
     cache_dir = tmp_path / "cache"
-    first = serve(tmp_path / "first.log", cache_dir, {"BUBO_PROBE_FAULT": "segv"})
-    assert stop_server(first) == 0
-    second = serve(tmp_path / "second.log", cache_dir, {})
-    try:
+    with serve(tmp_path / "first.log", cache_dir, {"BUBO_PROBE_FAULT": "segv"}):
+        pass
+    with serve(tmp_path / "second.log", cache_dir, {}) as second:
         assert_serves_with_repacking_off(second, "the probe child with repacking was killed by SIGSEGV")
-    finally:
-        assert stop_server(second) == 0
     assert "repack probe:" not in second.output()
     assert f"(verdict cached in {cache_dir / 'repack'})" in second.output()
 
 
 def test_no_repack_flag_skips_the_probe(tmp_path: Path) -> None:
     """llama-server's -nr is accepted: repacking off, no probe child."""
-    port = free_port()
-    command = [
-        bubo_command(),
-        "serve",
-        "--port",
-        str(port),
-        "-nr",
-        "--cache-dir",
-        str(tmp_path),
-        "-c",
-        "1024",
-    ]
-    server = start_server(command, port, tmp_path / "serve.log", env={"BUBO_PROBE_FAULT": "segv"})
-    try:
+    with serve(tmp_path / "serve.log", tmp_path, {"BUBO_PROBE_FAULT": "segv"}, "-nr") as server:
         assert_serves_with_repacking_off(server, "forced off (--repack off)")
-    finally:
-        assert stop_server(server) == 0
     assert "repack probe:" not in server.output()

@@ -27,7 +27,7 @@ import pytest
 from bubo.api._stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from bubo.engine._backlog import MIB, backlog_limit
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -37,22 +37,9 @@ UNREAD_BYTES = MIB  # the server's --max-unread-mib
 
 @pytest.fixture(name="server", scope="module")
 def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("cost") / "bubo.log"
-    command = [
-        bubo_command(),
-        "serve",
-        "--port",
-        str(port),
-        "-np",
-        "2",
-        "--context-shift",
-        "--max-unread-mib",
-        "1",
-    ]
-    server = start_server(command, port, log)
-    yield server
-    stop_server(server)
+    log = tmp_path_factory.mktemp("cost") / "bubo.log"
+    with serving(log, "-np", "2", "--context-shift", "--max-unread-mib", "1") as server:
+        yield server
 
 
 def token_times(server: Server, body: dict[str, object]) -> list[float]:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import Server, bubo_command, free_port, openai_client, start_server, stop_server
+from .conftest import Server, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -29,33 +29,10 @@ LOW_SURPRISE = {"temperature": 1.0, "mirostat": 2, "mirostat_tau": 0.01}
 @pytest.fixture(name="server", scope="module")
 def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`bubo serve` with a default JSON schema and sampler flags in llama-server's spellings."""
-    port = free_port()
-    server = start_server(
-        [
-            bubo_command(),
-            "serve",
-            "--port",
-            str(port),
-            "-c",
-            "1024",
-            "--json-schema",
-            json.dumps(SCHEMA),
-            "--sampler-seq",
-            "edkypmxt",
-            "--dry-multiplier",
-            "0.8",
-            "--dry-sequence-breaker",
-            "\n",
-            "--dry-sequence-breaker",
-            "###",
-            "--typical",
-            "0.95",
-        ],
-        port,
-        tmp_path_factory.mktemp("samplers") / "serve.log",
-    )
-    yield server
-    assert stop_server(server) == 0
+    flags = ("-c", "1024", "--json-schema", json.dumps(SCHEMA), "--sampler-seq", "edkypmxt")
+    flags += ("--dry-multiplier", "0.8", "--dry-sequence-breaker", "\n", "--dry-sequence-breaker", "###")
+    with serving(tmp_path_factory.mktemp("samplers") / "serve.log", *flags, "--typical", "0.95") as server:
+        yield server
 
 
 @pytest.fixture(name="http")

@@ -11,7 +11,7 @@ import httpx
 import ollama
 import pytest
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -20,23 +20,9 @@ MODEL = "smollm2-135m-instruct-q4-1"
 
 @pytest.fixture(name="sleepy", scope="module")
 def _sleepy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("sleep") / "bubo.log"
-    command = [
-        bubo_command(),
-        "serve",
-        "--port",
-        str(port),
-        "-c",
-        "1024",
-        "-np",
-        "1",
-        "--sleep-idle-seconds",
-        "1",
-    ]
-    server = start_server(command, port, log)
-    yield server
-    stop_server(server)
+    log = tmp_path_factory.mktemp("sleep") / "bubo.log"
+    with serving(log, "-c", "1024", "-np", "1", "--sleep-idle-seconds", "1") as server:
+        yield server
 
 
 def rss_mib(server: Server) -> float:

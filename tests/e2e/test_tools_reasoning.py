@@ -18,8 +18,8 @@ from .conftest import (
     Server,
     anthropic_client,
     free_port,
-    hypercorn_command,
     openai_client,
+    serving,
     start_server,
     stop_server,
 )
@@ -212,19 +212,12 @@ class TestStructuredOutput:
 @pytest.fixture(name="thinking_server", scope="module")
 def _thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The default model behind a Qwen3-style template, forced by a grammar to think first."""
-    port = free_port()
     env = {
         "BUBO_CHAT_TEMPLATE_FILE": str(FIXTURES / "qwen3_style.jinja"),
         "BUBO_GRAMMAR_FILE": str(FIXTURES / "think.gbnf"),
     }
-    server = start_server(
-        hypercorn_command(port),
-        port,
-        tmp_path_factory.mktemp("thinking") / "server.log",
-        env=env,
-    )
-    yield server
-    stop_server(server)
+    with serving(tmp_path_factory.mktemp("thinking") / "server.log", env=env, hypercorn=True) as server:
+        yield server
 
 
 class TestReasoningSplit:

@@ -42,6 +42,7 @@ from .conftest import (
     bubo_command,
     free_port,
     openai_client,
+    serving,
     start_server,
     stop_server,
 )
@@ -72,12 +73,9 @@ def _mmproj(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Path:
 
 @pytest.fixture(name="vision", scope="module")
 def _vision(tmp_path_factory: pytest.TempPathFactory, model_path: Path, mmproj: Path) -> Iterator[Server]:
-    port = free_port()
-    command = [bubo_command(), "serve", "--port", str(port), "-m", str(model_path), "--mmproj", str(mmproj)]
-    command += ["-c", "2048", "-np", "2", "--temp", "0"]
-    server = start_server(command, port, tmp_path_factory.mktemp("vision") / "serve.log")
-    yield server
-    stop_server(server)
+    flags = ("-m", str(model_path), "--mmproj", str(mmproj), "-c", "2048", "-np", "2", "--temp", "0")
+    with serving(tmp_path_factory.mktemp("vision") / "serve.log", *flags) as server:
+        yield server
 
 
 @pytest.fixture(name="client")
