@@ -68,6 +68,8 @@ NATIVE_ENGINE = {
     "_sampler",
     "_embedder",
     "_projector",
+    "_projector_load",
+    "_image_decoder",
     "_vision",
     "_grammar",
     "probe",
@@ -132,7 +134,6 @@ MAX_ENGINE_CLASS_LINES = 200
 # engine classes still past that bound, each to be split by its own work (issue 40); none may join them
 LARGE_ENGINE_CLASSES = {
     "DiskTier",
-    "Projector",
     "Sampler",
     "SequenceCache",
     "SlotEngine",
