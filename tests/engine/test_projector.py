@@ -419,6 +419,15 @@ class TestClose:
             projector.tokenize(picture(32, 32))
         with pytest.raises(EngineFailure, match="the projector was closed"):
             projector.encode(media)
+        with pytest.raises(EngineFailure, match="the projector was closed"):
+            ImageDecoder(projector).evaluate_encoded(
+                object(),
+                media,
+                np.zeros((IMAGE_TOKENS, projector.n_embd), np.float32),
+                n_past=0,
+                seq_id=0,
+                n_batch=64,
+            )
         chunks = weakref.ref(media._chunks)
         del media
         gc.collect()
