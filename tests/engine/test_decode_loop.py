@@ -214,7 +214,7 @@ class Run:
 
     def submit(self, *sequences: ScriptedSequence) -> None:
         """Submit *sequences* so that the loop takes them in the same step."""
-        with self.loop._wakeup:  # reentrant: the loop waits until all are in
+        with self.loop._inbox._wakeup:  # reentrant: the loop waits until all are in
             self._submit(sequences)
 
     def _submit(self, sequences: tuple[ScriptedSequence, ...]) -> None:
@@ -661,8 +661,8 @@ class TestABugAnywhereInTheLoop:
         break_(run.loop, "_run_call")
         first, second = run.post(lambda: 1), run.post(lambda: 2)
         run.submit(run.sequence(1, prompt=2, generate=3), run.sequence(2, prompt=2, generate=3))
-        with run.loop._wakeup:
-            assert run.loop._wakeup.wait_for(lambda: len(run.loop._calls) == 2, timeout=WAIT_S)
+        with run.loop._inbox._wakeup:
+            assert run.loop._inbox._wakeup.wait_for(lambda: len(run.loop._inbox._calls) == 2, timeout=WAIT_S)
         run.context.wedged.set()
         assert isinstance(first(), EngineFailure)
         assert isinstance(second(), EngineFailure)

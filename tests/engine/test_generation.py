@@ -376,7 +376,7 @@ class TestDraftModelDrafting:
         assert totals.draft_tokens == 3 * totals.draft_steps  # never more than n_max, never fewer than n_min
         off = generate(request(max_new_tokens=40, speculative=DraftLimits(n_max=0)), drafter=self.drafter())
         assert off.finished.stats.draft_tokens == 0
-        assert off.generation._drafts is None
+        assert off.generation._drafting.source is None
 
     def test_a_draft_model_as_costly_as_the_model_is_not_run_by_the_measured_policy(self) -> None:
         drafter = self.drafter(mode="measured", prior=1.0)

@@ -21,9 +21,11 @@ import numpy.typing as npt
 import pytest
 from llama_cpp import mtmd_cpp
 
+from bubo.engine._image_decoder import ImageDecoder
 from bubo.engine._images import Bitmap
 from bubo.engine._lasting import state_identity
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
+from bubo.engine._projector_load import load_projector
 from bubo.engine._protocols import ContextFull
 from bubo.engine._vision import Vision, VisionOptions
 from bubo.engine.base import EngineFailure
@@ -42,7 +44,7 @@ def picture(width: int, height: int, seed: int = 0) -> Bitmap:
 
 
 def load(path: Path, model: object, *, output_width: int | None) -> Projector:
-    return Projector.load(
+    return load_projector(
         path,
         model,
         use_gpu=False,
@@ -131,7 +133,9 @@ def text_tokens(model: object, text: str) -> tuple[int, ...]:
 
 
 def evaluate(projector: Projector, context: Context, media: MediaTokens, *, seq_id: int = 0) -> int:
-    return projector.evaluate(context.ctx, media, n_past=0, seq_id=seq_id, n_batch=64, logits_last=False)
+    return ImageDecoder(projector).evaluate(
+        context.ctx, media, n_past=0, seq_id=seq_id, n_batch=64, logits_last=False
+    )
 
 
 class TestLoading:
@@ -274,7 +278,7 @@ class TestEvaluate:
         media = projector.tokenize(picture(32, 32))
         prompt = text_tokens(model, "Look:") + media.before
         context.decode(prompt, position=0, seq_id=0)
-        n_past = projector.evaluate(
+        n_past = ImageDecoder(projector).evaluate(
             context.ctx, media, n_past=len(prompt), seq_id=0, n_batch=64, logits_last=False
         )
         assert n_past == len(prompt) + IMAGE_TOKENS
@@ -289,7 +293,7 @@ class TestEvaluate:
             small.decode(text_tokens(model, "Hello"), position=0, seq_id=0)
             before = small.last_position(0)
             with pytest.raises(EngineFailure, match=r"an image of 4 embeddings needs a micro-batch"):
-                projector.evaluate(
+                ImageDecoder(projector).evaluate(
                     small.ctx,
                     projector.tokenize(picture(32, 32)),
                     n_past=before + 1,
@@ -343,14 +347,16 @@ class TestEncodeApart:
         worker = threading.Thread(target=lambda: encoded.append(projector.encode(media)))
         worker.start()
         worker.join(timeout=60)
-        n_past = projector.evaluate_encoded(context.ctx, media, encoded[0], n_past=0, seq_id=1, n_batch=64)
+        n_past = ImageDecoder(projector).evaluate_encoded(
+            context.ctx, media, encoded[0], n_past=0, seq_id=1, n_batch=64
+        )
         assert n_past == IMAGE_TOKENS
         assert np.array_equal(context.decode(media.after, position=IMAGE_TOKENS, seq_id=1), whole)
 
     def test_embeddings_of_another_shape_are_refused(self, projector, context) -> None:
         media = projector.tokenize(picture(32, 32))
         with pytest.raises(EngineFailure, match=r"not the image's float32 \(4, 576\)"):
-            projector.evaluate_encoded(
+            ImageDecoder(projector).evaluate_encoded(
                 context.ctx, media, np.zeros((3, 576), np.float32), n_past=0, seq_id=0, n_batch=64
             )
         assert context.last_position(0) == -1
@@ -360,7 +366,7 @@ class TestEvaluateFailures:
     def test_asking_for_logits_at_an_image_is_refused(self, projector, context) -> None:
         """llama.cpp computes none there: the flag it would ignore is an error, before any work."""
         with pytest.raises(EngineFailure, match="an image's positions have no logits"):
-            projector.evaluate(
+            ImageDecoder(projector).evaluate(
                 context.ctx,
                 projector.tokenize(picture(32, 32)),
                 n_past=0,
@@ -380,7 +386,7 @@ class TestEvaluateFailures:
             context.decode(filler[: room - 2 - start], position=start, seq_id=0)
         assert context.last_position(0) == room - 3
         with pytest.raises(ContextFull, match="no room left for the image") as failed:
-            projector.evaluate(
+            ImageDecoder(projector).evaluate(
                 context.ctx,
                 projector.tokenize(picture(32, 32)),
                 n_past=room - 2,
@@ -399,7 +405,9 @@ class TestEvaluateFailures:
         """llama.cpp would abort the process on it; the projector refuses it first."""
         media = projector.tokenize(picture(32, 32))
         with pytest.raises(EngineFailure, match=r"the context has no sequence 7 \(it has 2\)"):
-            projector.evaluate(context.ctx, media, n_past=0, seq_id=7, n_batch=64, logits_last=False)
+            ImageDecoder(projector).evaluate(
+                context.ctx, media, n_past=0, seq_id=7, n_batch=64, logits_last=False
+            )
 
 
 class TestClose:
@@ -411,6 +419,15 @@ class TestClose:
             projector.tokenize(picture(32, 32))
         with pytest.raises(EngineFailure, match="the projector was closed"):
             projector.encode(media)
+        with pytest.raises(EngineFailure, match="the projector was closed"):
+            ImageDecoder(projector).evaluate_encoded(
+                object(),
+                media,
+                np.zeros((IMAGE_TOKENS, projector.n_embd), np.float32),
+                n_past=0,
+                seq_id=0,
+                n_batch=64,
+            )
         chunks = weakref.ref(media._chunks)
         del media
         gc.collect()

@@ -17,8 +17,8 @@ import numpy.typing as npt
 
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
+from ._image_decoder import ImageDecoder
 from ._kv import SequenceCache, SnapshotStore
-from ._projector import Projector
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
 from ._vision import EncodedImage
@@ -49,12 +49,12 @@ class LlamaContext:
         reuse_chunk: int = 0,
         adapters: Sequence[Any] = (),
         disk: DiskTier | None = None,
-        projector: Projector | None = None,
+        images: ImageDecoder | None = None,
     ) -> None:
         """*reuse_chunk*: ``--cache-reuse`` (the shortest cached run a sequence moves into place; 0: off).
 
-        *adapters* are the loaded LoRA adapters (``llama_adapter_lora`` pointers), by id; *projector*
-        the images' (``--mmproj``), over the same model.
+        *adapters* are the loaded LoRA adapters (``llama_adapter_lora`` pointers), by id; *images*
+        decodes the images' embeddings (``--mmproj``'s projector, over the same model).
         """
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
@@ -86,7 +86,7 @@ class LlamaContext:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._adapters = tuple(adapters)
         self._applied: AdapterSet = NO_ADAPTERS
-        self.projector = projector
+        self.images = images
 
     def use_adapters(self, adapters: AdapterSet) -> None:
         """Apply *adapters* to the decodes that follow (``llama_set_adapters_lora``; cheap when unchanged).
@@ -167,14 +167,14 @@ class LlamaContext:
 
         """
         image, cache = entry.image, entry.cache
-        if image is None or self.projector is None:
+        if image is None or self.images is None:
             raise EngineFailure("an image reached a context without a projector")
         if entry.last_logits:  # the service refuses a prompt that ends with an image; this guards
             raise EngineFailure("an image's positions have no logits: a prompt cannot end with one")
         encoded = image.handle
         if not isinstance(encoded, EncodedImage):
             raise EngineFailure("an image that this engine's projector did not read")
-        self.projector.evaluate_encoded(
+        self.images.evaluate_encoded(
             self.ctx,
             encoded.media,
             encoded.embeddings,

@@ -12,10 +12,17 @@ parts':
 - :class:`EndPolicy`: when the generation ends and why, the text each token
   releases, and when the end of thinking is inserted;
 - :class:`ProbabilityRecorder`: each token's log-probabilities, if asked for;
-- :class:`DraftVerifier` and a :class:`DraftSource` (a draft model's
-  :class:`ModelDrafts` when the engine has one, else prompt lookup's): drafts to
-  verify while the generation is alone in the batch, within the request's
-  ``speculative`` limits.
+- :class:`Drafting`: its :class:`DraftSource` (a draft model's
+  :class:`ModelDrafts` when the engine has one, else prompt lookup's), drafts
+  to verify while the generation is alone in the batch, within the request's
+  ``speculative`` limits, and the :class:`DraftVerifier`'s walk over them;
+- :class:`GenerationReport`: the prompt's progress, the timings its slot
+  keeps, and the last event with the request's statistics.
+
+Each sampled token is accounted for in one place, :meth:`Generation._take`
+(the slot's count, the end policy's verdict, its event with its
+log-probabilities, the draft source's history, the tokens to insert next):
+what happens after a token is sampled, apart from choosing the next input.
 
 Tokens to insert (the end of thinking) replace sampling while the grammar
 admits them; one it forbids gives the insertion up.  Written against the
@@ -24,25 +31,16 @@ admits them; one it forbids gives the insertion up.  Written against the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import attrs
 
-from bubo.domain.generation import (
-    CacheReport,
-    EngineEvent,
-    GenerationFinished,
-    GenerationRequest,
-    GenerationStats,
-    PromptProgress,
-    StopCause,
-    TokenGenerated,
-)
+from bubo.domain.generation import EngineEvent, GenerationRequest, StopCause, TokenGenerated
 
 from ._draft_policy import DraftPolicy
-from ._draft_verifier import DraftSource, DraftVerifier, LookupDrafts
+from ._drafting import Drafting
 from ._end_policy import EndPolicy
+from ._generation_report import GenerationReport, Outcome
 from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
@@ -52,19 +50,6 @@ from .lora import AdapterSet, adapter_set
 from .slots import Slot
 
 __all__ = ["EngineSetup", "Generation", "Outcome"]
-
-
-@attrs.frozen(kw_only=True)
-class Outcome:
-    """How a generation ended and what drafting did."""
-
-    n_generated: int
-    cause: StopCause
-    stop_word: str | None = None
-    drafted: int = 0
-    accepted: int = 0
-    undecoded: int | None = None  # the last generated token, when it is not in the KV cache
-    shifted: bool = False  # the context was shifted (the cache no longer holds prompt and answer)
 
 
 @attrs.frozen(kw_only=True)
@@ -113,16 +98,18 @@ class Generation:
             shifts=setup.context_shift and not request.images,
         )
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
-        self._policy = setup.drafting
-        self._drafter = setup.drafter
-        self._drafts: DraftSource | None = None
-        self._verifier = DraftVerifier()
+        self._drafting = Drafting(request, slot, context, policy=setup.drafting, drafter=setup.drafter)
         self._insert: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
         self._token: int | None = None  # sampled and emitted, not yet evaluated
-        self._draft: tuple[int, ...] = ()
         self._walk_ended: StopCause | None = None  # what ended the generation during a draft's walk
-        self._cache_report = CacheReport()
-        self._started = self._prompt_done = 0.0
+        self._report = GenerationReport(
+            request=request,
+            slot=slot,
+            feeder=self._feeder,
+            ending=self._ending,
+            verifier=self._drafting.verifier,
+            emit=emit,
+        )
         self._adapters = adapter_set(request.lora or ())
 
     # ---- what the loop asks ------------------------------------------------------------------
@@ -159,32 +146,13 @@ class Generation:
         if not prompt or len(prompt) >= context.n_ctx_seq:  # the service checks first; this guards
             msg = f"prompt of {len(prompt)} tokens cannot be evaluated in a {context.n_ctx_seq}-token context"
             raise EngineFailure(msg)
-        self._started = time.perf_counter()
+        self._report.begin()
         self._sampler = self._make_sampler(request)
         # an image's stand-in ids are no tokens: the penalties see the prompt's text only
         self._sampler.remember([token for token in prompt if token >= 0] if request.images else prompt)
-        self._drafts = self._draft_source()
-        feeder = self._feeder
-        self._cache_report = feeder.reuse()
-        self.slot.reused(feeder.n_cached, shared=self._cache_report.shared_tokens)
+        self._drafting.start()
+        self._report.reused(self._feeder.reuse())
         self.slot.holds(len(self.cache.tokens))
-        # llama-server's first progress report, before any prompt token is decoded
-        self._emit(
-            PromptProgress(
-                total=len(prompt), cached=feeder.n_cached, processed=0, elapsed_ms=0.0, slot_id=self.slot.id
-            )
-        )
-
-    def _draft_source(self) -> DraftSource | None:
-        """The draft model's drafts if the engine has one, else prompt lookup's (None: no drafting)."""
-        request = self.request
-        if request.speculative.n_max <= 0 or request.images:  # drafts know nothing of an image's positions
-            return None
-        if self._drafter is not None:
-            return self._drafter.drafts(self.slot.id, request.prompt_tokens, p_min=request.speculative.p_min)
-        if self._policy is not None:
-            return LookupDrafts(request.prompt_tokens, self._policy)
-        return None
 
     def prompt_entry(self, room: int) -> BatchEntry:
         """Up to *room* prompt tokens for the next batch (logits after the prompt's last)."""
@@ -194,55 +162,26 @@ class Generation:
         """The token to evaluate next, with a draft after it when the generation is *alone* in the batch."""
         assert self._token is not None
         self._feeder.make_room()
-        self._draft = self._next_draft() if alone else ()
-        return BatchEntry(self.cache, (self._token, *self._draft), all_logits=bool(self._draft))
+        draft = self._drafting.propose(
+            allowed=alone and not self._insert, tokens_left=self._ending.tokens_left
+        )
+        return BatchEntry(self.cache, (self._token, *draft), all_logits=bool(draft))
 
     def evaluated(self, entry: BatchEntry, index: int) -> None:
         """*entry* was decoded at batch index *index*: take the next token, or account for the prompt."""
         self.slot.holds(len(self.cache.tokens))
         if self._token is None:  # no token yet: the entry was a prompt chunk
             self._after_prompt_chunk(len(entry.tokens), index)
-        elif self._draft:
+        elif self._drafting.draft:
             self._after_draft(index)
         else:
             self._begin(self._next(index), index)
 
     def finish(self, cause: StopCause, *, undecoded: int | None = None) -> None:
-        """End the generation: emit its last event and free the sampler."""
-        now = time.perf_counter()
-        if not self._prompt_done:  # ended before its prompt was evaluated (the context filled up)
-            self._prompt_took(now)
-        predicted_ms = (now - self._prompt_done) * 1000.0
-        self.slot.generation_took(predicted_ms / 1000.0)
+        """End the generation: free the sampler and emit its last event."""
         self.close()
-        ending, verifier, feeder = self._ending, self._verifier, self._feeder
-        self.outcome = Outcome(
-            n_generated=ending.n_generated,
-            cause=cause,
-            stop_word=ending.stop_word,
-            drafted=verifier.drafted,
-            accepted=verifier.accepted,
-            undecoded=undecoded,
-            shifted=feeder.shifts > 0,
-        )
-        self._emit(
-            GenerationFinished(
-                cause=cause,
-                stop_word=ending.stop_word,
-                stats=GenerationStats(
-                    prompt_tokens=len(self.request.prompt_tokens),
-                    cached_tokens=feeder.n_cached,
-                    prompt_ms=(self._prompt_done - self._started) * 1000.0,
-                    completion_tokens=ending.n_generated,
-                    predicted_ms=predicted_ms,
-                    draft_tokens=verifier.drafted,
-                    draft_accepted=verifier.accepted,
-                    cache=self._cache_report,
-                    slot_id=self.slot.id,
-                    context_shifts=feeder.shifts,
-                ),
-            )
-        )
+        self.outcome = self._report.outcome(cause, undecoded=undecoded)
+        self._report.finished(self.outcome)
 
     def close(self) -> None:
         """Free the sampler (the generation ended, failed or was abandoned)."""
@@ -253,31 +192,15 @@ class Generation:
     # ---- the prompt --------------------------------------------------------------------------
 
     def _after_prompt_chunk(self, n_tokens: int, index: int) -> None:
-        feeder = self._feeder
-        feeder.read(n_tokens)
-        self.slot.evaluated(n_tokens)
-        now = time.perf_counter()
-        self._emit(
-            PromptProgress(
-                total=len(self.request.prompt_tokens),
-                cached=feeder.n_cached,
-                processed=feeder.processed,
-                elapsed_ms=(now - self._started) * 1000.0,
-                slot_id=self.slot.id,
-            )
-        )
-        if feeder.prefilling:
+        self._feeder.read(n_tokens)
+        self._report.chunk_read(n_tokens)
+        if self._feeder.prefilling:
             return
-        self._prompt_took(now)
         if self._ending.nothing_to_generate:  # evaluate the prompt into the cache only
             self.finish(StopCause.LIMIT)
             return
         at = index + n_tokens - 1
         self._begin(self._sample(at), at)
-
-    def _prompt_took(self, now: float) -> None:
-        self._prompt_done = now
-        self.slot.prompt_took(now - self._started)
 
     # ---- the tokens --------------------------------------------------------------------------
 
@@ -290,11 +213,7 @@ class Generation:
         self._token = token
 
     def _after_draft(self, index: int) -> None:
-        draft, cache = self._draft, self.cache
-        base = len(cache.tokens) - len(draft)  # the cache up to the token before the draft
-        walk = self._verifier.walk(draft, index, self._sample, self._take_drafted)
-        self.slot.draft_verified(len(draft), walk.kept)
-        cache.truncate(base + walk.kept)
+        walk = self._drafting.verify(index, self._sample, self._take_drafted)
         if walk.token is not None:
             self._begin(walk.token, walk.at)
         elif self._walk_ended is not None:
@@ -327,19 +246,6 @@ class Generation:
         assert sampler is not None
         return self._probabilities.sample(sampler, index)
 
-    def _next_draft(self) -> tuple[int, ...]:
-        """Tokens worth verifying after the current one, within the limits, the context and the batch.
-
-        A draft shorter than the request's ``speculative.n_min`` is not verified.
-        """
-        if self._drafts is None or self._insert:
-            return ()
-        context, limits = self._context, self.request.speculative
-        room = min(context.n_ctx_seq - len(self.cache.tokens) - 2, context.n_batch - 1, limits.n_max)
-        left = self._ending.tokens_left
-        draft = self._drafts.propose(room if left is None else min(room, left))
-        return draft if len(draft) >= limits.n_min else ()
-
     def _take(self, token: int, at: int) -> StopCause | None:
         """Account for one generated token, emit it, and say whether it ends the generation."""
         self.slot.generated()
@@ -348,7 +254,6 @@ class Generation:
         logprob = self._probabilities.of(token, at) if cause is not StopCause.EOS else None
         self._emit(TokenGenerated(token_id=token, text=verdict.text, logprob=logprob))
         if cause is None:
-            if self._drafts is not None:
-                self._drafts.observe(token)
+            self._drafting.observe(token)
             self._insert.extend(verdict.insert)
         return cause

@@ -40,6 +40,7 @@ from ._decode_loop import DecodeLoop
 from ._draft_model import DraftModel
 from ._embedder import Embedder
 from ._generation import EngineSetup
+from ._image_decoder import ImageDecoder
 from ._kv import SnapshotStore
 from ._model_drafts import Drafter
 from ._model_info import generates
@@ -197,7 +198,7 @@ def load(
         vision = _open_vision(options, model)
         if vision is not None:
             resources.callback(vision.close)
-            context.projector = vision.projector
+            context.images = ImageDecoder(vision.projector)
         embedder = None
         if options.embeddings or not generates(model, context.ctx):  # an encoder serves nothing else
             embedder = Embedder(

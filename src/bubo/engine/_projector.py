@@ -4,9 +4,11 @@ mtmd turns an image into what the text model reads: text tokens it puts
 before the image (Gemma 3's ``<start_of_image>``), the image's embeddings
 (one per KV position) and text tokens after it.  :meth:`Projector.tokenize`
 does the first step, preprocessing the image into a :class:`MediaTokens`;
-:meth:`Projector.evaluate` encodes it and decodes its embeddings into a slot's
-KV sequence.  Both go through llama.cpp's C API (``llama_cpp.mtmd_cpp``), as the
-rest of the engine does.
+:meth:`Projector.encode` runs it through the vision tower; an
+:class:`~._image_decoder.ImageDecoder` decodes the embeddings into a slot's
+KV sequence.  All go through llama.cpp's C API (``llama_cpp.mtmd_cpp``), as
+the rest of the engine does; :func:`~._projector_load.load_projector` loads
+the file and refuses what Bubo cannot drive.
 
 Threads: ``mtmd_tokenize`` reads the context only (llama.cpp documents it as
 thread-safe on a shared context, and llama-server calls it from its HTTP
@@ -14,32 +16,20 @@ threads while its main loop encodes), so :meth:`~Projector.tokenize` runs in
 request worker threads while the decode thread evaluates.  Encoding writes the
 context's one output buffer, so encodes take turns (:meth:`~Projector.encode`,
 any thread: the vision tower, an image's costly part, need not hold the decode
-thread); decoding the embeddings writes the llama.cpp context, so
-:meth:`~Projector.evaluate_encoded` (and :meth:`~Projector.evaluate`, which
-encodes then decodes) belongs to the decode thread.  :meth:`~Projector.close`
-waits for the tokenizations and the encode under way and refuses later ones.
-
-Refused at load, with a message that says why (never a NULL dereference):
-
-- a projector whose output width is not the model's input embedding width
-  (mtmd returns NULL): when the caller passes the width read from the file
-  (``bubo.model.read_projector``) the mismatch is named exactly and mtmd is not
-  even called; else mtmd's own check refuses it;
-- a projector that needs M-RoPE positions (Qwen2-VL and its kind): an image
-  there takes fewer KV positions than embeddings, and the engine keeps one
-  position per prompt token.
+thread); decoding the embeddings writes the llama.cpp context, so it belongs
+to the decode thread (:meth:`~Projector.decoding_context`).
+:meth:`~Projector.close` waits for the tokenizations and the encode under way
+and refuses later ones.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 import weakref
 from pathlib import Path
 
 import attrs
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from llama_cpp import mtmd_cpp
@@ -47,37 +37,16 @@ from llama_cpp import mtmd_cpp
 from bubo.errors import InvalidRequest
 
 from ._images import Bitmap
-from ._protocols import ContextFull
 from .base import EngineFailure
 
 __all__ = ["MediaTokens", "Projector", "ProjectorRefused"]
 
-mtmd_logger = logging.getLogger("bubo.llama_cpp.mtmd")
-
-# ggml log levels (1 debug ... 4 error, 5 continuation) -> logging levels; mtmd's INFO chatter goes to DEBUG
-_LOG_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
-_FATAL_DECODE_STATUS = -2  # llama_decode's compute failures (the context is unusable), as _context's
-_NO_KV_SLOT = 1  # llama_decode found no room in the KV cache: the decode loop makes room
 _PROBE_SIDE = 1024  # the square image whose token count sizes encoder_bytes (see there)
 _F32 = 4
 
 
 class ProjectorRefused(EngineFailure):
     """The projector cannot serve this model: another model's, unreadable, or a kind Bubo does not drive."""
-
-
-def _mtmd_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
-    if text:
-        mtmd_logger.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", text.decode(errors="replace").rstrip())
-
-
-# mtmd keeps this pointer for the life of the process: it must never be collected.
-_MTMD_LOG_CALLBACK = llama_cpp.llama_log_callback(_mtmd_log)
-
-
-def _route_mtmd_logs() -> None:
-    """Send mtmd's, its helpers' and its CLIP encoder's log lines to Python logging (process-wide)."""
-    mtmd_cpp.mtmd_helper_log_set(_MTMD_LOG_CALLBACK, ctypes.c_void_p())
 
 
 class _OwnedChunks:
@@ -116,10 +85,14 @@ class MediaTokens:
 
 
 class Projector:
-    """An mtmd context over the text model: what it takes (``vision``, ``audio``), tokenizing, evaluating."""
+    """An mtmd context over the text model: what it takes (``vision``, ``audio``), tokenizing, encoding."""
 
     def __init__(self, ctx: int, *, path: Path, n_embd: int) -> None:
-        """Use (and own) the mtmd context *ctx* loaded from *path* over a model of input width *n_embd*."""
+        """Use (and own) the mtmd context *ctx* loaded from *path* over a model of input width *n_embd*.
+
+        A probe image sizes it (:meth:`encoder_bytes`, :attr:`one_batch_tokens`):
+        *ctx* must have a vision encoder (:func:`~._projector_load.load_projector` checks).
+        """
         self._ctx: int | None = ctx
         self.path = path
         self.n_embd = n_embd
@@ -129,91 +102,14 @@ class Projector:
         self._guard = threading.Condition()
         self._tokenizing = 0
         self._encoding = threading.Lock()  # one encode at a time: mtmd has one output buffer
-        self._probe_tokens = 0  # set by load: the embeddings of a large image
-        # set by load: the embeddings of a large image, where its positions attend to each other (Gemma 3)
-        # and it must be decoded in one micro-batch; 0 where the image is causal
-        self.one_batch_tokens = 0
-
-    @classmethod
-    def load(
-        cls,
-        path: Path,
-        model: object,
-        *,
-        use_gpu: bool,
-        n_threads: int,
-        image_min_tokens: int | None,
-        image_max_tokens: int | None,
-        output_width: int | None = None,
-    ) -> Projector:
-        """Load the projector at *path* over the llama.cpp *model* (blocking: call from a worker thread).
-
-        *use_gpu*: run the encoder on the GPU backend when there is one
-        (``--no-mmproj-offload`` turns it off); *n_threads*: the encoder's CPU
-        threads; *image_min_tokens*, *image_max_tokens*: bounds on an image's
-        tokens for projectors of dynamic resolution (None: the file's own).
-        *output_width*: the projector's output width as read from its file
-        (``bubo.model.read_projector``), checked against the model's before
-        mtmd sees the file; None leaves the check to mtmd.  mtmd runs one
-        warm-up encode of its largest image, so its compute buffer is
-        reserved here.
-
-        Raises:
-            ProjectorRefused: the projector is another model's, not a projector
-                llama.cpp reads, has no vision encoder, or needs M-RoPE positions.
-
-        """
-        _route_mtmd_logs()
-        n_embd: int = llama_cpp.llama_model_n_embd_inp(model)
-        if output_width is not None and output_width != n_embd:
-            raise ProjectorRefused(
-                f"the projector {path}: its output width {output_width} differs from the model's n_embd "
-                f"{n_embd} (a projector made for another model)"
-            )
-        params = mtmd_cpp.mtmd_context_params_default()
-        params.use_gpu = use_gpu
-        params.n_threads = n_threads
-        params.print_timings = False
-        params.warmup = True
-        params.image_min_tokens = -1 if image_min_tokens is None else image_min_tokens  # -1: the file's
-        params.image_max_tokens = -1 if image_max_tokens is None else image_max_tokens
-        ctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), model, params)
-        if not ctx:
-            raise ProjectorRefused(
-                f"llama.cpp could not load the projector {path} over this model (n_embd {n_embd}); its log "
-                f"says why: a file that is no projector, or one made for another model, are the usual causes"
-            )
-        try:
-            return cls._over(ctx, path=path, n_embd=n_embd)
-        except BaseException:
-            mtmd_cpp.mtmd_free(ctx)
-            raise
-
-    @classmethod
-    def _over(cls, ctx: int, *, path: Path, n_embd: int) -> Projector:
-        """The projector owning the fresh mtmd context *ctx*, sized by a probe image.
-
-        Raises:
-            ProjectorRefused: the projector needs M-RoPE positions, or has no vision encoder.
-
-        """
-        if mtmd_cpp.mtmd_decode_use_mrope(ctx):
-            raise ProjectorRefused(
-                f"the projector {path} places images with M-RoPE positions (several embeddings per KV "
-                f"position): such models are not supported yet"
-            )
-        projector = cls(ctx, path=path, n_embd=n_embd)
-        if not projector.vision:
-            raise ProjectorRefused(
-                f"the projector {path} has no vision encoder (an audio projector): Bubo reads images only"
-            )
-        probe = projector.tokenize(
+        probe = self.tokenize(
             Bitmap(_PROBE_SIDE, _PROBE_SIDE, bytes((128,)) * (3 * _PROBE_SIDE * _PROBE_SIDE))
         )
-        projector._probe_tokens = probe.n_image
-        if mtmd_cpp.mtmd_decode_use_non_causal(ctx, probe._chunks.image):  # noqa: SLF001 (its own handle)
-            projector.one_batch_tokens = probe.n_image
-        return projector
+        self._probe_tokens = probe.n_image  # the embeddings of a large image
+        # where an image's positions attend to each other (Gemma 3) it is decoded in one micro-batch, which
+        # must hold this many (0: the image is causal)
+        one_batch = mtmd_cpp.mtmd_decode_use_non_causal(ctx, probe._chunks.image)  # noqa: SLF001 (its own)
+        self.one_batch_tokens = probe.n_image if one_batch else 0
 
     def tokenize(self, bitmap: Bitmap, *, param: str | None = None) -> MediaTokens:
         """*bitmap* as the prompt reads it (thread-safe; blocking: the image is preprocessed here).
@@ -287,106 +183,19 @@ class Projector:
             output = mtmd_cpp.mtmd_get_output_embd(ctx)
             return np.ctypeslib.as_array(output, shape=(media.n_image, self.n_embd)).copy()
 
-    def evaluate(
-        self,
-        context: object,
-        media: MediaTokens,
-        *,
-        n_past: int,
-        seq_id: int,
-        n_batch: int,
-        logits_last: bool,
-    ) -> int:
-        """Encode *media*'s image and decode its embeddings at ``n_past…`` in *seq_id*; the new n_past.
+    def decoding_context(self) -> int:
+        """The mtmd context, for decoding an image's embeddings on the decode thread (:mod:`._image_decoder`).
 
-        :meth:`encode`, then :meth:`evaluate_encoded` (see there).  *logits_last*
-        is llama.cpp's helper's flag, which it ignores for images: no logits are
-        computed at an image's positions, so a prompt's logits come from the
-        text after it (``after``), and a True here is refused.
+        Unguarded: :meth:`close` is called only once the decode thread stopped.
 
         Raises:
-            EngineFailure: the image cannot be evaluated (fatal when llama.cpp's compute failed).
-
-        """
-        if logits_last:
-            raise EngineFailure("an image's positions have no logits: evaluate the text after it last")
-        embeddings = self.encode(media)
-        return self.evaluate_encoded(
-            context, media, embeddings, n_past=n_past, seq_id=seq_id, n_batch=n_batch
-        )
-
-    def evaluate_encoded(
-        self,
-        context: object,
-        media: MediaTokens,
-        embeddings: npt.NDArray[np.float32],
-        *,
-        n_past: int,
-        seq_id: int,
-        n_batch: int,
-    ) -> int:
-        """Decode *media*'s *embeddings* (from :meth:`encode`) at ``n_past…`` in *seq_id*; the new n_past.
-
-        Decode thread only: it decodes into the llama.cpp *context* and, for a
-        projector whose images attend to each other (Gemma 3:
-        ``mtmd_decode_use_non_causal``), turns the context's causal attention
-        off for the image and on again after it; the image is then decoded in
-        one batch, so it must fit one micro-batch (and the sequence must hold
-        nothing at ``n_past`` or after, which the image would see).  Only the
-        image is evaluated: ``before`` and ``after`` are ordinary prompt tokens.
-        On failure the positions from *n_past* on are removed from *seq_id*, so
-        the sequence is as before.
-
-        Raises:
-            ContextFull: the KV cache has no room for the image (a ``ContextFull`` is an ``EngineFailure``).
-            EngineFailure: the image cannot be decoded (fatal when llama.cpp's compute failed).
+            EngineFailure: the projector was closed.
 
         """
         ctx = self._ctx
         if ctx is None:
             raise EngineFailure("the projector was closed")
-        n_seq_max = llama_cpp.llama_n_seq_max(context)
-        if not 0 <= seq_id < n_seq_max:  # llama.cpp aborts the process on a sequence it does not have
-            raise EngineFailure(f"the context has no sequence {seq_id} (it has {n_seq_max})")
-        if embeddings.shape != (media.n_image, self.n_embd) or embeddings.dtype != np.float32:
-            raise EngineFailure(
-                f"the embeddings are {embeddings.dtype} {embeddings.shape}, not the image's "
-                f"float32 ({media.n_image}, {self.n_embd})"
-            )
-        image = media._chunks.image  # noqa: SLF001 (the engine's own handle)
-        batch = min(n_batch, llama_cpp.llama_n_batch(context))
-        if mtmd_cpp.mtmd_decode_use_non_causal(ctx, image):
-            n_ubatch = llama_cpp.llama_n_ubatch(context)
-            if media.n_image > n_ubatch:
-                raise EngineFailure(
-                    f"an image of {media.n_image} embeddings needs a micro-batch of at least that many "
-                    f"tokens (--ubatch-size is {n_ubatch}): this projector's image positions attend to each "
-                    f"other, so one image is decoded at once"
-                )
-            batch = max(batch, media.n_image)
-        contiguous = np.ascontiguousarray(embeddings)
-        new_n_past = llama_cpp.llama_pos(n_past)
-        status = mtmd_cpp.mtmd_helper_decode_image_chunk(
-            ctx,
-            context,
-            image,
-            contiguous.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            n_past,
-            seq_id,
-            batch,
-            ctypes.byref(new_n_past),
-            mtmd_cpp.mtmd_helper_post_decode_callback(),  # NULL: no callback after each sub-batch
-            None,
-        )
-        if status != 0:
-            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(context), seq_id, n_past, -1)
-            if status == _NO_KV_SLOT:
-                raise ContextFull("the context has no room left for the image")
-            raise EngineFailure(
-                f"the projector could not decode the image (status {status})",
-                fatal=status <= _FATAL_DECODE_STATUS,
-            )
-        return int(new_n_past.value)
+        return ctx
 
     def encoder_bytes(self) -> int:
         """Memory one image's evaluation needs beyond what the projector reserved at load (an estimate).

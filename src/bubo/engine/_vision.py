@@ -35,6 +35,7 @@ from bubo.domain.media import PromptImage, stand_in_ids
 
 from ._images import decode_image
 from ._projector import MediaTokens, Projector, ProjectorRefused
+from ._projector_load import load_projector
 from .base import EngineFailure
 
 __all__ = ["ENCODED_BYTES", "EncodedImage", "Vision", "VisionOptions"]
@@ -121,7 +122,7 @@ class Vision:
     def _open(self, model: object) -> None:
         """Load the projector over *model*, refusing one whose image cannot fit a micro-batch."""
         options = self._options
-        projector = Projector.load(
+        projector = load_projector(
             options.path,
             model,
             use_gpu=options.use_gpu,

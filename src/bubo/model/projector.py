@@ -3,7 +3,7 @@
 llama.cpp's mtmd refuses a projector made for another model by returning NULL
 and logging why; reading the projector's output width here lets the loader
 say exactly which widths differ, and keep such a file from mtmd altogether
-(``bubo.engine``'s ``Projector.load`` takes the width).  The width is read from
+(``bubo.engine``'s ``load_projector`` takes the width).  The width is read from
 the tensor mtmd itself reads it from (``clip_n_mmproj_embd`` in llama.cpp's
 ``tools/mtmd/clip.cpp``), for the projector types listed in
 :data:`OUTPUT_WIDTH_TENSORS`; for the others it is None and mtmd's own check

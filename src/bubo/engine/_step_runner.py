@@ -1,0 +1,162 @@
+"""One decode step run: ``llama_decode`` over the planned batch, and what a failed decode does.
+
+The text entries are evaluated in one ``llama_decode``, then each image alone
+(the projector decodes its own batches).  Each generation then takes its part
+through :meth:`~._roster.Roster.evaluated`, the one seam between decoding and
+what a generation does with its logits (sampling, and each token's stops,
+events and hand-over).  The step's time is the evidence the prefill budget
+and the drafting policy learn from.
+
+A decode that fails ends the generations it concerns: a fatal failure (a lost
+device) every generation, now and later; another the batch's generations; a
+full KV cache makes room (:meth:`StepRunner._make_room`).
+
+Decode thread only; written against :mod:`._protocols`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from bubo.errors import ServiceUnavailable
+
+from ._batch_planner import cells_attended
+from ._draft_policy import DraftPolicy
+from ._prefill_budget import PrefillBudget
+from ._protocols import BatchEntry, ContextFull, DecodeContext
+from ._roster import Member, Roster
+from .base import EngineFailure
+
+__all__ = ["StepRunner"]
+
+logger = logging.getLogger("bubo.engine._decode_loop")  # the step log's name, as docs/operations.md gives it
+
+Batch = list[tuple[Member, BatchEntry]]
+
+
+class StepRunner:
+    """Decodes a planned batch in the context and hands each generation its result."""
+
+    def __init__(
+        self,
+        context: DecodeContext,
+        roster: Roster,
+        *,
+        prefill: PrefillBudget,
+        drafting: DraftPolicy | None,
+    ) -> None:
+        self._context = context
+        self._roster = roster
+        self._prefill = prefill
+        self._drafting = drafting
+
+    def run(self, batch: Batch, *, step: int) -> None:
+        """Evaluate *batch* (the *step*-th): its text in one decode, then each of its images alone."""
+        images = [(member, entry) for member, entry in batch if entry.image is not None]
+        if len(images) < len(batch):
+            self._decode_text([(member, entry) for member, entry in batch if entry.image is None], step)
+        for member, entry in images:
+            if member in self._roster.members:  # a failure in the text batch may have ended it
+                self._decode_image(member, entry)
+
+    def _decode_text(self, batch: Batch, step: int) -> None:
+        """Evaluate the step's tokens in one ``llama_decode`` and hand each generation its part."""
+        timed = self._drafting is not None and len(batch) == 1 and not batch[0][0].generation.prefilling
+        cells = cells_attended(entry for _, entry in batch)
+        started = time.perf_counter()
+        try:
+            self._context.use_adapters(batch[0][0].generation.adapters)
+            starts = self._context.decode_batch([entry for _, entry in batch])
+        except ContextFull:
+            self._make_room([member for member, _ in batch])
+            return
+        except EngineFailure as failure:
+            self._decode_failed(failure, [member for member, _ in batch])
+            return
+        took = time.perf_counter() - started
+        self._prefill.observe(sum(len(entry.tokens) for _, entry in batch), took, cells=cells)
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_step(batch, took, step)
+        if timed and self._drafting is not None:  # the drafting policy models one generation's steps
+            self._drafting.observe_decode(len(batch[0][1].tokens), took)
+        for (member, entry), start in zip(batch, starts, strict=True):
+            self._roster.evaluated(member, entry, start)
+
+    def _decode_image(self, member: Member, entry: BatchEntry) -> None:
+        """Encode and evaluate one prompt's image, alone (the projector decodes its own batches).
+
+        Its time is not the prefill budget's evidence: an image's cost is the encoder's, not per token.
+        """
+        try:
+            self._context.use_adapters(member.generation.adapters)
+            index = self._context.decode_image(entry)
+        except ContextFull:
+            self._make_room([member])
+            return
+        except EngineFailure as failure:
+            self._decode_failed(failure, [member])
+            return
+        self._roster.evaluated(member, entry, index)
+
+    def _log_step(self, batch: Batch, took: float, step: int) -> None:
+        """One line a step: what it carried and what it cost (the prefill budget's evidence)."""
+        reading = [len(entry.tokens) for member, entry in batch if member.generation.prefilling]
+        streams = sum(len(entry.tokens) for member, entry in batch if not member.generation.prefilling)
+        cost = self._prefill.step_cost()
+        logger.debug(
+            "step %d: %d stream token(s), %d prompt token(s) %s, %.1f ms; fitted: %s",
+            step, streams, sum(reading), reading, took * 1000.0, cost or "none",
+        )  # fmt: skip
+
+    def _decode_failed(self, failure: EngineFailure, in_batch: list[Member]) -> None:
+        """A fatal failure ends every generation, now and later; another only those in the batch."""
+        if failure.fatal:
+            self._roster.lose(failure)
+            self._roster.end_all(failure)
+            return
+        for member in in_batch:
+            self._roster.fail(member, failure)
+
+    def _make_room(self, in_batch: list[Member]) -> None:
+        """The shared context is full: free idle slots' sequences, else end one of the batch.
+
+        Idle slots' tokens go first (to a host-RAM snapshot when they are worth
+        one): those holding cells of their own, or, when every idle slot's cells
+        are shared, all of them (cells another request uses stay theirs).  Then
+        one request fails with a 503 ``context_full`` and the others go on: the
+        newest still reading its prompt (it has sent nothing yet), else the
+        generation holding the most tokens.  A generation is failed rather than
+        ended as if it had reached its limit: ``finish_reason: "length"`` and a
+        short ``predicted_n`` would tell its client that it got what it asked
+        for, where the room was taken by other requests (llama-server fails
+        every running request here, with "Context size has been exceeded").
+        A generation running alone did fill the context itself: it ends as at
+        the context's end (``length``), as llama-server's slot limit ends it.
+        """
+        active = self._roster.seq_ids()
+        idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
+        idle = [cache for cache in idle if cache.private_cells] or idle
+        if idle:
+            for cache in idle:
+                cache.evict()
+            return
+        prefilling = [member for member in in_batch if member.generation.prefilling]
+        if prefilling:
+            victim = prefilling[-1]
+            victim.generation.cache.clear()
+        else:
+            victim = max(in_batch, key=lambda member: len(member.generation.cache.tokens))
+            victim.generation.cache.evict()
+            if len(self._roster.members) == 1:  # it alone filled the context: it reached the context's end
+                self._roster.reached_context_end(victim)
+                return
+        self._roster.fail(
+            victim,
+            ServiceUnavailable(
+                "Context size has been exceeded: the KV cache the slots share is full; "
+                "retry when other requests have finished",
+                code="context_full",
+                headers={"Retry-After": "1"},
+            ),
+        )
