@@ -2,14 +2,19 @@
 
 This is the one place sampling defaults live (``config.Settings.generation`` is a
 :class:`GenerationDefaults`, whose ``sampling`` holds a :class:`SamplingParams`);
-a request only says what it changes.
+a request only says what it changes.  The numeric knobs' names, types, defaults
+and ranges come from the sampler table, ``domain.samplers.KNOBS``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+
+from .samplers import KNOBS, Knob, knob_fields
 
 __all__ = [
     "DEFAULT_DRY_SEQUENCE_BREAKERS",
@@ -23,7 +28,10 @@ __all__ = [
     "LogitBias",
     "SamplingOverrides",
     "SamplingParams",
+    "sampling_classes",
 ]
+
+_T = TypeVar("_T")
 
 # (token id or text, bias); a text is expanded to its tokens by the service,
 # a bias of -inf bans the token.
@@ -67,86 +75,86 @@ DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
 @attrs.frozen(kw_only=True)
-class SamplingParams:
+class _SamplingParams:
     """A complete set of sampler settings (llama.cpp's names and meanings).
 
-    ``temperature <= 0`` selects greedy decoding (unless ``dynatemp_range`` widens
-    it).  ``seed`` ``None`` draws a fresh seed per request.  ``logit_bias`` holds
-    token ids only.  ``samplers`` orders the stages of the chain; ``mirostat`` 1
-    or 2 replaces all of them with temperature and Mirostat, as in llama.cpp.
+    One field per knob of ``domain.samplers.KNOBS`` (added by :func:`_with_knobs`), its range the
+    validator, and the settings that are not single numbers.  ``temperature <= 0`` selects
+    greedy decoding (unless ``dynatemp_range`` widens it).  ``seed`` ``None`` draws a fresh
+    seed per request.  ``logit_bias`` holds token ids only.  ``samplers`` orders the stages of
+    the chain; ``mirostat`` 1 or 2 replaces all of them with temperature and Mirostat, as in
+    llama.cpp.
     """
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # llama.cpp's other samplers, each neutral by default
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    typical_p: float = 1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    top_n_sigma: float = -1.0
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1  # -1: the whole context, 0: off
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+
+    if TYPE_CHECKING:  # the knobs' fields are made from the table, which mypy's attrs plugin cannot read
+
+        def __init__(self, **values: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @property
     def greedy(self) -> bool:
         """Whether the most likely token is always taken."""
-        return self.temperature <= 0.0 and self.dynatemp_range <= 0.0
+        return bool(self.temperature <= 0.0 and self.dynatemp_range <= 0.0)
 
     def with_overrides(self, overrides: SamplingOverrides) -> SamplingParams:
         """These settings with every field the request set replaced."""
         changes = {
             field.name: value
-            for field in attrs.fields(SamplingOverrides)
+            for field in attrs.fields(type(overrides))
             if field.name != "logit_bias" and (value := getattr(overrides, field.name)) is not None
         }
         return attrs.evolve(self, **changes)
 
 
 @attrs.frozen(kw_only=True)
-class SamplingOverrides:
-    """What one request asks to change; ``None`` means "keep the server default"."""
+class _SamplingOverrides:
+    """What one request asks to change; ``None`` means "keep the server default".
 
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    One field per knob of ``domain.samplers.KNOBS`` (its range the validator: a value out of
+    range raises :class:`~bubo.domain.samplers.KnobOutOfRange` as the overrides are made), and
+    the settings that are not single numbers.
+    """
+
     seed: int | None = None
     logit_bias: LogitBias = ()
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: tuple[str, ...] | None = None
     samplers: tuple[str, ...] | None = None
+
+    if TYPE_CHECKING:  # as SamplingParams'
+
+        def __init__(self, **values: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _with_knobs(base: type[_T], knobs: Iterable[Knob], *, optional: bool) -> type[_T]:
+    """*base* with a field per knob, named as *base* without its underscore."""
+    name = base.__name__.lstrip("_")
+    fields = knob_fields(knobs, optional=optional)
+    made = attrs.make_class(name, fields, bases=(base,), frozen=True, kw_only=True)
+    made.__doc__, made.__module__ = base.__doc__, __name__
+    return made
+
+
+def sampling_classes(knobs: Iterable[Knob]) -> tuple[type[_SamplingParams], type[_SamplingOverrides]]:
+    """The settings' and the overrides' classes for *knobs* (the module's are made from ``KNOBS``)."""
+    knobs = tuple(knobs)
+    return _with_knobs(_SamplingParams, knobs, optional=False), _with_knobs(
+        _SamplingOverrides, knobs, optional=True
+    )
+
+
+if TYPE_CHECKING:
+    SamplingParams = _SamplingParams
+    SamplingOverrides = _SamplingOverrides
+else:
+    SamplingParams, SamplingOverrides = sampling_classes(KNOBS)
 
 
 @attrs.frozen(kw_only=True)
