@@ -15,9 +15,10 @@ from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._sampler import DryKey, DryStages, _dry, look_back
 from bubo.engine.base import EngineFailure
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 from .test_llama import run
 
@@ -32,7 +33,7 @@ SEEDS = (1, 2, 3)
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(LlamaOptions(model_path=model_path, n_ctx=512, n_threads=2))
+    engine = load_llama_engine(engine_options(model_path=model_path, n_ctx=512, n_threads=2))
     yield engine
     engine.close()
 
