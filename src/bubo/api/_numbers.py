@@ -2,10 +2,10 @@
 
 The sampler knobs' ranges are the table's (``domain.samplers.KNOBS``), shared
 with ``bubo serve``'s flags.  The rule: accept what llama-server accepts (Bubo
-stands in for it), except a value that cannot reach llama.cpp intact, which takes token counts and ``top_k``
-as 32-bit integers and every sampler setting as a 32-bit float, or that means
-nothing (a probability outside 0..1, ``repeat_last_n`` below -1, which
-llama-server refuses too).  The OpenAI and Anthropic ranges are narrower, so
+stands in for it), except a value that cannot reach llama.cpp intact, which
+takes token counts and ``top_k`` as 32-bit integers and every sampler setting
+as a 32-bit float, or that means nothing (a probability outside 0..1,
+``repeat_last_n`` below -1, which llama-server refuses too).  The OpenAI and Anthropic ranges are narrower, so
 their clients never meet these bounds.  Non-finite numbers never get this far
 (see ``_values.py``); integers beyond 64 bits neither (``_converter.py``).
 """
