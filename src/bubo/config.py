@@ -36,6 +36,7 @@ from bubo.domain.modes import (
     RepackMode,
     words,
 )
+from bubo.domain.requests import ChatDefaults
 from bubo.domain.samplers import KNOBS, Knob
 from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
 from bubo.model import is_quantized
@@ -220,6 +221,9 @@ class LoadSettings:
             )
 
 
+_CHAT = ChatDefaults()  # the chat defaults' own declaration (domain.requests), read by RequestDefaults
+
+
 @attrs.frozen(kw_only=True)
 class RequestDefaults:
     """What a request gets when it does not say, beyond sampling (``Settings.generation``).
@@ -231,9 +235,9 @@ class RequestDefaults:
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     grammar: str | None = None  # the same, given as text (--grammar)
     json_schema: dict[str, Any] | None = None  # a default JSON schema instead (-j, -jf)
-    prefill_assistant: bool = True  # a final assistant message is continued
+    prefill_assistant: bool = _CHAT.prefill_assistant  # a final assistant message is continued
     reasoning: ReasoningMode = "auto"  # enable_thinking for templates that read it (auto: theirs)
-    reasoning_format: ReasoningFormat = "auto"  # auto is deepseek
+    reasoning_format: ReasoningFormat = _CHAT.reasoning_format  # auto is deepseek
     reasoning_budget: int = attrs.field(default=-1)  # -1: unrestricted; 0: no thinking
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
 
