@@ -110,14 +110,15 @@ class Knob:
         """The attrs validator of the knob's field (an *optional* one lets None through)."""
 
         def check(_instance: object, _attribute: object, value: float | None) -> None:
-            if value is not None or not optional:
-                self.check(value)  # type: ignore[arg-type]  # None only where optional
+            if value is None and optional:
+                return
+            self.check(value)  # type: ignore[arg-type]  # None is refused: a knob is a number
 
         return check
 
 
 def _knob(name: str, kind: type[int | float], default: float, **rest: Any) -> Knob:
-    """A row of the table; a float knob's range is llama.cpp's 32-bit float's unless given."""
+    """A row of the table; its range, unless given, is what llama.cpp's 32-bit int or float holds."""
     lowest, highest = (INT32_MIN, INT32_MAX) if kind is int else (-FLOAT32_MAX, FLOAT32_MAX)
     return Knob(name=name, kind=kind, default=default, **{"lowest": lowest, "highest": highest, **rest})
 
