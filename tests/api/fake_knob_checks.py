@@ -1,12 +1,15 @@
-"""Checks run only under ``-p _fake_knob`` (``test_sampler_table.py`` runs them): the fake knob added to
-the sampler table reaches config, every request body that takes llama-server's samplers, the reading of
-requests, ``generation_settings``, ``/props`` and the chat page, with nothing else declared."""
+"""Checks run only under ``-p _fake_knob`` over a copy of Bubo that declares the fake knob's fields
+(``test_sampler_table.py`` runs them): the knob added to the sampler table and declared in
+``SamplingParams`` and ``SamplingOverrides`` reaches config, every request body that takes
+llama-server's samplers, the reading of requests, ``generation_settings``, ``/props`` and the chat
+page, with nothing else declared."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 from quart_trio import QuartTrio
+from tests._knob_agreement import disagreements
 
 from bubo.api._chat.wire import ChatCompletionRequest
 from bubo.api.llamacpp import wire as llamacpp_wire
@@ -24,6 +27,11 @@ HI = [{"role": "user", "content": "Hi"}]
 
 def test_the_plugin_added_the_knob() -> None:
     assert KNOBS[-1].name == FAKE
+
+
+def test_the_table_and_the_declarations_agree() -> None:
+    """The copy of Bubo under test declares the fake knob (Bubo's own source would disagree)."""
+    assert disagreements(KNOBS) == []
 
 
 def test_config_has_its_flag_variable_default_and_range() -> None:

@@ -40,7 +40,8 @@ class _LlamaServerFields:
     """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, LoRA.
 
     The numeric samplers are a field per knob of ``domain.samplers.KNOBS`` that OpenAI's bodies
-    do not have of their own (:func:`llama_server_fields` adds them, each optional).
+    do not have of their own (:func:`llama_server_fields` adds them, each optional).  mypy sees
+    this class without them: they are read by the table's names (``api._numbers.sampling_overrides``).
     """
 
     dry_sequence_breakers: list[str] | None = None
@@ -53,12 +54,6 @@ class _LlamaServerFields:
     speculative_n_min: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_min"))
     speculative_p_min: float | None = attrs.field(default=None, metadata=wire_name("speculative.p_min"))
     lora: list[LoraEntry] | None = None  # these adapters at these scales, the others at 0 (this request only)
-
-    if TYPE_CHECKING:  # the knobs' fields are made from the table, which mypy's attrs plugin cannot read
-
-        def __init__(self, **values: Any) -> None: ...
-
-        def __getattr__(self, name: str) -> Any: ...
 
 
 def llama_server_fields(knobs: Iterable[Knob]) -> type[_LlamaServerFields]:

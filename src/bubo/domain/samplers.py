@@ -4,11 +4,16 @@ A :class:`Knob` row says all Bubo knows of one of llama.cpp's numeric sampler
 settings: its name (llama-server's, on the wire and in ``/props``), its type,
 its default, the range a value must fall in, the flags ``bubo serve`` reads it
 from, its key in an Ollama ``options`` object, and how the chat page's settings
-show it.  Everything else is made from :data:`KNOBS`:
+show it.
 
-- ``domain.sampling.SamplingParams`` and ``SamplingOverrides`` (one attrs field
-  per knob, the range as its validator, so the server's defaults and a request's
-  values pass the same check);
+``domain.sampling.SamplingParams`` and ``SamplingOverrides`` declare a field per
+knob, by hand so that the type checker sees its type, but nothing more: its
+default and its validator (the range) are the row's, through :func:`setting`
+and :func:`override`, so the server's defaults and a request's values pass the
+same check; ``tests/domain/test_sampler_declarations.py`` checks that the table
+and those classes agree.  The rest is made from :data:`KNOBS` when its module
+is imported:
+
 - ``config.OPTIONS``' sampler rows (flags, ``BUBO_*`` variable, help);
 - ``api._llama_fields.LlamaServerFields`` (the request fields of every
   llama-server-shaped body) and ``api._numbers.sampling_overrides`` (their
@@ -25,7 +30,7 @@ are declared beside the table, in ``domain.sampling``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -37,7 +42,9 @@ __all__ = [
     "KNOBS",
     "Knob",
     "KnobOutOfRange",
-    "knob_fields",
+    "knob_named",
+    "override",
+    "setting",
 ]
 
 INT32_MAX = 2**31 - 1
@@ -192,18 +199,34 @@ KNOBS: tuple[Knob, ...] = (
 """Every numeric sampler knob, in the order ``--help``, ``/props`` and the chat page list them."""
 
 
-def knob_fields(knobs: Iterable[Knob], *, optional: bool) -> dict[str, Any]:
-    """An attrs field per knob, its range the validator, for ``attrs.make_class``.
+KNOB = "knob"
+"""The metadata key of a field :func:`setting` or :func:`override` made: the name of its knob."""
 
-    *optional*: the field defaults to None ("keep the server's"), as a request's overrides do;
-    else to the knob's default.
+
+def knob_named(name: str) -> Knob:
+    """The row of :data:`KNOBS` named *name* (read as it is called: a test may add a row before import).
+
+    Raises:
+        KeyError: the table has no such knob.
+
     """
-    fields: dict[str, Any] = {}
-    for knob in knobs:
-        default: float | None = None if optional else knob.default
-        fields[knob.name] = attrs.field(
-            type=knob.optional_type if optional else knob.kind,
-            default=default,
-            validator=knob.validator(optional=optional),
-        )
-    return fields
+    row = next((knob for knob in KNOBS if knob.name == name), None)
+    if row is None:
+        raise KeyError(f"the sampler table has no knob {name!r}")
+    return row
+
+
+def setting(name: str) -> Any:
+    """The attrs field of knob *name* in a complete set of settings: its default, its range the validator.
+
+    The field's type is its annotation, where it is declared (``domain.sampling.SamplingParams``);
+    typed ``Any`` as ``attrs.field`` is, to stand for the value of any knob.
+    """
+    row = knob_named(name)
+    return attrs.field(default=row.default, validator=row.validator(optional=False), metadata={KNOB: name})
+
+
+def override(name: str) -> Any:
+    """The attrs field of knob *name* in a request's overrides: None ("keep the server's") or in range."""
+    row = knob_named(name)
+    return attrs.field(default=None, validator=row.validator(optional=True), metadata={KNOB: name})

@@ -2,19 +2,19 @@
 
 This is the one place sampling defaults live (``config.Settings.generation`` is a
 :class:`GenerationDefaults`, whose ``sampling`` holds a :class:`SamplingParams`);
-a request only says what it changes.  The numeric knobs' names, types, defaults
-and ranges come from the sampler table, ``domain.samplers.KNOBS``.
+a request only says what it changes.  The numeric knobs' defaults and ranges
+come from the sampler table, ``domain.samplers.KNOBS``; their fields are
+declared here, typed, and checked against the table by
+``tests/domain/test_sampler_declarations.py``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from .samplers import KNOBS, Knob, knob_fields
+from .samplers import override, setting
 
 __all__ = [
     "DEFAULT_DRY_SEQUENCE_BREAKERS",
@@ -28,10 +28,7 @@ __all__ = [
     "LogitBias",
     "SamplingOverrides",
     "SamplingParams",
-    "sampling_classes",
 ]
-
-_T = TypeVar("_T")
 
 # (token id or text, bias); a text is expanded to its tokens by the service,
 # a bias of -inf bans the token.
@@ -75,86 +72,91 @@ DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
 @attrs.frozen(kw_only=True)
-class _SamplingParams:
+class SamplingParams:
     """A complete set of sampler settings (llama.cpp's names and meanings).
 
-    One field per knob of ``domain.samplers.KNOBS`` (added by :func:`_with_knobs`), its range the
-    validator, and the settings that are not single numbers.  ``temperature <= 0`` selects
-    greedy decoding (unless ``dynatemp_range`` widens it).  ``seed`` ``None`` draws a fresh
-    seed per request.  ``logit_bias`` holds token ids only.  ``samplers`` orders the stages of
-    the chain; ``mirostat`` 1 or 2 replaces all of them with temperature and Mirostat, as in
-    llama.cpp.
+    A field per knob of ``domain.samplers.KNOBS``, its default and range (the validator) the
+    row's, then the settings that are not single numbers.  ``temperature <= 0`` selects greedy
+    decoding (unless ``dynatemp_range`` widens it).  ``seed`` ``None`` draws a fresh seed per
+    request.  ``logit_bias`` holds token ids only.  ``samplers`` orders the stages of the chain;
+    ``mirostat`` 1 or 2 replaces all of them with temperature and Mirostat, as in llama.cpp.
     """
 
+    temperature: float = setting("temperature")
+    top_k: int = setting("top_k")
+    top_p: float = setting("top_p")
+    min_p: float = setting("min_p")
+    repeat_penalty: float = setting("repeat_penalty")
+    repeat_last_n: int = setting("repeat_last_n")
+    presence_penalty: float = setting("presence_penalty")
+    frequency_penalty: float = setting("frequency_penalty")
+    dynatemp_range: float = setting("dynatemp_range")
+    dynatemp_exponent: float = setting("dynatemp_exponent")
+    typical_p: float = setting("typical_p")
+    top_n_sigma: float = setting("top_n_sigma")
+    xtc_probability: float = setting("xtc_probability")
+    xtc_threshold: float = setting("xtc_threshold")
+    mirostat: int = setting("mirostat")
+    mirostat_eta: float = setting("mirostat_eta")
+    mirostat_tau: float = setting("mirostat_tau")
+    dry_multiplier: float = setting("dry_multiplier")
+    dry_base: float = setting("dry_base")
+    dry_allowed_length: int = setting("dry_allowed_length")
+    dry_penalty_last_n: int = setting("dry_penalty_last_n")
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
-    if TYPE_CHECKING:  # the knobs' fields are made from the table, which mypy's attrs plugin cannot read
-
-        def __init__(self, **values: Any) -> None: ...
-
-        def __getattr__(self, name: str) -> Any: ...
-
     @property
     def greedy(self) -> bool:
         """Whether the most likely token is always taken."""
-        return bool(self.temperature <= 0.0 and self.dynatemp_range <= 0.0)
+        return self.temperature <= 0.0 and self.dynatemp_range <= 0.0
 
     def with_overrides(self, overrides: SamplingOverrides) -> SamplingParams:
         """These settings with every field the request set replaced."""
         changes = {
             field.name: value
-            for field in attrs.fields(type(overrides))
+            for field in attrs.fields(SamplingOverrides)
             if field.name != "logit_bias" and (value := getattr(overrides, field.name)) is not None
         }
         return attrs.evolve(self, **changes)
 
 
 @attrs.frozen(kw_only=True)
-class _SamplingOverrides:
+class SamplingOverrides:
     """What one request asks to change; ``None`` means "keep the server default".
 
-    One field per knob of ``domain.samplers.KNOBS`` (its range the validator: a value out of
-    range raises :class:`~bubo.domain.samplers.KnobOutOfRange` as the overrides are made), and
-    the settings that are not single numbers.
+    A field per knob of ``domain.samplers.KNOBS``, its range the validator (a value out of range
+    raises :class:`~bubo.domain.samplers.KnobOutOfRange` as the overrides are made), then the
+    settings that are not single numbers.
     """
 
+    temperature: float | None = override("temperature")
+    top_k: int | None = override("top_k")
+    top_p: float | None = override("top_p")
+    min_p: float | None = override("min_p")
+    repeat_penalty: float | None = override("repeat_penalty")
+    repeat_last_n: int | None = override("repeat_last_n")
+    presence_penalty: float | None = override("presence_penalty")
+    frequency_penalty: float | None = override("frequency_penalty")
+    dynatemp_range: float | None = override("dynatemp_range")
+    dynatemp_exponent: float | None = override("dynatemp_exponent")
+    typical_p: float | None = override("typical_p")
+    top_n_sigma: float | None = override("top_n_sigma")
+    xtc_probability: float | None = override("xtc_probability")
+    xtc_threshold: float | None = override("xtc_threshold")
+    mirostat: int | None = override("mirostat")
+    mirostat_eta: float | None = override("mirostat_eta")
+    mirostat_tau: float | None = override("mirostat_tau")
+    dry_multiplier: float | None = override("dry_multiplier")
+    dry_base: float | None = override("dry_base")
+    dry_allowed_length: int | None = override("dry_allowed_length")
+    dry_penalty_last_n: int | None = override("dry_penalty_last_n")
     seed: int | None = None
     logit_bias: LogitBias = ()
     dry_sequence_breakers: tuple[str, ...] | None = None
     samplers: tuple[str, ...] | None = None
-
-    if TYPE_CHECKING:  # as SamplingParams'
-
-        def __init__(self, **values: Any) -> None: ...
-
-        def __getattr__(self, name: str) -> Any: ...
-
-
-def _with_knobs(base: type[_T], knobs: Iterable[Knob], *, optional: bool) -> type[_T]:
-    """*base* with a field per knob, named as *base* without its underscore."""
-    name = base.__name__.lstrip("_")
-    fields = knob_fields(knobs, optional=optional)
-    made = attrs.make_class(name, fields, bases=(base,), frozen=True, kw_only=True)
-    made.__doc__, made.__module__ = base.__doc__, __name__
-    return made
-
-
-def sampling_classes(knobs: Iterable[Knob]) -> tuple[type[_SamplingParams], type[_SamplingOverrides]]:
-    """The settings' and the overrides' classes for *knobs* (the module's are made from ``KNOBS``)."""
-    knobs = tuple(knobs)
-    return _with_knobs(_SamplingParams, knobs, optional=False), _with_knobs(
-        _SamplingOverrides, knobs, optional=True
-    )
-
-
-if TYPE_CHECKING:
-    SamplingParams = _SamplingParams
-    SamplingOverrides = _SamplingOverrides
-else:
-    SamplingParams, SamplingOverrides = sampling_classes(KNOBS)
 
 
 @attrs.frozen(kw_only=True)

@@ -111,12 +111,9 @@ class _SamplerSettings:
     """The sampler fields ``generation_settings`` and ``/props``' defaults share (llama-server's names).
 
     A field per knob of ``domain.samplers.KNOBS`` (:func:`sampler_settings_class` adds them), then
-    the settings that are not single numbers.
+    the settings that are not single numbers.  Only ``translate.sampler_settings`` makes one, from
+    the table too; mypy sees this class without fields.
     """
-
-    if TYPE_CHECKING:  # the knobs' fields are made from the table, which mypy's attrs plugin cannot read
-
-        def __init__(self, **values: Any) -> None: ...
 
 
 def sampler_settings_class(knobs: Iterable[Knob]) -> type[_SamplerSettings]:
