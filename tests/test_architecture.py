@@ -66,6 +66,7 @@ NATIVE_ENGINE = {
     "_context",
     "_kv",
     "_sampler",
+    "_dry_stages",
     "_embedder",
     "_projector",
     "_vision",
@@ -135,7 +136,6 @@ LARGE_ENGINE_CLASSES = {
     "DiskTier",
     "Generation",
     "Projector",
-    "Sampler",
     "SequenceCache",
     "SlotEngine",
 }

@@ -47,11 +47,12 @@ from ._context import check_decode
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, cross
 from ._current_load import CurrentLoad
 from ._draft_policy import DraftOptions
+from ._dry_stages import dry_key
 from ._grammar import to_gbnf
 from ._loaded import LoadedModel
 from ._model_info import describe
 from ._producer import produce
-from ._sampler import Sampler, dry_key
+from ._sampler import Sampler
 from ._sequence_jobs import erase_job, restore_job, save_job
 from .base import (
     CacheContents,
