@@ -26,9 +26,11 @@ from ._context import api_context, read_body, require_runtime
 from ._images import shown_without_images
 from ._json import json_response
 
-__all__ = ["blueprint"]
+__all__ = ["REQUEST_BODIES", "blueprint"]
 
 blueprint = Blueprint("debug", __name__)
+REQUEST_BODIES = (chat_wire.ChatCompletionRequest,)
+"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
 
 
 @blueprint.before_request
