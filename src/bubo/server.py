@@ -69,6 +69,7 @@ __all__ = [
     "drain",
     "install_edge",
     "package_version",
+    "request_bodies",
     "start_draining",
 ]
 
@@ -115,7 +116,7 @@ def request_bodies() -> tuple[Any, ...]:
 REQUEST_CONVERTER = make_converter(request_bodies())
 """The one request converter, every app's: its hooks are built as this module is imported, so a
 body type that JSON cannot be structured as unambiguously stops the start-up, never a request
-(``docs/design.md``, "Converters").  After import it only reads cattrs' cache of those hooks."""
+(``docs/design.md``, "Converters: one policy")."""
 
 
 def create_app(

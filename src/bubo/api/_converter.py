@@ -484,9 +484,9 @@ def _arrays(union: Any, lists: list[Any]) -> _Arrays:
 def make_converter(models: Iterable[Any] = ()) -> cattrs.Converter:
     """A converter with strict primitives, order-free unions and lenient extra keys.
 
-    The structure hooks of *models* (the request bodies an app reads) are built now, each with
+    The structure hooks of *models* (every request body the routes read) are built now, each with
     every type inside it (:func:`build_hooks`): a union that no JSON value can choose a member of
-    raises TypeError as the app is made, never a client's 400.
+    raises TypeError as the converter is made (``bubo.server``'s, at import), never a client's 400.
     """
     converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     for primitive in (int, float, bool, str):

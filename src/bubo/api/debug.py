@@ -30,7 +30,7 @@ __all__ = ["REQUEST_BODIES", "blueprint"]
 
 blueprint = Blueprint("debug", __name__)
 REQUEST_BODIES = (chat_wire.ChatCompletionRequest,)
-"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""
 
 
 @blueprint.before_request

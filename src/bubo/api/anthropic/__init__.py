@@ -6,4 +6,4 @@ from .routes import blueprint as blueprint
 from .wire import CountTokensRequest, MessagesRequest
 
 REQUEST_BODIES = (MessagesRequest, CountTokensRequest)
-"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""

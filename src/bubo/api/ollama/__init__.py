@@ -21,4 +21,4 @@ REQUEST_BODIES = (
     wire.EmbeddingsRequest,
     wire.PullRequest,
 )
-"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""

@@ -7,4 +7,4 @@ from .routes import blueprint as blueprint
 from .wire import CompletionRequest
 
 REQUEST_BODIES = (ChatCompletionRequest, CompletionRequest, embeddings.EmbeddingRequest)
-"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""

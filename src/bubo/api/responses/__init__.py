@@ -4,4 +4,4 @@ from .routes import blueprint as blueprint
 from .wire import CustomTool, FunctionTool, NamespaceTool, ResponsesRequest
 
 REQUEST_BODIES = (ResponsesRequest, FunctionTool, CustomTool, NamespaceTool)  # the tools: one by one
-"""The request bodies its routes structure: the app's converter builds their hooks as it is made."""
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""
