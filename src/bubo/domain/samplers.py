@@ -39,6 +39,7 @@ __all__ = [
     "FLOAT32_MAX",
     "INT32_MAX",
     "INT32_MIN",
+    "KNOB",
     "KNOBS",
     "Knob",
     "KnobOutOfRange",
