@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import trio
 from quart_trio import QuartTrio
+from tests._llama_options import engine_options
 
 from bubo.api._context import EXTENSION_KEY
 from bubo.config import default_model_path, load_settings
 from bubo.engine.fake import FakeEngine, FakeScript
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.model import read_metadata
 from bubo.server import create_app
 from bubo.service.runtime import Runtime, Status
@@ -58,6 +59,6 @@ async def _app() -> AsyncIterator[QuartTrio]:
 def _engine() -> Iterator[LlamaEngine]:
     """The real engine on the default model, for harnesses that check what llama.cpp accepts."""
     path: Path = default_model_path()
-    engine = load_llama_engine(LlamaOptions(model_path=path, n_ctx=256, n_threads=1))
+    engine = load_llama_engine(engine_options(model_path=path, n_ctx=256, n_threads=1))
     yield engine
     engine.close()

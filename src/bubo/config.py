@@ -36,6 +36,8 @@ from bubo.domain.modes import (
     RepackMode,
     words,
 )
+from bubo.domain.requests import ChatDefaults
+from bubo.domain.samplers import KNOBS, Knob
 from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
 from bubo.model import is_quantized
 from bubo.parsers import available_tool_parsers
@@ -219,6 +221,9 @@ class LoadSettings:
             )
 
 
+_CHAT = ChatDefaults()  # the chat defaults' own declaration (domain.requests), read by RequestDefaults
+
+
 @attrs.frozen(kw_only=True)
 class RequestDefaults:
     """What a request gets when it does not say, beyond sampling (``Settings.generation``).
@@ -230,9 +235,9 @@ class RequestDefaults:
     grammar_file: Path | None = None  # a default GBNF grammar for requests that set none
     grammar: str | None = None  # the same, given as text (--grammar)
     json_schema: dict[str, Any] | None = None  # a default JSON schema instead (-j, -jf)
-    prefill_assistant: bool = True  # a final assistant message is continued
+    prefill_assistant: bool = _CHAT.prefill_assistant  # a final assistant message is continued
     reasoning: ReasoningMode = "auto"  # enable_thinking for templates that read it (auto: theirs)
-    reasoning_format: ReasoningFormat = "auto"  # auto is deepseek
+    reasoning_format: ReasoningFormat = _CHAT.reasoning_format  # auto is deepseek
     reasoning_budget: int = attrs.field(default=-1)  # -1: unrestricted; 0: no thinking
     reasoning_preserve: bool = True  # ask templates that can to keep earlier turns' reasoning
 
@@ -477,6 +482,17 @@ def _within(parse: Callable[[str], Any], lowest: float, highest: float) -> Calla
     return parse_within
 
 
+def _knob_value(knob: Knob) -> Callable[[str], Any]:
+    """A sampler knob's text as its type, in its range: the table's, as a request's value."""
+
+    def parse(text: str) -> Any:
+        value = (_int if knob.kind is int else _float)(text)
+        knob.check(value)  # KnobOutOfRange is a ValueError: the flag's refusal
+        return value
+
+    return parse
+
+
 def _samplers(text: str) -> tuple[str, ...]:
     """``--samplers``: llama.cpp's stage names (or their other spellings), separated by ``;``."""
     order = []
@@ -607,6 +623,12 @@ class Option:
         if DEFAULT not in self.help:
             return self.help
         return self.help.replace(DEFAULT, _spelled(self.default, self.separator))
+
+
+def _knob_option(knob: Knob) -> Option:
+    """The option of a sampler knob of ``domain.samplers.KNOBS``: its flags, help and range."""
+    dest = ("generation", "sampling", knob.name)
+    return Option(knob.flags, dest, _knob_value(knob), knob.help, knob.metavar)
 
 
 def _spelled(value: object, separator: str) -> str:
@@ -882,50 +904,9 @@ OPTIONS: tuple[Option, ...] = (
            "whole prompt); see --context-shift", "N"),
     Option(("-n", "--n-predict"), ("generation", "n_predict"), _int,
            "default limit on generated tokens (default {default}: until the model stops)", "N"),
-    Option(("--temp",), ("generation", "sampling", "temperature"), _float, "default temperature ({default})",
-           "T"),
-    Option(("--top-k",), ("generation", "sampling", "top_k"), _int, "default top-k ({default}; 0 disables)",
-           "N"),
-    Option(("--top-p",), ("generation", "sampling", "top_p"), _float, "default top-p ({default})", "P"),
-    Option(("--min-p",), ("generation", "sampling", "min_p"), _float, "default min-p ({default})", "P"),
-    Option(("--repeat-penalty",), ("generation", "sampling", "repeat_penalty"), _float,
-           "default repetition penalty ({default}: off)", "X"),
-    Option(("--repeat-last-n",), ("generation", "sampling", "repeat_last_n"), _int,
-           "tokens the repetition penalties look back on ({default}; -1: the context)", "N"),
-    Option(("--presence-penalty",), ("generation", "sampling", "presence_penalty"), _float,
-           "default presence penalty ({default})", "X"),
-    Option(("--frequency-penalty",), ("generation", "sampling", "frequency_penalty"), _float,
-           "default frequency penalty ({default})", "X"),
+    *(_knob_option(knob) for knob in KNOBS),
     Option(("-s", "--seed"), ("generation", "sampling", "seed"), _int,
            "default sampling seed (default: random per request)", "N"),
-    Option(("--dynatemp-range",), ("generation", "sampling", "dynatemp_range"), _float,
-           "dynamic temperature: sample at temperature ± this, by the entropy ({default}: off)", "X"),
-    Option(("--dynatemp-exp",), ("generation", "sampling", "dynatemp_exponent"), _float,
-           "dynamic temperature exponent ({default})", "X"),
-    Option(("--typical", "--typical-p"), ("generation", "sampling", "typical_p"), _within(_float, 0, 1),
-           "default locally typical sampling p ({default}: off)", "P"),
-    Option(("--top-nsigma", "--top-n-sigma"), ("generation", "sampling", "top_n_sigma"), _float,
-           "default top-n-sigma: keep tokens within N standard deviations of the top logit ({default}: off)",
-           "N"),
-    Option(("--xtc-probability",), ("generation", "sampling", "xtc_probability"), _within(_float, 0, 1),
-           "default XTC probability of removing the top choices ({default}: off)", "P"),
-    Option(("--xtc-threshold",), ("generation", "sampling", "xtc_threshold"), _within(_float, 0, 1),
-           "default XTC threshold: tokens at least this likely are top choices ({default})", "P"),
-    Option(("--mirostat",), ("generation", "sampling", "mirostat"), _within(_int, 0, 2),
-           "default Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0; it replaces the other samplers ({default})",
-           "N"),
-    Option(("--mirostat-lr",), ("generation", "sampling", "mirostat_eta"), _float,
-           "default Mirostat learning rate, eta ({default})", "X"),
-    Option(("--mirostat-ent",), ("generation", "sampling", "mirostat_tau"), _float,
-           "default Mirostat target entropy, tau ({default})", "X"),
-    Option(("--dry-multiplier",), ("generation", "sampling", "dry_multiplier"), _float,
-           "default DRY (don't repeat yourself) multiplier ({default}: off)", "X"),
-    Option(("--dry-base",), ("generation", "sampling", "dry_base"), _float, "default DRY base ({default})",
-           "X"),
-    Option(("--dry-allowed-length",), ("generation", "sampling", "dry_allowed_length"),
-           _within(_int, 0, 2**31 - 1), "repeats this long are not penalised by DRY ({default})", "N"),
-    Option(("--dry-penalty-last-n",), ("generation", "sampling", "dry_penalty_last_n"),
-           _within(_int, -1, 2**31 - 1), "tokens DRY looks back on ({default}: the context, 0: off)", "N"),
     Option(("--dry-sequence-breaker",), ("generation", "sampling", "dry_sequence_breakers"), _breakers,
            "a DRY sequence breaker; repeat the flag for several; replaces the defaults {default}; "
            "none: no breakers", "TEXT", repeatable=True, separator=" "),

@@ -15,6 +15,7 @@ import attrs
 
 from bubo.config import CACHE_RAM_MAX_MIB, LoadSettings, ServingSettings, Settings
 from bubo.domain.generation import GrammarSpec
+from bubo.domain.requests import ChatDefaults
 from bubo.engine import EmbeddingModel, ModelInfo
 from bubo.engine.llama import DraftOptions, LlamaOptions, LoraFile, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
@@ -36,7 +37,7 @@ from bubo.parsers.registry import format_for_template
 from bubo.service.generation import schema_grammar
 from bubo.service.idle import IdleSleeper
 from bubo.service.memory import MemoryGuard, SystemMemory
-from bubo.service.runtime import ChatDefaults, Runtime
+from bubo.service.runtime import Runtime
 from bubo.service.slot_store import SlotFileStore, model_fingerprint
 from bubo.service.work import Workers
 from bubo.templates import CHATML, ChatTemplate

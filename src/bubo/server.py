@@ -40,6 +40,7 @@ from bubo.api import (
 from bubo.api._access_log import AccessLog, header, request_id_in
 from bubo.api._boundary import DEFAULT_ORIGIN_SCHEMES, BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
+from bubo.api._converter import make_converter
 from bubo.api._errors import render_error
 from bubo.api._transport import TransportGuard
 from bubo.config import ANY_HOST, LOOPBACK_ORIGINS, ServerSettings, Settings
@@ -60,6 +61,7 @@ from bubo.service.response_store import ResponseStore
 from bubo.service.runtime import Runtime, ServerState, Status
 
 __all__ = [
+    "REQUEST_CONVERTER",
     "REQUEST_ID_HEADER",
     "Loader",
     "browser_boundary",
@@ -67,6 +69,7 @@ __all__ = [
     "drain",
     "install_edge",
     "package_version",
+    "request_bodies",
     "start_draining",
 ]
 
@@ -104,6 +107,18 @@ def _terminate_process() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def request_bodies() -> tuple[Any, ...]:
+    """Every type a route structures a request body (or a part of one) as, from each dialect's list."""
+    dialects = (openai, anthropic, responses, llamacpp, ollama, debug)
+    return tuple(itertools.chain.from_iterable(dialect.REQUEST_BODIES for dialect in dialects))
+
+
+REQUEST_CONVERTER = make_converter(request_bodies())
+"""The one request converter, every app's: its hooks are built as this module is imported, so a
+body type that JSON cannot be structured as unambiguously stops the start-up, never a request
+(``docs/design.md``, "Converters: one policy")."""
+
+
 def create_app(
     settings: Settings,
     *,
@@ -133,6 +148,7 @@ def create_app(
         effective_settings=_redacted(settings) if settings.server.debug_hooks else {},
         metrics=settings.server.metrics,
         slots=settings.server.slots,
+        converter=REQUEST_CONVERTER,
     )
     app.extensions[EXTENSION_KEY] = context
 

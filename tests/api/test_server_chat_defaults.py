@@ -10,8 +10,8 @@ import attrs
 import pytest
 
 from bubo.app import create_app
+from bubo.domain.requests import ChatDefaults
 from bubo.engine.fake import FakeEngine
-from bubo.service.runtime import ChatDefaults
 from bubo.templates import ChatTemplate
 
 from ..conftest import QWEN3_STYLE, wait_until_ready

@@ -30,6 +30,7 @@ MODULES = (
     "attachments.js",
     "dom.js",
     "markdown.js",
+    "samplers.js",
     "settings.js",
     "store.js",
     "tree.js",

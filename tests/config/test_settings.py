@@ -235,12 +235,15 @@ class TestSamplerFlags:
     @pytest.mark.parametrize(
         ("environ", "message"),
         [
-            ({"BUBO_MIROSTAT": "3"}, "BUBO_MIROSTAT: expected 0 to 2, got '3'"),
-            ({"BUBO_TYPICAL": "1.5"}, "BUBO_TYPICAL: expected 0 to 1, got '1.5'"),
+            ({"BUBO_MIROSTAT": "3"}, "BUBO_MIROSTAT: mirostat must be at least 0 and at most 2, got 3"),
+            ({"BUBO_TYPICAL": "1.5"}, "BUBO_TYPICAL: typical_p must be at least 0 and at most 1, got 1.5"),
             (
                 {"BUBO_DRY_PENALTY_LAST_N": "-2"},
-                "BUBO_DRY_PENALTY_LAST_N: expected -1 to 2.14748e+09, got '-2'",
+                "BUBO_DRY_PENALTY_LAST_N: dry_penalty_last_n must be at least -1 and at most 2147483647, got -2",
             ),
+            # the request's range (llama.h: "must be > 0.0"), which the flag once let through
+            ({"BUBO_REPEAT_PENALTY": "0"}, "BUBO_REPEAT_PENALTY: repeat_penalty must be greater than 0"),
+            ({"BUBO_TOP_P": "1.5"}, "BUBO_TOP_P: top_p must be at least 0 and at most 1, got 1.5"),
             ({"BUBO_SAMPLERS": "top_k;nope"}, "BUBO_SAMPLERS: 'nope' is not a sampler"),
             ({"BUBO_SAMPLER_SEQ": "kq"}, "BUBO_SAMPLER_SEQ: expected letters of edskypmxt, got 'kq'"),
             ({"BUBO_JSON_SCHEMA": "[1]"}, "BUBO_JSON_SCHEMA: a JSON schema is a JSON object"),

@@ -23,6 +23,7 @@ from bubo.engine._draft_model import IncompatibleDraft
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from .._models import gemma3_path
 from ._generation import GREEDY, generate
 
@@ -30,9 +31,9 @@ pytestmark = pytest.mark.llama
 
 
 def options(model_path: Path, **fields: object) -> LlamaOptions:
-    return LlamaOptions(
+    return engine_options(
         model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=2, kv_unified=False, **fields
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture(name="plain", scope="module")

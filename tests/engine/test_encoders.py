@@ -13,13 +13,15 @@ import pytest
 from tests._tiny_gguf.reranker import write_reranker
 
 from bubo.engine import PairFormat
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
+
+from .._llama_options import engine_options
 
 pytestmark = pytest.mark.llama
 
 
 def load(path: Path, **options: object) -> LlamaEngine:
-    return load_llama_engine(LlamaOptions(model_path=path, n_ctx=512, n_threads=2, n_parallel=1, **options))
+    return load_llama_engine(engine_options(model_path=path, n_ctx=512, n_threads=2, n_parallel=1, **options))
 
 
 @pytest.fixture(name="ranker")

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from bubo.domain.generation import GenerationRequest
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.model import KvCacheSize, read_metadata
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 from .test_llama import prompt, run
 
@@ -24,7 +25,7 @@ N_CTX = 1024
 
 def load(model_path: Path, **options: object) -> LlamaEngine:
     return load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=N_CTX, n_threads=2, n_parallel=1, **options)
+        engine_options(model_path=model_path, n_ctx=N_CTX, n_threads=2, n_parallel=1, **options)
     )
 
 

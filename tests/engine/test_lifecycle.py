@@ -34,6 +34,7 @@ from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, LoraFile,
 from bubo.errors import ServiceUnavailable
 from bubo.model import read_projector
 
+from .._llama_options import engine_options
 from .._tiny_gguf.mmproj import build_mmproj, n_embd_of
 from ._generation import GREEDY
 from ._lora import write_lora
@@ -145,11 +146,9 @@ def _full(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LlamaOp
     """Options that make every native part: an adapter, a draft model, a projector, embeddings."""
     directory = tmp_path_factory.mktemp("lifecycle")
     mmproj = build_mmproj(directory / "mmproj.gguf", n_embd=n_embd_of(model_path))
-    return LlamaOptions(
+    return engine_options(
         model_path=model_path,
         n_ctx=512,
-        n_threads=2,
-        n_parallel=1,
         embeddings=True,
         lora=(LoraFile(write_lora(directory / "adapter.gguf", model_path), 1.0),),
         draft_model_path=model_path,
@@ -338,6 +337,14 @@ class TestThePorts:
         port.attach(FakeEmbedder(pooling="last", n_tokens=16, n_embd=8))
         assert np.array_equal(port.embed((1, 2)), vector)
         assert first.inputs == [(1, 2)]
+
+    def test_of_embeddings_passes_on_a_request_for_the_last_tokens_row_alone(self) -> None:
+        """A generative model's Ollama-style embedding asks the port for the last token's row, as the service does."""
+        port = EmbedderPort(FakeEmbedder(pooling="none", n_tokens=16, n_embd=8))
+        rows = port.embed((1, 2, 3))
+        last = port.embed((1, 2, 3), last_only=True)
+        assert (rows.shape, last.shape) == ((3, 8), (8,))
+        assert np.array_equal(last, rows[-1])
 
     def test_of_vision_report_no_encoder_while_detached(self) -> None:
         """The vision port keeps its limits, reserves no encoder memory and reads nothing while asleep."""

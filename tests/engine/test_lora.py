@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest
-from bubo.engine.llama import LlamaEngine, LlamaOptions, LoraFile, load_llama_engine
+from bubo.engine.llama import LlamaEngine, LoraFile, load_llama_engine
 from bubo.model import GGUFError, check_lora_adapter, read_metadata
 
+from .._llama_options import engine_options
 from ._generation import GREEDY, generate
 from ._lora import write_lora
 
@@ -36,7 +37,7 @@ def load(
     model_path: Path, *lora: LoraFile, n_parallel: int = 2, cache_idle_slots: bool = True
 ) -> LlamaEngine:
     return load_llama_engine(
-        LlamaOptions(
+        engine_options(
             model_path=model_path,
             n_ctx=2048,
             n_parallel=n_parallel,
@@ -191,7 +192,7 @@ class TestThePromptCache:
     ) -> None:
         """The disk tier keeps the set a file was computed under: after a restart, only that set gets it."""
         long_question = "<|im_start|>system\n" + "You answer questions about rivers. " * 20 + QUESTION
-        options = LlamaOptions(
+        options = engine_options(
             model_path=model_path,
             n_ctx=2048,
             n_parallel=1,

@@ -26,9 +26,10 @@ from bubo.domain.generation import (
     StopCause,
     TokenGenerated,
 )
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 
 pytestmark = pytest.mark.llama
@@ -44,7 +45,7 @@ def question(tokenizer: HFTokenizer, topic: str, repeat: int = 1) -> tuple[int, 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine = load_llama_engine(
-        LlamaOptions(
+        engine_options(
             model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=4, prefill_chunk=64, kv_unified=False
         )
     )
@@ -156,7 +157,7 @@ async def test_a_sequence_that_leaves_disturbs_no_other(engine, tokenizer) -> No
 async def test_a_full_shared_context_ends_one_sequence_and_serves_on(model_path: Path, tokenizer) -> None:
     """Two slots share 512 tokens: the second long prompt finds no room, one request ends, the engine lives."""
     engine = load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, prefill_chunk=64)
+        engine_options(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, prefill_chunk=64)
     )
     try:
         prompts = [question(tokenizer, topic, repeat=55)[:300] for topic in TOPICS[:2]]

@@ -18,8 +18,9 @@ import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.engine._protocols import BatchEntry
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 
 pytestmark = pytest.mark.llama
@@ -31,7 +32,7 @@ Step = dict[int, int]  # slot -> tokens it put in the step
 @pytest.fixture(name="engine")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine = load_llama_engine(
-        LlamaOptions(
+        engine_options(
             model_path=model_path,
             n_ctx=4096,
             n_threads=2,

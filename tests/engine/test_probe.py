@@ -25,6 +25,8 @@ from bubo.engine.probe import (
     verdict_key,
 )
 
+from .._llama_options import engine_options
+
 pytestmark = pytest.mark.llama
 
 TIMEOUT_S = 60.0
@@ -32,7 +34,7 @@ TIMEOUT_S = 60.0
 
 @pytest.fixture(name="options")
 def _options(model_path: Path) -> LlamaOptions:
-    return LlamaOptions(model_path=model_path, n_threads=2)
+    return engine_options(model_path=model_path, n_threads=2)
 
 
 @pytest.fixture(name="cache")

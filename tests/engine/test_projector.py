@@ -29,10 +29,10 @@ from bubo.engine._projector_load import load_projector
 from bubo.engine._protocols import ContextFull
 from bubo.engine._vision import Vision, VisionOptions
 from bubo.engine.base import EngineFailure
-from bubo.engine.llama import LlamaOptions
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector
 
+from .._llama_options import engine_options
 from .._tiny_gguf.mmproj import IMAGE_TOKENS, build_mmproj, n_embd_of
 
 pytestmark = pytest.mark.llama
@@ -450,7 +450,7 @@ class TestRefusedImages:
 def test_the_projector_is_part_of_what_a_kv_state_is(mmproj: Path, model_path: Path, tmp_path: Path) -> None:
     """Slot files and the disk tier never restore an image's cells under another projector (or none)."""
     params = llama_cpp.llama_context_default_params()
-    plain = LlamaOptions(model_path=model_path)
+    plain = engine_options(model_path=model_path)
     other = build_mmproj(tmp_path / "mmproj-other.gguf", n_embd=n_embd_of(model_path), seed=1)
     identities = {
         state_identity(plain, params),

@@ -14,10 +14,11 @@ import pytest
 from bubo.domain.generation import CacheTags, GenerationRequest
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._disk_cache import WRITER_THREAD_NAME, DiskTier
-from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import DraftOptions, LlamaEngine, load_llama_engine
 from bubo.model import read_metadata
 from bubo.tokenizer import build_hf_tokenizer
 
+from .._llama_options import engine_options
 from .._models import gemma3_path
 from ._generation import GREEDY, generate
 
@@ -27,7 +28,7 @@ ANSWER = 8  # tokens of the answers compared with a cold run's
 
 
 def load(path: Path, **options: object) -> LlamaEngine:
-    return load_llama_engine(LlamaOptions(model_path=path, n_ctx=2048, n_threads=2, **options))  # type: ignore[arg-type]
+    return load_llama_engine(engine_options(model_path=path, n_ctx=2048, n_threads=2, **options))
 
 
 async def run(engine: LlamaEngine, prompt: tuple[int, ...], max_new: int = 4, **fields: object):
@@ -222,13 +223,13 @@ class TestDiskTier:
     @staticmethod
     def load(model_path: Path, directory: Path, mib: int = 64, **options: object) -> LlamaEngine:
         options = {"n_ctx": 1024, "cache_disk_dir": directory, "cache_disk_mib": mib, **options}
-        return load_llama_engine(LlamaOptions(model_path=model_path, n_threads=2, **options))  # type: ignore[arg-type]
+        return load_llama_engine(engine_options(model_path=model_path, n_threads=2, **options))
 
     @staticmethod
     async def cold(model_path: Path, prompt: tuple[int, ...], shared: DiskDays) -> list[int]:
         """The greedy answer of an engine that reads *prompt* whole (computed once per module)."""
         if prompt not in shared.answers:
-            options = LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, cache_ram_mib=0)
+            options = engine_options(model_path=model_path, n_ctx=1024, n_threads=2, cache_ram_mib=0)
             engine = load_llama_engine(options)
             try:
                 tokens, finished = await run(engine, prompt, max_new=ANSWER)

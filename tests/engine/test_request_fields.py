@@ -16,8 +16,9 @@ import pytest
 from bubo.domain.generation import GenerationRequest, StopCause, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._sampler import top_candidates
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 
+from .._llama_options import engine_options
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -29,7 +30,7 @@ COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 2
 
 def load(path: Path, **options: object) -> LlamaEngine:
     return load_llama_engine(
-        LlamaOptions(model_path=path, n_ctx=N_CTX, n_parallel=1, n_threads=1, **options)  # type: ignore[arg-type]
+        engine_options(model_path=path, n_ctx=N_CTX, n_parallel=1, n_threads=1, **options)
     )
 
 

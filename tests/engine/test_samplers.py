@@ -13,11 +13,12 @@ import pytest
 
 from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
-from bubo.engine._sampler import DryKey, DryStages, _dry, look_back
+from bubo.engine._dry_stages import DryKey, DryStages, look_back, new_dry_stage
 from bubo.engine.base import EngineFailure
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 from .test_llama import run
 
@@ -32,7 +33,7 @@ SEEDS = (1, 2, 3)
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(LlamaOptions(model_path=model_path, n_ctx=512, n_threads=2))
+    engine = load_llama_engine(engine_options(model_path=model_path, n_ctx=512, n_threads=2))
     yield engine
     engine.close()
 
@@ -191,7 +192,7 @@ class TestDryStagesAtShutdown:
         def slow_build(vocab: object, key: DryKey) -> object:
             started.set()
             release.wait()
-            return _dry(vocab, key)
+            return new_dry_stage(vocab, key)
 
         stages = DryStages(vocab, build=slow_build)
         errors: list[BaseException] = []
@@ -228,7 +229,7 @@ class TestDryStagesKeepWhatWasPrepared:
 
         def counted_build(vocab: object, key: DryKey) -> object:
             builds.append(key)
-            return _dry(vocab, key)
+            return new_dry_stage(vocab, key)
 
         stages = DryStages(vocab, build=counted_build, clock=lambda: now[0])
         mine = (0.8, 1.75, 2, 64, ("\n",))

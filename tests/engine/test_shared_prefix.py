@@ -22,9 +22,10 @@ import pytest
 import trio
 
 from bubo.domain.generation import GenerationRequest, GenerationStats, TokenGenerated
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -57,7 +58,7 @@ async def run(
 @pytest.fixture(name="engine")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine = load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=3, cache_ram_mib=0)
+        engine_options(model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=3, cache_ram_mib=0)
     )
     yield engine
     engine.close()
@@ -112,7 +113,7 @@ class TestTheSharedContext:
     async def test_counts_a_shared_cell_once_and_admits_what_fits(self, model_path, tokenizer) -> None:
         """Three slots in a 1,536-token context: the tokens they hold add up past it, their cells do not."""
         engine = load_llama_engine(
-            LlamaOptions(model_path=model_path, n_ctx=1536, n_threads=2, n_parallel=3, cache_ram_mib=0)
+            engine_options(model_path=model_path, n_ctx=1536, n_threads=2, n_parallel=3, cache_ram_mib=0)
         )
         try:
             prefix = system_prompt(55)
@@ -171,7 +172,7 @@ class TestCellsMovedByCacheReuse:
     @pytest.fixture(name="reusing")
     def _reusing(self, model_path: Path) -> Iterator[LlamaEngine]:
         engine = load_llama_engine(
-            LlamaOptions(
+            engine_options(
                 model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=2, cache_ram_mib=0, cache_reuse=16
             )
         )
@@ -194,7 +195,7 @@ class TestCellsMovedByCacheReuse:
         self, model_path: Path, tokenizer: HFTokenizer, tmp_path: Path
     ) -> None:
         """A file records every cell as evaluated in place, so a sequence holding moved cells is not one."""
-        options = LlamaOptions(
+        options = engine_options(
             model_path=model_path,
             n_ctx=2048,
             n_threads=2,
@@ -228,7 +229,7 @@ async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
 ) -> None:
     """Sub-agents whose prefix another slot holds share its cells; checking a file for it is wasted work."""
     engine = load_llama_engine(
-        LlamaOptions(
+        engine_options(
             model_path=model_path,
             n_ctx=2048,
             n_threads=2,

@@ -16,10 +16,11 @@ import trio.testing
 
 from bubo.domain.generation import GenerationRequest
 from bubo.engine._sleep import Wakefulness, WakeState
-from bubo.engine.llama import LlamaOptions, load_llama_engine
+from bubo.engine.llama import load_llama_engine
 from bubo.errors import ServiceUnavailable
 from bubo.tokenizer import HFTokenizer
 
+from .._llama_options import engine_options
 from ._generation import GREEDY
 from .test_llama import prompt, run
 
@@ -124,7 +125,7 @@ class TestLlamaEngine:
         self, model_path: Path, tokenizer: HFTokenizer
     ) -> None:
         engine = load_llama_engine(
-            LlamaOptions(model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=1, embeddings=True)
+            engine_options(model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=1, embeddings=True)
         )
         try:
             request = GenerationRequest(prompt_tokens=prompt(tokenizer), max_new_tokens=8, sampling=GREEDY)

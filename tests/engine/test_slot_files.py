@@ -14,8 +14,9 @@ import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure, SlotBusy, SlotFileNoRoom
-from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, load_llama_engine
 
+from .._llama_options import engine_options
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -26,7 +27,7 @@ TEXT = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     engine = load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, kv_unified=False)
+        engine_options(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, kv_unified=False)
     )
     yield engine
     engine.close()
@@ -110,7 +111,7 @@ async def test_a_restore_the_shared_context_has_no_room_for_is_503_not_invalid(
 ) -> None:
     """Slots sharing the context: a file larger than the room the others leave is 'retry later'."""
     engine = load_llama_engine(
-        LlamaOptions(model_path=model_path, n_ctx=512, n_threads=1, n_parallel=2, kv_unified=True)
+        engine_options(model_path=model_path, n_ctx=512, n_threads=1, n_parallel=2, kv_unified=True)
     )
     try:
         story = tuple(tokenizer.encode("The lighthouse keeper watched the sea. " * 40))

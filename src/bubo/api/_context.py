@@ -51,7 +51,8 @@ class ApiContext:
     slots: bool = True  # GET /slots is served (--slots)
     started: int = attrs.field(factory=lambda: int(time.time()))  # unix time the server started
     sse_keepalive_s: float = 5.0  # a stream silent this long sends a keep-alive; 0: never
-    # request bodies to wire models; cattrs caches the hooks it builds inside, so it is the app's
+    # request bodies to wire models: bubo.server's REQUEST_CONVERTER, its hooks built at import (the
+    # router's app, which structures no body, keeps this default)
     converter: cattrs.Converter = attrs.field(factory=make_converter, repr=False, eq=False)
 
     @property

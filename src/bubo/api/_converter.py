@@ -36,7 +36,7 @@ import json
 import logging
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import attrs
@@ -60,6 +60,7 @@ __all__ = [
     "WIRE_NAME",
     "UnexpectedValue",
     "WireValueError",
+    "build_hooks",
     "make_converter",
     "parse_json_object",
     "structure",
@@ -110,6 +111,9 @@ _PRIMITIVE_KINDS: dict[Any, str] = {
     float: "number",
     str: "string",
 }
+# what a union passes through as it is (cattrs' strategy); its other members have a hook of their own
+_PASSED_THROUGH_UNION = str | bool | None
+_PASSED_THROUGH = frozenset(get_args(_PASSED_THROUGH_UNION))
 # what a number field also takes when no member of its union takes the value's own kind
 _WIDENED = {int: "number", float: "integer"}
 
@@ -477,8 +481,13 @@ def _arrays(union: Any, lists: list[Any]) -> _Arrays:
     return _Arrays(by_item=by_item, items=typing.Union[tuple(item_types)])  # noqa: UP007 - built at run time
 
 
-def make_converter() -> cattrs.Converter:
-    """A converter with strict primitives, order-free unions and lenient extra keys."""
+def make_converter(models: Iterable[Any] = ()) -> cattrs.Converter:
+    """A converter with strict primitives, order-free unions and lenient extra keys.
+
+    The structure hooks of *models* (every request body the routes read) are built now, each with
+    every type inside it (:func:`build_hooks`): a union that no JSON value can choose a member of
+    raises TypeError as the converter is made (``bubo.server``'s, at import), never a client's 400.
+    """
     converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     for primitive in (int, float, bool, str):
         converter.register_structure_hook(primitive, _checked(primitive))
@@ -491,8 +500,39 @@ def make_converter() -> cattrs.Converter:
     # the later a factory is registered, the earlier cattrs asks it: X | None stays cattrs' own
     converter.register_structure_hook_factory(lambda t: _is_union(t) and not _is_optional(t), _by_json_kind)
     converter.register_structure_hook_factory(_is_tagged_union, _tagged_union_hook)
-    configure_union_passthrough(str | bool | None, converter)
+    configure_union_passthrough(_PASSED_THROUGH_UNION, converter)
+    for model in models:
+        build_hooks(converter, model)
     return converter
+
+
+def build_hooks(converter: cattrs.Converter, model: Any) -> None:
+    """Build *converter*'s structure hook for *model* and for every type inside it, now.
+
+    cattrs builds a hook when it first meets its type, which for a union inside an optional
+    field or a list is when a request first sends one: a declaration error (:func:`_routes`)
+    would be that request's 400.  Walking the fields and the members builds them all here.
+
+    Raises:
+        TypeError: a type inside *model* has no hook that takes JSON unambiguously.
+
+    """
+    seen: set[Any] = set()
+    todo = [model]
+    while todo:
+        tp = todo.pop()
+        if tp in seen or tp is _NONE:  # None is a member of a union, structured by the union's hook
+            continue
+        seen.add(tp)
+        converter.get_structure_hook(tp)
+        if attrs.has(tp):
+            todo += [field.type for field in attrs.fields(attrs.resolve_types(tp))]
+        elif not _is_literal(tp):  # a Literal's arguments are its values, not types
+            todo += get_args(tp)
+        if _is_union(tp):  # the union passthrough hands what it does not take to the rest's own hook
+            rest = [m for m in get_args(tp) if m not in _PASSED_THROUGH and not _is_literal(m)]
+            if 1 < len(rest) < len(get_args(tp)):
+                todo.append(typing.Union[tuple(rest)])  # noqa: UP007 - a union built at run time
 
 
 # ---- errors -------------------------------------------------------------------------------------

@@ -9,15 +9,17 @@ is the one mapping from these names to the domain's).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from bubo.domain.requests import LoraScale
+from bubo.domain.samplers import KNOBS, Knob
 
 from ._converter import wire_name
 
-__all__ = ["LlamaServerFields", "LoraEntry", "lora_scales"]
+__all__ = ["LlamaServerFields", "LoraEntry", "llama_server_fields", "lora_scales"]
 
 
 @attrs.frozen(kw_only=True)
@@ -34,26 +36,14 @@ def lora_scales(entries: list[LoraEntry] | None) -> tuple[LoraScale, ...] | None
 
 
 @attrs.frozen(kw_only=True)
-class LlamaServerFields:
-    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, LoRA."""
+class _LlamaServerFields:
+    """llama.cpp's samplers beyond OpenAI's, the answer's grammar or schema, ``ignore_eos``, drafts, LoRA.
 
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
+    The numeric samplers are a field per knob of ``domain.samplers.KNOBS`` that OpenAI's bodies
+    do not have of their own (:func:`llama_server_fields` adds them, each optional).  mypy sees
+    this class without them: they are read by the table's names (``api._numbers.sampling_overrides``).
+    """
+
     dry_sequence_breakers: list[str] | None = None
     samplers: list[str] | str | None = None  # stage names in order, or llama-server's letters ("edskypmxt")
     grammar: str | None = None  # GBNF for the whole answer
@@ -64,3 +54,25 @@ class LlamaServerFields:
     speculative_n_min: int | None = attrs.field(default=None, metadata=wire_name("speculative.n_min"))
     speculative_p_min: float | None = attrs.field(default=None, metadata=wire_name("speculative.p_min"))
     lora: list[LoraEntry] | None = None  # these adapters at these scales, the others at 0 (this request only)
+
+
+def llama_server_fields(knobs: Iterable[Knob]) -> type[_LlamaServerFields]:
+    """The shared request fields, with one per knob of *knobs* that OpenAI's bodies lack.
+
+    Each is typed, with no range: the range is checked as the domain's overrides are made
+    (``api._numbers.sampling_overrides``), so its refusal names the field as every dialect's does.
+    """
+    fields = {
+        knob.name: attrs.field(type=knob.optional_type, default=None) for knob in knobs if not knob.openai
+    }
+    made = attrs.make_class(
+        "LlamaServerFields", fields, bases=(_LlamaServerFields,), frozen=True, kw_only=True
+    )
+    made.__doc__, made.__module__ = _LlamaServerFields.__doc__, __name__
+    return made
+
+
+if TYPE_CHECKING:
+    LlamaServerFields = _LlamaServerFields
+else:
+    LlamaServerFields = llama_server_fields(KNOBS)

@@ -1,10 +1,11 @@
 """Numbers from the wire: the ranges every dialect shares, and token ids written as object keys.
 
-The rule: accept what llama-server accepts (Bubo stands in for it), except a
-value that cannot reach llama.cpp intact, which takes token counts and ``top_k``
-as 32-bit integers and every sampler setting as a 32-bit float, or that means
-nothing (a probability outside 0..1, ``repeat_last_n`` below -1, which
-llama-server refuses too).  The OpenAI and Anthropic ranges are narrower, so
+The sampler knobs' ranges are the table's (``domain.samplers.KNOBS``), shared
+with ``bubo serve``'s flags.  The rule: accept what llama-server accepts (Bubo
+stands in for it), except a value that cannot reach llama.cpp intact, which
+takes token counts and ``top_k`` as 32-bit integers and every sampler setting
+as a 32-bit float, or that means nothing (a probability outside 0..1,
+``repeat_last_n`` below -1, which llama-server refuses too).  The OpenAI and Anthropic ranges are narrower, so
 their clients never meet these bounds.  Non-finite numbers never get this far
 (see ``_values.py``); integers beyond 64 bits neither (``_converter.py``).
 """
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-import attrs
-
+from bubo.domain.samplers import FLOAT32_MAX, INT32_MAX, KNOBS, KnobOutOfRange
 from bubo.domain.sampling import (
     SAMPLER_ALIASES,
     SAMPLER_LETTERS,
@@ -32,44 +33,16 @@ __all__ = [
     "FLOAT32_MAX",
     "INT32_MAX",
     "check_bias",
-    "check_sampling",
     "check_token_limit",
+    "checked_sampling",
     "sampler_order",
     "sampling_overrides",
     "token_id",
 ]
 
-INT32_MAX = 2**31 - 1
-FLOAT32_MAX = 3.4028234663852886e38
-
 # what llama-server's strtol takes as a whole key: optional white space and sign, then ASCII digits
 _TOKEN_ID = re.compile(r"[ \t\n\v\f\r]*[+-]?([0-9]+)")
 _MAX_TOKEN_ID_DIGITS = 18  # longer is no vocabulary's id (and int() refuses over 4,300 digits)
-
-# (field, lowest, whether the lowest itself is accepted, highest); the same wire name in every dialect
-_RANGES = (
-    ("temperature", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("top_k", -INT32_MAX - 1, True, INT32_MAX),
-    ("top_p", 0.0, True, 1.0),
-    ("min_p", 0.0, True, 1.0),
-    ("repeat_penalty", 0.0, False, FLOAT32_MAX),  # llama.h: "must be > 0.0" (it divides by it)
-    ("repeat_last_n", -1, True, INT32_MAX),
-    ("presence_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("frequency_penalty", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("dynatemp_range", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("dynatemp_exponent", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("typical_p", 0.0, True, 1.0),
-    ("xtc_probability", 0.0, True, 1.0),
-    ("xtc_threshold", 0.0, True, 1.0),
-    ("top_n_sigma", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("mirostat", 0, True, 2),  # 0 off, 1 Mirostat, 2 Mirostat 2.0
-    ("mirostat_tau", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("mirostat_eta", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("dry_multiplier", -FLOAT32_MAX, True, FLOAT32_MAX),
-    ("dry_base", -FLOAT32_MAX, True, FLOAT32_MAX),  # below 1 turns DRY off, as in llama.cpp
-    ("dry_allowed_length", 0, True, INT32_MAX),
-    ("dry_penalty_last_n", -1, True, INT32_MAX),
-)
 
 MAX_SAMPLERS = 16
 """The most stages ``samplers`` may name: llama-server's default has nine; each runs on the decode thread
@@ -83,55 +56,38 @@ MAX_DRY_BREAKER_CHARS = 40
 """llama.cpp reads at most this many characters of a sequence breaker (it truncates longer ones)."""
 
 
-def _shown(value: float) -> str:
-    return f"{value:.8g}" if isinstance(value, float) else str(value)
-
-
-def check_sampling(overrides: SamplingOverrides) -> SamplingOverrides:
-    """*overrides* if every field it sets is in range.
+def checked_sampling(**values: Any) -> SamplingOverrides:
+    """The overrides *values* set, each knob checked against its range (``domain.samplers.KNOBS``).
 
     Raises:
-        InvalidRequest: ``param`` the first field out of range.
+        InvalidRequest: ``param`` the first knob out of range.
 
     """
-    for name, lowest, inclusive, highest in _RANGES:
-        value = getattr(overrides, name)
-        if value is None:
-            continue
-        if not (lowest <= value if inclusive else lowest < value) or value > highest:
-            floor = "at least" if inclusive else "greater than"
-            raise InvalidRequest(
-                f"{name} must be {floor} {_shown(lowest)} and at most {_shown(highest)}, got {_shown(value)}",
-                param=name,
-            )
-    return overrides
+    try:
+        return SamplingOverrides(**values)
+    except KnobOutOfRange as error:
+        raise InvalidRequest(str(error), param=error.knob) from None
 
 
 def sampling_overrides(body: object, logit_bias: LogitBias) -> SamplingOverrides:
     """The sampler settings a request body sets, checked; the one mapping from wire to domain.
 
-    Every dialect that has these fields names them as the domain does
-    (``temperature``, ``top_k``, … ``seed``); only the logit bias has a form of
-    its own per dialect, so the caller reads it.
+    Every dialect that has these fields names them as the domain does (the
+    table's knobs, then ``seed``); only the logit bias has a form of its own per
+    dialect, so the caller reads it.
 
     Raises:
         InvalidRequest: ``param`` the first field out of range.
 
     """
-    fields = {
-        field.name: getattr(body, field.name)
-        for field in attrs.fields(SamplingOverrides)
-        if field.name not in ("logit_bias", "samplers", "dry_sequence_breakers")
-    }
     samplers: list[str] | str | None = getattr(body, "samplers")  # noqa: B009 - the bodies share no type
     breakers: list[str] | None = getattr(body, "dry_sequence_breakers")  # noqa: B009
-    return check_sampling(
-        SamplingOverrides(
-            **fields,
-            logit_bias=logit_bias,
-            samplers=None if samplers is None else sampler_order(samplers, "samplers"),
-            dry_sequence_breakers=None if breakers is None else _breakers(breakers),
-        )
+    return checked_sampling(
+        **{knob.name: getattr(body, knob.name) for knob in KNOBS},
+        seed=getattr(body, "seed"),  # noqa: B009
+        logit_bias=logit_bias,
+        samplers=None if samplers is None else sampler_order(samplers, "samplers"),
+        dry_sequence_breakers=None if breakers is None else _breakers(breakers),
     )
 
 

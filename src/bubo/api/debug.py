@@ -26,9 +26,11 @@ from ._context import api_context, read_body, require_runtime
 from ._images import shown_without_images
 from ._json import json_response
 
-__all__ = ["blueprint"]
+__all__ = ["REQUEST_BODIES", "blueprint"]
 
 blueprint = Blueprint("debug", __name__)
+REQUEST_BODIES = (chat_wire.ChatCompletionRequest,)
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""
 
 
 @blueprint.before_request

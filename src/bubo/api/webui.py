@@ -13,7 +13,8 @@ reached the page as HTML could not run even if the sanitizer missed it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import PurePosixPath
@@ -21,11 +22,12 @@ from types import MappingProxyType
 
 from quart import Blueprint, Response
 
+from bubo.domain.samplers import KNOBS, Knob
 from bubo.errors import NotFound
 
 from ._root import running, wants_html
 
-__all__ = ["ASSETS", "SECURITY_HEADERS", "blueprint", "is_public"]
+__all__ = ["ASSETS", "SECURITY_HEADERS", "blueprint", "is_public", "samplers_module"]
 
 blueprint = Blueprint("webui", __name__)
 
@@ -48,8 +50,32 @@ def _read(folder: Traversable, prefix: str = "") -> Iterator[tuple[str, bytes]]:
             yield f"{prefix}{entry.name}", entry.read_bytes()
 
 
-ASSETS: MappingProxyType[str, bytes] = MappingProxyType(dict(sorted(_read(_ROOT))))
-"""The page's files by path under ``/webui/`` (read once; docs/webui.md gives their weight)."""
+_GROUPS = ("Sampling", "Penalties", "DRY", "XTC", "Mirostat")  # the settings form's order of its fieldsets
+_REQUEST_FIELDS = {"Sampling": (("seed", "Seed", "int", 1), ("max_tokens", "Max tokens", "int", 1))}
+"""The form's request fields that are not knobs of the sampler table, after its knobs."""
+
+
+def samplers_module(knobs: Iterable[Knob]) -> bytes:
+    """``samplers.js``: the settings form's fields, made from the sampler table (``domain.samplers``).
+
+    ``SAMPLERS`` lists ``[legend, [[request field, label, "int" or "float", step], …]]``; the page's
+    ``settings.js`` builds its form and its request fields from it, so a knob is never copied into JS.
+    """
+    groups: dict[str, list[tuple[str, str, str, float]]] = {group: [] for group in _GROUPS}
+    for knob in knobs:
+        groups.setdefault(knob.group, []).append((knob.name, knob.label, knob.kind.__name__, knob.step))
+    listed = [
+        [group, [*fields, *_REQUEST_FIELDS.get(group, ())]] for group, fields in groups.items() if fields
+    ]
+    header = b"// Made by the server from its sampler table (bubo/domain/samplers.py).\n"
+    return header + b"export const SAMPLERS = " + json.dumps(listed, ensure_ascii=False).encode() + b";\n"
+
+
+ASSETS: MappingProxyType[str, bytes] = MappingProxyType(
+    dict(sorted({**dict(_read(_ROOT)), "samplers.js": samplers_module(KNOBS)}.items()))
+)
+"""The page's files by path under ``/webui/`` (read once; docs/webui.md gives their weight), with
+the one the server makes, ``samplers.js``."""
 
 SECURITY_HEADERS: MappingProxyType[str, str] = MappingProxyType(
     {

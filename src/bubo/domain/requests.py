@@ -9,9 +9,11 @@ import attrs
 
 from .media import DEFAULT_MEDIA_MARKER, ImageInput
 from .messages import ChatPrompt
+from .modes import ReasoningFormat
 from .sampling import DraftOverrides, SamplingOverrides
 
 __all__ = [
+    "ChatDefaults",
     "ChatRequest",
     "CompletionRequest",
     "GenerationOptions",
@@ -25,6 +27,26 @@ __all__ = [
 
 PromptPiece = int | str
 """A raw prompt is text, token ids, or a mix of both (llama-server's ``prompt``)."""
+
+
+@attrs.frozen(kw_only=True)
+class ChatDefaults:
+    """How chat requests are rendered and parsed when they do not say (llama-server's flags).
+
+    Declared here, with its defaults, once: ``config.RequestDefaults`` takes them for its
+    ``--prefill-assistant`` and ``--reasoning-format``, and the loader builds the served
+    model's from the settings (``service.Runtime.chat``).
+
+    ``prefill_assistant``: a final assistant message is continued (else closed
+    as a whole turn).  ``thinking``: ``enable_thinking`` for templates that read
+    it (None: the template's default).  ``reasoning_format``: ``deepseek`` (and
+    ``auto``) splits thinking into ``reasoning_content``; ``none`` leaves it in the content;
+    ``deepseek-legacy`` does both (the content keeps the ``<think>`` tags).
+    """
+
+    prefill_assistant: bool = True
+    thinking: bool | None = None
+    reasoning_format: ReasoningFormat = "auto"
 
 
 @attrs.frozen

@@ -2,7 +2,10 @@
 
 This is the one place sampling defaults live (``config.Settings.generation`` is a
 :class:`GenerationDefaults`, whose ``sampling`` holds a :class:`SamplingParams`);
-a request only says what it changes.
+a request only says what it changes.  The numeric knobs' defaults and ranges
+come from the sampler table, ``domain.samplers.KNOBS``; their fields are
+declared here, typed, and checked against the table by
+``tests/domain/test_sampler_declarations.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import math
 
 import attrs
+
+from .samplers import override, setting
 
 __all__ = [
     "DEFAULT_DRY_SEQUENCE_BREAKERS",
@@ -70,36 +75,36 @@ DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 class SamplingParams:
     """A complete set of sampler settings (llama.cpp's names and meanings).
 
-    ``temperature <= 0`` selects greedy decoding (unless ``dynatemp_range`` widens
-    it).  ``seed`` ``None`` draws a fresh seed per request.  ``logit_bias`` holds
-    token ids only.  ``samplers`` orders the stages of the chain; ``mirostat`` 1
-    or 2 replaces all of them with temperature and Mirostat, as in llama.cpp.
+    A field per knob of ``domain.samplers.KNOBS``, its default and range (the validator) the
+    row's, then the settings that are not single numbers.  ``temperature <= 0`` selects greedy
+    decoding (unless ``dynatemp_range`` widens it).  ``seed`` ``None`` draws a fresh seed per
+    request.  ``logit_bias`` holds token ids only.  ``samplers`` orders the stages of the chain;
+    ``mirostat`` 1 or 2 replaces all of them with temperature and Mirostat, as in llama.cpp.
     """
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = setting("temperature")
+    top_k: int = setting("top_k")
+    top_p: float = setting("top_p")
+    min_p: float = setting("min_p")
+    repeat_penalty: float = setting("repeat_penalty")
+    repeat_last_n: int = setting("repeat_last_n")
+    presence_penalty: float = setting("presence_penalty")
+    frequency_penalty: float = setting("frequency_penalty")
+    dynatemp_range: float = setting("dynatemp_range")
+    dynatemp_exponent: float = setting("dynatemp_exponent")
+    typical_p: float = setting("typical_p")
+    top_n_sigma: float = setting("top_n_sigma")
+    xtc_probability: float = setting("xtc_probability")
+    xtc_threshold: float = setting("xtc_threshold")
+    mirostat: int = setting("mirostat")
+    mirostat_eta: float = setting("mirostat_eta")
+    mirostat_tau: float = setting("mirostat_tau")
+    dry_multiplier: float = setting("dry_multiplier")
+    dry_base: float = setting("dry_base")
+    dry_allowed_length: int = setting("dry_allowed_length")
+    dry_penalty_last_n: int = setting("dry_penalty_last_n")
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # llama.cpp's other samplers, each neutral by default
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    typical_p: float = 1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    top_n_sigma: float = -1.0
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1  # -1: the whole context, 0: off
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
@@ -120,31 +125,36 @@ class SamplingParams:
 
 @attrs.frozen(kw_only=True)
 class SamplingOverrides:
-    """What one request asks to change; ``None`` means "keep the server default"."""
+    """What one request asks to change; ``None`` means "keep the server default".
 
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    A field per knob of ``domain.samplers.KNOBS``, its range the validator (a value out of range
+    raises :class:`~bubo.domain.samplers.KnobOutOfRange` as the overrides are made), then the
+    settings that are not single numbers.
+    """
+
+    temperature: float | None = override("temperature")
+    top_k: int | None = override("top_k")
+    top_p: float | None = override("top_p")
+    min_p: float | None = override("min_p")
+    repeat_penalty: float | None = override("repeat_penalty")
+    repeat_last_n: int | None = override("repeat_last_n")
+    presence_penalty: float | None = override("presence_penalty")
+    frequency_penalty: float | None = override("frequency_penalty")
+    dynatemp_range: float | None = override("dynatemp_range")
+    dynatemp_exponent: float | None = override("dynatemp_exponent")
+    typical_p: float | None = override("typical_p")
+    top_n_sigma: float | None = override("top_n_sigma")
+    xtc_probability: float | None = override("xtc_probability")
+    xtc_threshold: float | None = override("xtc_threshold")
+    mirostat: int | None = override("mirostat")
+    mirostat_eta: float | None = override("mirostat_eta")
+    mirostat_tau: float | None = override("mirostat_tau")
+    dry_multiplier: float | None = override("dry_multiplier")
+    dry_base: float | None = override("dry_base")
+    dry_allowed_length: int | None = override("dry_allowed_length")
+    dry_penalty_last_n: int | None = override("dry_penalty_last_n")
     seed: int | None = None
     logit_bias: LogitBias = ()
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: tuple[str, ...] | None = None
     samplers: tuple[str, ...] | None = None
 

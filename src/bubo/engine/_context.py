@@ -17,10 +17,10 @@ import numpy.typing as npt
 
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
+from ._dry_stages import DryStages
 from ._image_decoder import ImageDecoder
 from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
-from ._sampler import DryStages
 from ._vision import EncodedImage
 from .base import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet

@@ -11,6 +11,8 @@ which token is the most likely (penalties, DRY, typical-p, XTC).  Neutral
 stages (penalties of 1.0/0.0, ``top_k`` 0, ``top_p`` 1.0, …) are left out: each
 costs time per token and changes nothing.
 
+:class:`SamplerStages` makes the stages, :class:`Sampler` drives the chain they
+are in; DRY stages are built ahead of the decode thread (:mod:`._dry_stages`).
 Only the engine thread that owns the context calls into a sampler.
 """
 
@@ -19,9 +21,6 @@ from __future__ import annotations
 import ctypes
 import math
 import secrets
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import llama_cpp
@@ -30,213 +29,63 @@ import numpy.typing as npt
 
 from bubo.domain.sampling import SamplingParams
 
+from ._dry_stages import DryStages, dry_key, look_back, new_dry_stage
 from .base import EngineFailure
 
-__all__ = ["DryStages", "Sampler", "top_candidates"]
+__all__ = ["Sampler", "SamplerStages", "top_candidates"]
 
 _MIROSTAT_M = 100  # candidates Mirostat 1.0 estimates its s_hat from (llama.cpp's value)
 # stages that only ever drop tokens less likely than the most likely one: no effect on a greedy choice
 _KEEP_THE_MOST_LIKELY = frozenset({"top_n_sigma", "top_k", "top_p", "min_p", "temperature"})
 
 
-# (multiplier, base, allowed length, last n, sequence breakers): what a DRY stage is built from
-DryKey = tuple[float, float, int, int, tuple[str, ...]]
+class SamplerStages:
+    """The llama.cpp samplers one request's settings make, added to its chain in llama.cpp's order.
 
-
-class DryStages:
-    """DRY stages built once per setting and cloned per request; thread-safe.
-
-    Building one matches every sequence breaker against the whole vocabulary:
-    measured on SmolLM2 (49,152 tokens), 8 ms for ``"e"`` but 0.3 s for
-    ``"ee"`` and 0.5 s for 40 ``"e"``.  :meth:`prepare` does that on the
-    request's worker thread, before the request queues, so the decode thread
-    (which every running generation waits on) only clones.  The most recently
-    used :data:`CAPACITY` settings are kept, and beyond them every one prepared
-    in the last :data:`KEEP_PREPARED_S` seconds: a request's stage must still be
-    there when the request starts, or the decode thread would build it (up to
-    ≈ 8 s of every stream's time) after a burst of other settings evicted it.
+    What changes when a setting or a stage is added (see the module's docstring for the order and
+    what is left out); :class:`Sampler` drives the chain.  The stages that remember tokens
+    (penalties, DRY) and the grammar are kept here, owned by the chain, for :class:`Sampler` to
+    show the prompt to and to ask.
     """
 
-    CAPACITY = 16
-    KEEP_PREPARED_S = 300.0
-    """A prepared stage outlives :data:`CAPACITY` this long: longer than a request waits in the queue."""
-    CLOSE_WAIT_S = 30.0
-    """How long :meth:`close` waits for builds in flight: 16 breakers of 40 characters take ≈ 8 s."""
-
     def __init__(
-        self,
-        vocab: object,
-        build: Callable[[object, DryKey], object] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        self, params: SamplingParams, *, n_vocab: int, n_ctx: int, vocab: object, dry: DryStages | None
     ) -> None:
-        self._vocab = vocab
-        self._build = _dry if build is None else build
-        self._clock = clock
-        self._lock = threading.Condition()
-        self._built: OrderedDict[DryKey, object] = OrderedDict()
-        self._prepared: dict[DryKey, float] = {}  # when each kept stage was last prepared
-        self._building = 0  # builds running outside the lock, on the vocabulary
-        self._closed = False
-
-    def prepare(self, key: DryKey) -> None:
-        """Build the stage for *key* unless it is kept already.
-
-        Raises:
-            EngineFailure: the engine is closed (or closed while this was building).
-
-        """
-        with self._lock:
-            self._check_open()
-            if key in self._built:
-                self._built.move_to_end(key)
-                self._prepared[key] = self._clock()
-                return
-        self._build_counted(key, keep=True)
-
-    def clone(self, key: DryKey) -> object:
-        """A fresh stage for *key* (built now if it is not kept).
-
-        Raises:
-            EngineFailure: the engine is closed.
-
-        """
-        self.prepare(key)
-        with self._lock:  # under the lock: another thread may evict (free) the one cloned
-            self._check_open()
-            prototype = self._built.get(key)
-            if prototype is not None:
-                return llama_cpp.llama_sampler_clone(prototype)
-        # evicted between the two steps by a burst of other settings
-        return self._build_counted(key, keep=False)
-
-    def _build_counted(self, key: DryKey, *, keep: bool) -> object:
-        """A new stage for *key*, built outside the lock (the costly part) while :meth:`close` waits."""
-        with self._lock:
-            self._check_open()
-            self._building += 1
-        stage = None
-        try:
-            stage = self._build(self._vocab, key)
-        finally:
-            with self._lock:
-                self._building -= 1
-                self._lock.notify_all()
-                if stage is not None and (self._closed or (keep and key in self._built)):
-                    llama_cpp.llama_sampler_free(stage)  # the model is still there: close() waits for this
-                    stage = None
-                    self._check_open()  # closed meanwhile; else another thread built it meanwhile
-                elif stage is not None and keep:
-                    self._built[key] = stage
-                    self._prepared[key] = self._clock()
-                    self._evict()
-        return stage
-
-    def _evict(self) -> None:
-        """Free the least recently used stages past :data:`CAPACITY`, none prepared lately (lock held)."""
-        stale_before = self._clock() - self.KEEP_PREPARED_S
-        excess = len(self._built) - self.CAPACITY
-        for old_key in list(self._built):
-            if excess <= 0:
-                break
-            if self._prepared[old_key] <= stale_before:
-                llama_cpp.llama_sampler_free(self._built.pop(old_key))
-                del self._prepared[old_key]
-                excess -= 1
-
-    def close(self) -> None:
-        """Refuse new builds, wait (at most :attr:`CLOSE_WAIT_S`) for those in flight, free every kept stage.
-
-        A build reads the model's vocabulary: the model must outlive it.
-        """
-        with self._lock:
-            self._closed = True
-            self._lock.wait_for(lambda: self._building == 0, timeout=self.CLOSE_WAIT_S)
-            for stage in self._built.values():
-                llama_cpp.llama_sampler_free(stage)
-            self._built.clear()
-            self._prepared.clear()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineFailure("the engine is closed; its DRY stages cannot be built")
-
-
-def look_back(last_n: int, n_ctx: int) -> int:
-    """A penalty's window in tokens: -1 (any negative) is the context, and none is longer than it.
-
-    llama.cpp allocates the window for each DRY and penalties stage (twice for
-    DRY, again for each clone) and never clamps it, so a request's
-    ``dry_penalty_last_n`` of 2**31 - 1 would ask for 16 GiB; a window longer
-    than the context changes nothing.
-    """
-    if last_n < 0:
-        return n_ctx
-    return min(last_n, n_ctx) if n_ctx > 0 else last_n
-
-
-def dry_key(params: SamplingParams, n_ctx: int) -> DryKey | None:
-    """What the DRY stage of *params* is built from, or None when it is neutral (left out)."""
-    last_n = look_back(params.dry_penalty_last_n, n_ctx)
-    if params.dry_multiplier == 0.0 or params.dry_base < 1.0 or last_n == 0:
-        return None
-    return (
-        params.dry_multiplier,
-        params.dry_base,
-        params.dry_allowed_length,
-        last_n,
-        params.dry_sequence_breakers,
-    )
-
-
-def _dry(vocab: object, key: DryKey) -> object:
-    multiplier, base, allowed_length, last_n, breakers = key
-    encoded = [breaker.encode() for breaker in breakers]
-    array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
-    return llama_cpp.llama_sampler_init_dry(
-        vocab, multiplier, base, allowed_length, last_n, array, len(encoded)
-    )
-
-
-class Sampler:
-    """Owns one llama.cpp sampler chain; call :meth:`close` when done."""
-
-    def __init__(
-        self,
-        params: SamplingParams,
-        *,
-        n_vocab: int,
-        n_ctx: int = 0,
-        vocab: object = None,
-        grammar: str | None = None,
-        dry: DryStages | None = None,
-    ) -> None:
-        self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._params = params
         self._n_vocab = n_vocab
+        self._n_ctx = n_ctx
         self._vocab = vocab
         self._dry_stages = dry
-        self._n_ctx = n_ctx
-        self._penalties: object | None = None  # the first stage of each kind, shown the prompt
-        self._dry: object | None = None
-        self._grammar = None
+        self._seed = secrets.randbits(32) if params.seed is None else params.seed & 0xFFFFFFFF
+        self._chain: object = None
+        self.penalties: object | None = None  # the first stage of each kind, shown the prompt
+        self.dry: object | None = None
+        self.grammar: object | None = None
         # -1 means the whole context, as in llama-server; llama.cpp itself reads any negative as 0 (off)
         self.repeat_last_n = look_back(params.repeat_last_n, n_ctx)
         self.dry_last_n = look_back(params.dry_penalty_last_n, n_ctx)
-        self._seed = secrets.randbits(32) if params.seed is None else params.seed & 0xFFFFFFFF
-        add = self._add
+
+    def add_to(self, chain: object, grammar: str | None) -> None:
+        """Add every stage to *chain*: the *grammar* (GBNF), the logit bias, the stages or Mirostat.
+
+        Raises:
+            EngineFailure: llama.cpp could not parse the grammar, or the engine is closed.
+
+        """
+        self._chain = chain
+        params = self._params
         if grammar is not None:
-            constraint = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+            constraint = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
             if not constraint:
-                self.close()
                 raise EngineFailure("llama.cpp could not parse the grammar for this request")
-            self._grammar = constraint
-            add(constraint)
+            self.grammar = constraint
+            self._add(constraint)
         if params.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for slot, (token, bias) in zip(biases, params.logit_bias, strict=True):
                 slot.token = token
                 slot.bias = bias
-            add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
+            self._add(llama_cpp.llama_sampler_init_logit_bias(self._n_vocab, len(biases), biases))
         if params.mirostat != 0:
             self._add_mirostat()
         else:
@@ -281,6 +130,9 @@ class Sampler:
         else:
             self._add(llama_cpp.llama_sampler_init_dist(self._seed))
 
+    def _add(self, sampler: object) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
     # ---- the stages: each None when neutral ----------------------------------------------------
 
     def _penalties_stage(self) -> object | None:
@@ -298,15 +150,15 @@ class Sampler:
             params.frequency_penalty,
             params.presence_penalty,
         )
-        self._penalties = self._penalties or stage  # the first one is shown the prompt
+        self.penalties = self.penalties or stage  # the first one is shown the prompt
         return stage
 
     def _dry_stage(self) -> object | None:
         key = dry_key(self._params, self._n_ctx)
         if key is None:
             return None
-        stage = _dry(self._vocab, key) if self._dry_stages is None else self._dry_stages.clone(key)
-        self._dry = self._dry or stage  # the first one is shown the prompt
+        stage = new_dry_stage(self._vocab, key) if self._dry_stages is None else self._dry_stages.clone(key)
+        self.dry = self.dry or stage  # the first one is shown the prompt
         return stage
 
     def _top_n_sigma_stage(self) -> object | None:
@@ -344,12 +196,39 @@ class Sampler:
             params.temperature, params.dynatemp_range, params.dynatemp_exponent
         )
 
-    def _add(self, sampler: object) -> None:
-        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+class Sampler:
+    """Owns one llama.cpp sampler chain (its stages: :class:`SamplerStages`); call :meth:`close` when done."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        *,
+        n_vocab: int,
+        n_ctx: int = 0,
+        vocab: object = None,
+        grammar: str | None = None,
+        dry: DryStages | None = None,
+    ) -> None:
+        """Build the chain *params* and *grammar* make.
+
+        Raises:
+            EngineFailure: llama.cpp could not parse the grammar, or the engine is closed (the chain,
+                and what was added to it, is freed).
+
+        """
+        self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        self._stages = SamplerStages(params, n_vocab=n_vocab, n_ctx=n_ctx, vocab=vocab, dry=dry)
+        try:
+            self._stages.add_to(self._chain, grammar)
+        except BaseException:
+            self.close()
+            raise
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Show the penalties and DRY stages (only) the tokens that came before generation began."""
-        for stage, last_n in ((self._penalties, self.repeat_last_n), (self._dry, self.dry_last_n)):
+        stages = self._stages
+        for stage, last_n in ((stages.penalties, stages.repeat_last_n), (stages.dry, stages.dry_last_n)):
             if stage is None or not tokens:
                 continue
             for token in tokens[-last_n:]:
@@ -357,13 +236,14 @@ class Sampler:
 
     def allows(self, token: int) -> bool:
         """Whether the grammar (if any) admits *token* next; accepting one it rejects aborts llama.cpp."""
-        if self._grammar is None:
+        grammar = self._stages.grammar
+        if grammar is None:
             return True
         candidate = llama_cpp.llama_token_data(id=token, logit=0.0, p=0.0)
         array = llama_cpp.llama_token_data_array(
             data=ctypes.pointer(candidate), size=1, selected=-1, sorted=False
         )
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
         return math.isfinite(candidate.logit)
 
     def accept(self, token: int) -> None:

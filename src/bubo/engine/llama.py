@@ -41,18 +41,18 @@ from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
 from bubo.errors import DeviceLost
 
-from ._backlog import BACKLOG_BYTES, MIB
+from ._backlog import MIB
 from ._cache_report import cache_contents
 from ._context import check_decode
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, cross
 from ._current_load import CurrentLoad
 from ._draft_policy import DraftOptions
+from ._dry_stages import dry_key
 from ._grammar import to_gbnf
 from ._loaded import LoadedModel
 from ._model_info import describe
-from ._prefill_budget import DEFAULT_GAP_S
 from ._producer import produce
-from ._sampler import Sampler, dry_key
+from ._sampler import Sampler
 from ._sequence_jobs import erase_job, restore_job, save_job
 from .base import (
     CacheContents,
@@ -74,52 +74,56 @@ logger = logging.getLogger(__name__)
 
 @attrs.frozen(kw_only=True)
 class LlamaOptions:
-    """How to load the model and size the context (llama-server's flags)."""
+    """How to load the model and size the context (llama-server's flags).
+
+    No field that a setting gives has a default: its default is the setting's, in ``config.py``,
+    and ``bubo.loader.llama_options`` gives every one (the engine may not import ``config``).
+    """
 
     model_path: Path
-    n_ctx: int = 0  # 0: the model's training context
-    n_threads: int = 2
-    n_threads_batch: int | None = None  # None: same as n_threads
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    prefill_chunk: int = 0  # prompt tokens per decode step; 0: sized to keep streams under prefill_gap_ms
-    prefill_gap_ms: float = DEFAULT_GAP_S * 1000.0  # the streams' gap a prompt read beside them may take
-    n_parallel: int = 1  # session slots, one KV sequence each; -1: auto (auto_parallel)
-    kv_unified: bool = True  # the slots share n_ctx; else each has n_ctx of its own
-    slot_prompt_similarity: float = 0.1  # a cached prefix longer than this share of a prompt picks the slot
-    flash_attn: FlashAttention = "auto"
-    cache_type_k: KvCacheType = "f16"  # the KV cache's data types; a quantized V needs flash attention
-    cache_type_v: KvCacheType = "f16"
-    n_gpu_layers: int = -1  # -1: all that fit (no effect on a CPU build)
-    use_mmap: bool = True
-    cache_ram_mib: int = 1024  # prompt-cache snapshots in host RAM; 0 turns them off
-    cache_idle_slots: bool = True  # idle slots' sequences go to those snapshots as generations start
-    cache_disk_dir: Path | None = None  # prompt-cache snapshot files (a directory per model and settings)
-    cache_disk_mib: int = 0  # their byte budget, over every model's directory; 0: no disk tier
-    cache_disk_max_age_days: float = 7.0  # another model's (settings') directory unused this long is deleted
-    embeddings: bool = False  # a second context serves embeddings (inputs of up to n_ubatch tokens)
-    pooling: Pooling | None = None  # the embeddings' pooling; None: the model's
-    mmproj: Path | None = None  # the image projector (--mmproj); None: the model reads text only
-    mmproj_output_width: int | None = None  # its width as its file says (checked before mtmd reads it)
-    mmproj_offload: bool = True  # the projector on the GPU where there is one
-    image_min_tokens: int | None = None  # a dynamic-resolution projector's bounds; None: its own
-    image_max_tokens: int | None = None
-    image_max_pixels: int = 33_554_432  # the largest image read (width times height), checked before decoding
-    image_max_count: int = 32  # the most images one request may hold
-    drafting: DraftOptions = attrs.field(factory=DraftOptions)
-    draft_model_path: Path | None = None  # a draft model drafts instead of prompt lookup (--model-draft)
-    n_ctx_draft: int = 0  # the draft context's tokens per slot; 0: as the main context's
-    n_gpu_layers_draft: int = -1
-    # llama.cpp's CPU extra buffer types (AMX, CPU_REPACK); bubo.engine.probe decides
+    n_ctx: int  # 0: the model's training context
+    n_threads: int
+    n_threads_batch: int | None  # None: same as n_threads
+    n_batch: int
+    n_ubatch: int
+    prefill_chunk: int  # prompt tokens per decode step; 0: sized to keep streams under prefill_gap_ms
+    prefill_gap_ms: float  # the streams' gap a prompt read beside them may take
+    n_parallel: int  # session slots, one KV sequence each; -1: auto (auto_parallel)
+    kv_unified: bool  # the slots share n_ctx; else each has n_ctx of its own
+    slot_prompt_similarity: float  # a cached prefix longer than this share of a prompt picks the slot
+    flash_attn: FlashAttention
+    cache_type_k: KvCacheType  # the KV cache's data types; a quantized V needs flash attention
+    cache_type_v: KvCacheType
+    n_gpu_layers: int  # -1: all that fit (no effect on a CPU build)
+    use_mmap: bool = True  # no setting: llama-server's --no-mmap is not offered
+    cache_ram_mib: int  # prompt-cache snapshots in host RAM; 0 turns them off
+    cache_idle_slots: bool  # idle slots' sequences go to those snapshots as generations start
+    cache_disk_dir: Path | None  # prompt-cache snapshot files (a directory per model and settings)
+    cache_disk_mib: int  # their byte budget, over every model's directory; 0: no disk tier
+    cache_disk_max_age_days: float  # another model's (settings') directory unused this long is deleted
+    embeddings: bool  # a second context serves embeddings (inputs of up to n_ubatch tokens)
+    pooling: Pooling | None  # the embeddings' pooling; None: the model's
+    mmproj: Path | None  # the image projector (--mmproj); None: the model reads text only
+    mmproj_output_width: int | None  # its width as its file says (checked before mtmd reads it)
+    mmproj_offload: bool  # the projector on the GPU where there is one
+    image_min_tokens: int | None  # a dynamic-resolution projector's bounds; None: its own
+    image_max_tokens: int | None
+    image_max_pixels: int  # the largest image read (width times height), checked before decoding
+    image_max_count: int  # the most images one request may hold
+    drafting: DraftOptions
+    draft_model_path: Path | None  # a draft model drafts instead of prompt lookup (--model-draft)
+    n_ctx_draft: int  # the draft context's tokens per slot; 0: as the main context's
+    n_gpu_layers_draft: int
+    # llama.cpp's CPU extra buffer types (AMX, CPU_REPACK); bubo.engine.probe decides (the loader evolves)
     repack: RepackDecision = attrs.field(
         factory=lambda: RepackDecision(enabled=True, reason="llama.cpp's default")
     )
-    context_shift: bool = False  # go on past the end of the context by dropping old tokens (llama-server's)
-    max_unread_mib: int = BACKLOG_BYTES // MIB  # what a request's unread events may hold before it is ended
-    cache_reuse: int = 0  # after a changed middle, move cached runs of at least this many tokens (0: off)
+    context_shift: bool  # go on past the end of the context by dropping old tokens (llama-server's)
+    max_unread_mib: int  # what a request's unread events may hold before it is ended
+    cache_reuse: int  # after a changed middle, move cached runs of at least this many tokens (0: off)
     # LoRA adapters, by id, with their first global scales; each was checked against the model before
     # (bubo.model.check_lora_adapter: llama.cpp must never see one that does not fit)
-    lora: tuple[LoraFile, ...] = ()
+    lora: tuple[LoraFile, ...]
 
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ import enum
 import attrs
 import trio
 
-from bubo.domain.modes import ReasoningFormat
+from bubo.domain.requests import ChatDefaults
 from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import Engine
 from bubo.errors import DeviceLost, InvalidRequest, NotFound, ServiceUnavailable
@@ -21,23 +21,7 @@ from .memory import MemoryGuard
 from .slot_store import SlotFileStore
 from .work import Workers
 
-__all__ = ["ChatDefaults", "Runtime", "ServerState", "Status"]
-
-
-@attrs.frozen(kw_only=True)
-class ChatDefaults:
-    """How chat requests are rendered and parsed when they do not say (llama-server's flags).
-
-    ``prefill_assistant``: a final assistant message is continued (else closed
-    as a whole turn).  ``thinking``: ``enable_thinking`` for templates that read
-    it (None: the template's default).  ``reasoning_format``: ``deepseek`` (and
-    ``auto``) splits thinking into ``reasoning_content``; ``none`` leaves it in the content;
-    ``deepseek-legacy`` does both (the content keeps the ``<think>`` tags).
-    """
-
-    prefill_assistant: bool = True
-    thinking: bool | None = None
-    reasoning_format: ReasoningFormat = "auto"
+__all__ = ["Runtime", "ServerState", "Status"]
 
 
 @attrs.frozen(kw_only=True)

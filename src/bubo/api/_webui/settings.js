@@ -1,29 +1,12 @@
 // Settings kept per browser (localStorage): every sampler the server has, reasoning effort, a custom
 // JSON object merged into each request, the theme and the system prompt for new conversations.
 import { el } from "./dom.js";
+// SAMPLERS: [legend, [[request field, label, kind, step], …]], made by the server from its sampler
+// table (bubo/api/webui.py); an empty field means the server's default.
+import { SAMPLERS } from "./samplers.js";
 
 const KEY = "bubo.settings";
 
-// [request field, label, kind, step]; empty means the server's default.
-export const SAMPLERS = [
-  ["Sampling", [
-    ["temperature", "Temperature", "float", 0.05], ["top_k", "Top-k", "int", 1], ["top_p", "Top-p", "float", 0.01],
-    ["min_p", "Min-p", "float", 0.01], ["typical_p", "Typical-p", "float", 0.01], ["top_n_sigma", "Top-n σ", "float", 0.1],
-    ["dynatemp_range", "Dynamic temperature range", "float", 0.05], ["dynatemp_exponent", "Dynamic temperature exponent", "float", 0.05],
-    ["seed", "Seed", "int", 1], ["max_tokens", "Max tokens", "int", 1],
-  ]],
-  ["Penalties", [
-    ["repeat_penalty", "Repeat penalty", "float", 0.01], ["repeat_last_n", "Repeat last n", "int", 1],
-    ["presence_penalty", "Presence penalty", "float", 0.05], ["frequency_penalty", "Frequency penalty", "float", 0.05],
-  ]],
-  ["DRY", [
-    ["dry_multiplier", "DRY multiplier", "float", 0.05], ["dry_base", "DRY base", "float", 0.05],
-    ["dry_allowed_length", "DRY allowed length", "int", 1], ["dry_penalty_last_n", "DRY penalty last n", "int", 1],
-  ]],
-  ["XTC", [["xtc_probability", "XTC probability", "float", 0.01], ["xtc_threshold", "XTC threshold", "float", 0.01]]],
-  ["Mirostat", [["mirostat", "Mirostat (0, 1 or 2)", "int", 1], ["mirostat_tau", "Mirostat τ", "float", 0.1],
-    ["mirostat_eta", "Mirostat η", "float", 0.01]]],
-];
 const FIELDS = SAMPLERS.flatMap(([, fields]) => fields);
 export const REASONING_EFFORTS = ["", "off", "minimal", "low", "medium", "high", "xhigh", "max"];
 export const THEMES = ["system", "light", "dark"];

@@ -11,14 +11,13 @@ import attrs
 from bubo.api._images import ImageCollector, refuse_url
 from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_value_depth
-from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._numbers import check_token_limit, checked_sampling
 from bubo.api._omitted import Omissions
 from bubo.api._stops import stop_strings
 from bubo.domain.generation import GenerationStats, StopCause
 from bubo.domain.messages import ChatPrompt, Message, ToolCall, ToolSpec
 from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
-from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
@@ -61,9 +60,7 @@ def messages_request(body: wire.MessagesRequest, *, takes_images: bool = False) 
         count_request(body, takes_images=takes_images),
         options=GenerationOptions(
             max_tokens=body.max_tokens,
-            sampling=check_sampling(
-                SamplingOverrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
-            ),
+            sampling=checked_sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
             stop=stop_strings(body.stop_sequences, "stop_sequences"),
             lora=lora_scales(body.lora),
         ),

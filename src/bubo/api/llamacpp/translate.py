@@ -18,6 +18,7 @@ from bubo.domain.generation import GenerationRequest, StopCause, TokenLogprob
 from bubo.domain.media import DEFAULT_MEDIA_MARKER, ImageInput
 from bubo.domain.output import Done
 from bubo.domain.requests import CompletionRequest, GenerationOptions, PromptPiece
+from bubo.domain.samplers import KNOBS
 from bubo.domain.sampling import BANNED, LogitBias, SamplingParams
 from bubo.engine import SlotStatistics
 from bubo.errors import InvalidRequest
@@ -288,33 +289,13 @@ def probabilities(entries: Sequence[TokenLogprob], *, post_sampling: bool = Fals
 def sampler_settings(sampling: SamplingParams) -> dict[str, Any]:
     """The fields of :class:`wire.SamplerSettings` for *sampling*.
 
-    The one mapping from the domain to the wire's sampler fields: ``generation_settings`` and ``/props``
-    both use it.
+    The one mapping from the domain to the wire's sampler fields, the table's knobs
+    (``domain.samplers.KNOBS``) and the rest: ``generation_settings`` and ``/props`` both use it.
     """
     return {
-        "temperature": sampling.temperature,
-        "dynatemp_range": sampling.dynatemp_range,
-        "dynatemp_exponent": sampling.dynatemp_exponent,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "top_n_sigma": sampling.top_n_sigma,
-        "xtc_probability": sampling.xtc_probability,
-        "xtc_threshold": sampling.xtc_threshold,
-        "typical_p": sampling.typical_p,
-        "repeat_last_n": sampling.repeat_last_n,
-        "repeat_penalty": sampling.repeat_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "dry_multiplier": sampling.dry_multiplier,
-        "dry_base": sampling.dry_base,
-        "dry_allowed_length": sampling.dry_allowed_length,
-        "dry_penalty_last_n": sampling.dry_penalty_last_n,
-        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
-        "mirostat": sampling.mirostat,
-        "mirostat_tau": sampling.mirostat_tau,
-        "mirostat_eta": sampling.mirostat_eta,
+        **{knob.name: getattr(sampling, knob.name) for knob in KNOBS},
         "seed": 0xFFFFFFFF if sampling.seed is None else sampling.seed,
+        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
         "samplers": list(sampling.samplers),
     }
 

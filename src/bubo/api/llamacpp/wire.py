@@ -5,7 +5,8 @@ https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -13,6 +14,7 @@ from bubo.api._converter import wire_name
 from bubo.api._llama_fields import LlamaServerFields
 from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
+from bubo.domain.samplers import KNOBS, Knob
 
 # ---- requests ------------------------------------------------------------------------------
 
@@ -105,33 +107,32 @@ class Probability:
 
 
 @attrs.frozen(kw_only=True)
-class SamplerSettings:
-    """The sampler fields ``generation_settings`` and ``/props``' defaults share (llama-server's names)."""
+class _SamplerSettings:
+    """The sampler fields ``generation_settings`` and ``/props``' defaults share (llama-server's names).
 
-    temperature: float
-    dynatemp_range: float
-    dynatemp_exponent: float
-    top_k: int
-    top_p: float
-    min_p: float
-    top_n_sigma: float
-    xtc_probability: float
-    xtc_threshold: float
-    typical_p: float
-    repeat_last_n: int
-    repeat_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-    dry_multiplier: float
-    dry_base: float
-    dry_allowed_length: int
-    dry_penalty_last_n: int
-    dry_sequence_breakers: list[str]
-    mirostat: int
-    mirostat_tau: float
-    mirostat_eta: float
-    seed: int
-    samplers: list[str]
+    A field per knob of ``domain.samplers.KNOBS`` (:func:`sampler_settings_class` adds them), then
+    the settings that are not single numbers.  Only ``translate.sampler_settings`` makes one, from
+    the table too; mypy sees this class without fields.
+    """
+
+
+def sampler_settings_class(knobs: Iterable[Knob]) -> type[_SamplerSettings]:
+    """:class:`SamplerSettings` for *knobs*: each knob, then ``seed``, the breakers and the order."""
+    fields: dict[str, Any] = {knob.name: attrs.field(type=knob.kind) for knob in knobs}
+    fields |= {
+        "seed": attrs.field(type=int),
+        "dry_sequence_breakers": attrs.field(type=list[str]),
+        "samplers": attrs.field(type=list[str]),
+    }
+    made = attrs.make_class("SamplerSettings", fields, bases=(_SamplerSettings,), frozen=True, kw_only=True)
+    made.__doc__, made.__module__ = _SamplerSettings.__doc__, __name__
+    return made
+
+
+if TYPE_CHECKING:
+    SamplerSettings = _SamplerSettings
+else:
+    SamplerSettings = sampler_settings_class(KNOBS)
 
 
 @attrs.frozen(kw_only=True)

@@ -12,3 +12,13 @@ from .routes import blueprint as blueprint
 from .routes import pull_lines as pull_lines
 from .routes import pull_response as pull_response
 from .routes import unload_answer as unload_answer
+
+REQUEST_BODIES = (
+    wire.ShowRequest,
+    wire.ChatRequest,
+    wire.GenerateRequest,
+    wire.EmbedRequest,
+    wire.EmbeddingsRequest,
+    wire.PullRequest,
+)
+"""What its routes structure request bodies as (``bubo.server.REQUEST_CONVERTER`` builds them at import)."""

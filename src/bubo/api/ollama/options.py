@@ -18,9 +18,10 @@ from typing import Any
 import attrs
 
 from bubo.api._converter import INT64_MAX, INT64_MIN
-from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._numbers import check_token_limit
 from bubo.api._stops import stop_strings
 from bubo.domain.requests import GenerationOptions, ReasoningControl
+from bubo.domain.samplers import KNOBS, KnobOutOfRange
 from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest
 
@@ -33,10 +34,8 @@ logger = logging.getLogger(__name__)
 FOREVER_S = math.inf
 """``keep_alive`` below zero: keep the model loaded for good."""
 
-# the options Bubo applies, by the kind of JSON value Ollama takes for each
-_SAMPLER_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                   "frequency_penalty", "mirostat_tau", "mirostat_eta")  # fmt: skip
-_SAMPLER_INTS = ("top_k", "repeat_last_n", "mirostat")
+# the sampler options Bubo applies: the table's knobs that Ollama has, by Ollama's key
+_SAMPLERS = {knob.ollama: knob for knob in KNOBS if knob.ollama is not None}
 # known to Ollama (or to its Python client), read only when the model loads or no longer used: ignored
 _IGNORED = {
     "num_ctx": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
@@ -101,19 +100,17 @@ def generation_options(options: Mapping[str, Any] | None, *, n_probs: int | None
 def _sampling(given: dict[str, Any]) -> SamplingOverrides:
     """The sampler options, taken out of *given*, checked (types and ranges)."""
     values: dict[str, Any] = {}
-    for key in _SAMPLER_FLOATS:
+    for key, knob in _SAMPLERS.items():
         if key in given:
-            values[key] = float(_typed(key, given.pop(key), float))
-    for key in _SAMPLER_INTS:
-        if key in given:
-            values[key] = _typed(key, given.pop(key), int)
+            values[knob.name] = knob.kind(_typed(key, given.pop(key), knob.kind))
     if "seed" in given:
         seed = _typed("seed", given.pop("seed"), int)
         values["seed"] = seed if seed >= 0 else None  # Ollama's -1: a fresh seed each time
     try:
-        return check_sampling(SamplingOverrides(**values))
-    except InvalidRequest as error:
-        raise InvalidRequest(error.message, param=f"options.{error.param}") from None
+        return SamplingOverrides(**values)
+    except KnobOutOfRange as error:
+        key = next(key for key, knob in _SAMPLERS.items() if knob.name == error.knob)
+        raise InvalidRequest(str(error), param=f"options.{key}") from None
 
 
 def _num_predict(value: Any) -> int | None:

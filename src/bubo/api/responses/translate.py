@@ -13,13 +13,12 @@ from bubo.api._images import ImageCollector, marked
 from bubo.api._json import dumps
 from bubo.api._llama_fields import lora_scales
 from bubo.api._nesting import check_arguments_depth
-from bubo.api._numbers import check_sampling, check_token_limit
+from bubo.api._numbers import check_token_limit, checked_sampling
 from bubo.api._omitted import Omissions
 from bubo.domain.ids import new_id
 from bubo.domain.messages import ChatPrompt, Message, ToolCall
 from bubo.domain.output import Completion, Done, ReasoningDelta, TextDelta
 from bubo.domain.requests import ChatRequest, GenerationOptions, OutputFormat, ReasoningControl, ToolChoice
-from bubo.domain.sampling import SamplingOverrides
 from bubo.errors import InvalidRequest, UnsupportedContent
 
 from . import wire
@@ -113,7 +112,7 @@ def responses_request(
         ),
         options=GenerationOptions(
             max_tokens=body.max_output_tokens,
-            sampling=check_sampling(SamplingOverrides(temperature=body.temperature, top_p=body.top_p)),
+            sampling=checked_sampling(temperature=body.temperature, top_p=body.top_p),
             lora=lora_scales(body.lora),
         ),
         tool_choice=_tool_choice(body.tool_choice),
