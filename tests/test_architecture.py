@@ -137,7 +137,6 @@ LARGE_ENGINE_CLASSES = {
     "Projector",
     "Sampler",
     "SequenceCache",
-    "SlotEngine",
 }
 
 

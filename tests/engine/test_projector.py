@@ -26,7 +26,7 @@ from bubo.engine._lasting import state_identity
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
 from bubo.engine._protocols import ContextFull
 from bubo.engine._vision import Vision, VisionOptions
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 from bubo.engine.llama import LlamaOptions
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector

@@ -14,7 +14,7 @@ import pytest
 from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._sampler import DryKey, DryStages, _dry, look_back
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 

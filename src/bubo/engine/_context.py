@@ -22,7 +22,7 @@ from ._projector import Projector
 from ._protocols import BatchEntry, ContextFull
 from ._sampler import DryStages
 from ._vision import EncodedImage
-from .base import EngineFailure
+from .errors import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters
 

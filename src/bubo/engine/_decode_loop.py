@@ -59,13 +59,12 @@ from typing import Protocol
 import attrs
 
 from bubo.domain.generation import StopCause
-from bubo.errors import ServiceUnavailable
 
 from ._crossing import Job
 from ._draft_policy import DraftPolicy
 from ._prefill_budget import PrefillBudget, attended_cells, share_room
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
-from .base import EngineFailure
+from .errors import EngineError, EngineFailure
 from .lora import AdapterSet
 
 __all__ = ["ActiveGeneration", "DecodeLoop", "IdleJob"]
@@ -552,11 +551,9 @@ class DecodeLoop:
                 return
         self._fail(
             victim,
-            ServiceUnavailable(
+            ContextFull(
                 "Context size has been exceeded: the KV cache the slots share is full; "
-                "retry when other requests have finished",
-                code="context_full",
-                headers={"Retry-After": "1"},
+                "retry when other requests have finished"
             ),
         )
 
@@ -583,7 +580,7 @@ class DecodeLoop:
 
     def _fail(self, member: _Member, error: BaseException) -> None:
         member.generation.close()
-        if not isinstance(error, EngineFailure | ServiceUnavailable):
+        if not isinstance(error, EngineError):
             member.generation.cache.clear()  # a bug may have left the sequence half-written
         if member in self._active:
             self._active.remove(member)

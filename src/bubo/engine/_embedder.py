@@ -26,7 +26,8 @@ import numpy.typing as npt
 
 from bubo.domain.modes import Pooling
 
-from .base import EngineFailure, PairFormat
+from .errors import EngineFailure
+from .values import PairFormat
 
 __all__ = ["POOLING_TYPES", "Embedder"]
 

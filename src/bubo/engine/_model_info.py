@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
-from .base import FimTokens, ModelInfo
+from .values import FimTokens, ModelInfo
 
 if TYPE_CHECKING:
     from ._context import LlamaContext

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from .base import RepackDecision
 from .llama import DraftOptions, LlamaOptions, load_llama_engine
 from .probe import FAULT_VARIABLE, PROBE_CONTEXT
+from .values import RepackDecision
 
 
 def main() -> int:

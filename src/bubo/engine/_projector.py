@@ -48,7 +48,7 @@ from bubo.errors import InvalidRequest
 
 from ._images import Bitmap
 from ._protocols import ContextFull
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["MediaTokens", "Projector", "ProjectorRefused"]
 

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from bubo.domain.sampling import SamplingParams
 
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["DryStages", "Sampler", "top_candidates"]
 

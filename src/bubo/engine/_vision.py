@@ -35,7 +35,7 @@ from bubo.domain.media import PromptImage, stand_in_ids
 
 from ._images import decode_image
 from ._projector import MediaTokens, Projector, ProjectorRefused
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["ENCODED_BYTES", "EncodedImage", "Vision", "VisionOptions"]
 
