@@ -143,7 +143,7 @@ async def test_a_bug_mid_generation_forgets_the_sequence(engine, request_, monke
     monkeypatch.setattr(_generation.Generation, "_next", buggy_next)
     _, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFailed)
-    assert last.error.cause is Cause.FAILED  # a 500 engine_error
+    assert last.error.cause is Cause.UNEXPECTED  # a 500 internal_error: the details are only logged
     assert not engine.lost
     assert engine.statistics().slots[0].n_prompt_tokens == 0  # the half-written sequence was forgotten
     monkeypatch.undo()
