@@ -136,7 +136,6 @@ MAX_ENGINE_CLASS_LINES = 200
 LARGE_ENGINE_CLASSES = {
     "DiskTier",
     "SequenceCache",
-    "SlotEngine",
 }
 
 

@@ -41,7 +41,7 @@ from bubo.api._access_log import AccessLog, header, request_id_in
 from bubo.api._boundary import DEFAULT_ORIGIN_SCHEMES, BrowserBoundary
 from bubo.api._context import EXTENSION_KEY, ApiContext, api_context, request_id
 from bubo.api._converter import make_converter
-from bubo.api._errors import render_error
+from bubo.api._errors import known_error, render_error
 from bubo.api._transport import TransportGuard
 from bubo.config import ANY_HOST, LOOPBACK_ORIGINS, ServerSettings, Settings
 from bubo.domain.ids import new_id
@@ -342,6 +342,9 @@ async def _http_error(error: HTTPException) -> Response:
 
 
 async def _unexpected_error(error: Exception) -> Response:
+    known = known_error(error)  # the engine's errors name a cause, which the API makes a response
+    if known is not None:
+        return await _render(known)
     logger.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
     return await _render(InternalError("the server failed to handle the request"))
 
@@ -437,7 +440,7 @@ async def _serve_model(
     except Exception as error:
         state.failure = str(error)
         state.settle(Status.FAILED)
-        expected = isinstance(error, BuboError | GGUFError | OSError)
+        expected = known_error(error) is not None or isinstance(error, GGUFError | OSError)
         logger.critical("the model failed to load: %s", error, exc_info=not expected)
         on_load_failure()
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bubo.api.prompt_cache import cache_listing
 from bubo.engine import CacheContents
-from bubo.engine.base import SnapshotInfo
+from bubo.engine.values import SnapshotInfo
 
 
 async def test_an_engine_without_tiers(app) -> None:

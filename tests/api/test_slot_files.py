@@ -158,7 +158,7 @@ class TestErrors:
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == ("slot_file_model_mismatch", "filename")
         assert "other 1M" in error["message"]
-        assert loader.engine._kv == {}
+        assert loader.engine.kv == {}
 
     async def test_file_without_record(self, slot_app, slot_dir) -> None:
         """A file this server did not save (no model record beside it) is refused."""
@@ -200,7 +200,7 @@ class TestErrors:
         assert response.status_code == 400
         error = (await response.get_json())["error"]
         assert (error["code"], error["param"]) == ("slot_file_corrupt", "filename")
-        assert fake_engine._kv == {}
+        assert fake_engine.kv == {}
         assert [p.name for p in slot_dir.iterdir()] == IsList(
             "fox.bin", "fox.bin.bubo.json", check_order=False
         )
@@ -284,19 +284,19 @@ class TestSaveWhileTheClientLeaves:
         runtime = attrs.evolve(make_runtime(), slot_files=store)
         slot_dir.mkdir()
         (slot_dir / "fox.bin.bubo.json").write_text(json.dumps({"model": {}, "n_tokens": 999}))
-        fake_engine._kv[0] = tuple(tokenizer.encode("The quick brown fox"))
-        engine_save = fake_engine._save_slot
+        fake_engine.kv[0] = tuple(tokenizer.encode("The quick brown fox"))
+        engine_save = fake_engine.save_slot
 
-        async def save_then_client_leaves(slot, to):
-            saved = await engine_save(slot, to)  # the engine's save runs to its end regardless
+        async def save_then_client_leaves(slot_id, to):
+            saved = await engine_save(slot_id, to)  # the engine's save runs to its end regardless
             scope.cancel()
             return saved
 
-        fake_engine._save_slot = save_then_client_leaves
+        fake_engine.save_slot = save_then_client_leaves
         with trio.CancelScope() as scope:
             await save_slot(runtime, store, 0, slot_dir / "fox.bin")
         record = SlotRecord.from_json((slot_dir / "fox.bin.bubo.json").read_text())
-        assert (record.fingerprint, record.n_tokens) == (MODEL_FINGERPRINT, len(fake_engine._kv[0]))
+        assert (record.fingerprint, record.n_tokens) == (MODEL_FINGERPRINT, len(fake_engine.kv[0]))
         assert record.size_bytes == (slot_dir / "fox.bin").stat().st_size
         assert sorted(p.name for p in slot_dir.iterdir()) == ["fox.bin", "fox.bin.bubo.json"]
 

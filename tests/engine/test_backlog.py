@@ -9,10 +9,10 @@ from bubo.engine._backlog import (
     BACKLOG_BYTES,
     MIN_BACKLOG_EVENTS,
     EventBacklog,
-    StreamNotRead,
     backlog_limit,
     event_bytes,
 )
+from bubo.engine.errors import Cause, StreamNotRead
 
 
 def token(index: int) -> TokenGenerated:
@@ -45,7 +45,7 @@ class TestEventBacklog:
         assert ended == [1]
         assert [receive.receive_nowait().token_id for _ in range(5)] == [0, 1, 2, 3, 4]  # type: ignore[union-attr]
         assert isinstance(backlog.error(), StreamNotRead)
-        assert backlog.error().status == 503
+        assert backlog.error().cause is Cause.STREAM_NOT_READ
         assert "3 events" in backlog.error().message
 
     async def test_a_reading_client_never_meets_the_bound(self) -> None:

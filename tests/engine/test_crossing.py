@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from bubo.engine._crossing import Job, cross
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 
 from ._hang import WAIT_S, HangingCall
 from .test_decode_loop import Run

@@ -22,9 +22,8 @@ from bubo.engine._crossing import Job
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
 from bubo.engine._protocols import BatchEntry, ContextFull
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import Cause, EngineFailure
 from bubo.engine.lora import AdapterSet
-from bubo.errors import ServiceUnavailable
 
 WAIT_S = 10
 IMAGE_POSITIONS = 6
@@ -508,7 +507,7 @@ class TestAFullSharedContext:
         finally:
             run.close()
         refused = run.ended[1]
-        assert isinstance(refused, ServiceUnavailable)
+        assert isinstance(refused, ContextFull)
         assert refused.code == "context_full"
         assert run.ended[0] is None
         assert old.generated == 30
@@ -526,10 +525,10 @@ class TestAFullSharedContext:
         finally:
             run.close()
         failed = run.ended[1]
-        assert isinstance(failed, ServiceUnavailable)
+        assert isinstance(failed, ContextFull)
         assert failed.code == "context_full"
         assert failed.message.startswith("Context size has been exceeded")
-        assert failed.headers == {"Retry-After": "1"}
+        assert failed.cause is Cause.CONTEXT_FULL  # the API answers 503 with Retry-After
         assert long.finished_by is None
         assert run.context.caches[1].evicted == 1
         assert run.ended[0] is None

@@ -11,8 +11,8 @@ from bubo.domain.generation import GenerationFailed, GenerationFinished, Generat
 from bubo.engine import EngineFailure
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget
+from bubo.engine.errors import Lost, Unexpected
 from bubo.engine.fake import FakeEngine
-from bubo.errors import DeviceLost, InternalError
 
 REQUEST = GenerationRequest(prompt_tokens=(1, 2, 3), max_new_tokens=4)
 
@@ -39,7 +39,7 @@ async def test_a_bug_fails_only_its_own_request() -> None:
     engine.error = KeyError("a bug")
     failed = await last_event(engine)
     assert isinstance(failed, GenerationFailed)
-    assert type(failed.error) is InternalError
+    assert type(failed.error) is Unexpected
     assert not engine.lost
     assert isinstance(await last_event(engine), GenerationFinished)
 
@@ -58,9 +58,9 @@ async def test_a_fatal_engine_failure_loses_the_engine() -> None:
     engine.error = EngineFailure("llama_decode failed with status -3", fatal=True)
     failed = await last_event(engine)
     assert isinstance(failed, GenerationFailed)
-    assert isinstance(failed.error, DeviceLost)
+    assert isinstance(failed.error, Lost)
     assert engine.lost
-    with pytest.raises(DeviceLost):
+    with pytest.raises(Lost):
         await last_event(engine)
 
 

@@ -31,7 +31,7 @@ from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
 from bubo.engine._generation import EngineSetup, Generation
 from bubo.engine._model_drafts import Drafter
 from bubo.engine._protocols import BatchEntry
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 from bubo.engine.slots import Slot, common_prefix
 from bubo.engine.stats import EngineCounters
 

@@ -28,10 +28,9 @@ from bubo.domain.generation import GenerationFailed, GenerationFinished, Generat
 from bubo.engine import _loaded
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._ports import EmbedderPort, VisionPort
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure, Unloaded
 from bubo.engine.fake import FakeEmbedder, FakeVision
 from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, LoraFile, load_llama_engine
-from bubo.errors import ServiceUnavailable
 from bubo.model import read_projector
 
 from .._llama_options import engine_options
@@ -252,7 +251,7 @@ class TestSleepAndWake:
         try:
             assert await engine.sleep() is True
             ledger.fail_at = ledger.allocations + step
-            with pytest.raises(ServiceUnavailable, match="could not be loaded again"):
+            with pytest.raises(Unloaded, match="could not be loaded again"):
                 await generate(engine)
             assert engine.lost
             assert ledger.live() == []

@@ -31,8 +31,9 @@ from bubo.domain.generation import (
 )
 from bubo.engine import EngineFailure, _context, _generation, _kv, _producer
 from bubo.engine._decode_loop import DecodeLoop
+from bubo.engine.errors import Cause, Lost
 from bubo.engine.llama import LlamaEngine, load_llama_engine
-from bubo.errors import DeviceLost, InternalError, ServiceUnavailable
+from bubo.errors import ServiceUnavailable
 from bubo.loader import load_runtime
 from bubo.server import create_app
 
@@ -92,9 +93,9 @@ async def test_a_compute_failure_loses_the_engine(engine, request_, monkeypatch)
     failing_decode(monkeypatch, -3, after=1)
     _, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFailed)
-    assert isinstance(last.error, DeviceLost)
+    assert isinstance(last.error, Lost)
     assert engine.lost
-    with pytest.raises(DeviceLost):
+    with pytest.raises(Lost):
         await outcome(engine, request_)
 
 
@@ -104,7 +105,7 @@ async def test_a_bad_batch_fails_only_its_request(engine, request_, monkeypatch)
     failing_decode(monkeypatch, -1, after=2)
     _, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFailed)
-    assert isinstance(last.error, InternalError)
+    assert last.error.cause is Cause.FAILED  # a 500 engine_error
     assert not engine.lost
     monkeypatch.undo()
     again, last = await outcome(engine, request_)
@@ -143,7 +144,7 @@ async def test_a_bug_mid_generation_forgets_the_sequence(engine, request_, monke
     monkeypatch.setattr(_generation.Generation, "_next", buggy_next)
     _, last = await outcome(engine, request_)
     assert isinstance(last, GenerationFailed)
-    assert isinstance(last.error, InternalError)
+    assert last.error.cause is Cause.UNEXPECTED  # a 500 internal_error: the details are only logged
     assert not engine.lost
     assert engine.statistics().slots[0].n_prompt_tokens == 0  # the half-written sequence was forgotten
     monkeypatch.undo()
@@ -176,7 +177,7 @@ def _two_slots(model_path: Path) -> Iterator[LlamaEngine]:
 
 async def closes_cleanly(engine: LlamaEngine) -> None:
     """``aclose`` (what shutdown calls) returns within its deadline and leaves no decode thread."""
-    thread = engine._current.loop._thread
+    thread = engine.current.loop._thread
     with trio.fail_after(DEADLINE_S):
         await engine.aclose()
     assert thread is None or not thread.is_alive()
@@ -186,14 +187,14 @@ async def is_lost(engine: LlamaEngine, request: GenerationRequest) -> None:
     """The engine says it is lost, and a new request is refused with 503 device_lost."""
     with trio.fail_after(DEADLINE_S):
         await engine.wait_lost()
-    with pytest.raises(DeviceLost):
+    with pytest.raises(Lost):
         await outcome(engine, request)
 
 
 def failed_with_a_500(last: object) -> None:
     assert isinstance(last, GenerationFailed)
     assert type(last.error) is EngineFailure
-    assert last.error.status == 500
+    assert last.error.cause is Cause.FAILED
 
 
 async def generating(engine: LlamaEngine, request: GenerationRequest, nursery: trio.Nursery) -> list[object]:
@@ -297,7 +298,7 @@ class TestAStuckDecodeThread:
             async with trio.open_nursery() as nursery:
                 running = await generating(engine, request_, nursery)
                 await trio.to_thread.run_sync(stuck.wait, DEADLINE_S)
-                thread = engine._current.loop._thread
+                thread = engine.current.loop._thread
                 engine.interrupt(ServiceUnavailable("the server is shutting down", code="not_ready"))
             failed_with_a_500(running[0])
             assert engine.lost
@@ -338,13 +339,13 @@ class TestAStuckDecodeThread:
                 running = await generating(two_slots, long, nursery)
                 nursery.start_soon(save)
                 await file_call.wait_stuck()
-                thread = two_slots._current.loop._thread
+                thread = two_slots.current.loop._thread
                 mock_clock.jump(two_slots.slot_action_wait_s)
                 assert await trio.to_thread.run_sync(saved.wait, DEADLINE_S)  # no more trio time passes
             assert failures[0].fatal
-            assert failures[0].status == 500
+            assert failures[0].cause is Cause.FAILED
             assert isinstance(running[0], GenerationFailed)
-            assert type(running[0].error) is DeviceLost
+            assert type(running[0].error) is Lost
             await is_lost(two_slots, request_)
             await two_slots.aclose()  # returns: the thread did not stop, the context is left to it
             assert thread is not None

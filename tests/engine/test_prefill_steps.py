@@ -49,7 +49,7 @@ def _engine(model_path: Path) -> Iterator[LlamaEngine]:
 @pytest.fixture(name="steps")
 def _steps(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> list[Step]:
     """Every step's composition, recorded around the real context's decode."""
-    context = engine._current.context
+    context = engine.current.context
     decode = context.decode_batch
     steps: list[Step] = []
 
@@ -63,7 +63,7 @@ def _steps(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> list[Step]:
 
 def long_prompt(engine: LlamaEngine, n: int, seed: int) -> tuple[int, ...]:
     text = " ".join(f"record {seed}.{i} holds a value." for i in range(n))
-    tokens = engine._current.context.tokenize(text)[:n]
+    tokens = engine.current.context.tokenize(text)[:n]
     assert len(tokens) == n
     return tokens
 

@@ -28,7 +28,7 @@ from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
 from bubo.engine._projector_load import load_projector
 from bubo.engine._protocols import ContextFull
 from bubo.engine._vision import Vision, VisionOptions
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector
 

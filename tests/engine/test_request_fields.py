@@ -81,7 +81,7 @@ class TestContextShift:
         """n_keep -1 keeps the whole prompt; the cache holds it, then the latest generated tokens."""
         prompt = tuple(tokenizer.encode(COUNTING))
         tokens, _, _ = await run(shifting, prompt, 400, n_keep=-1)
-        cached = shifting._current.context.caches[0].tokens
+        cached = shifting.current.context.caches[0].tokens
         assert tuple(cached[: len(prompt)]) == prompt
         assert len(cached) < N_CTX
         suffix = cached[len(prompt) :]
@@ -92,11 +92,11 @@ class TestContextShift:
         the cache's tokens reuses only the kept prefix, and generates what a cold cache generates."""
         prompt = tuple(tokenizer.encode(COUNTING))
         await run(shifting, prompt, 400, n_keep=8)
-        cached = tuple(shifting._current.context.caches[0].tokens)
+        cached = tuple(shifting.current.context.caches[0].tokens)
         follow_up = cached + tuple(tokenizer.encode(" and so on"))
         warm, _, finished = await run(shifting, follow_up, 8)
         assert finished.stats.cached_tokens <= 8 + 1  # n_keep after the BOS, if the model adds one
-        shifting._current.context.caches[0].clear()
+        shifting.current.context.caches[0].clear()
         cold, _, _ = await run(shifting, follow_up, 8)
         assert warm == cold
 
@@ -115,7 +115,7 @@ class TestContextShift:
 
         The model's own (8,192 tokens) takes long to fill on a CPU, so the context is told a smaller one.
         """
-        shifting._current.context.n_ctx_train = 400
+        shifting.current.context.n_ctx_train = 400
         prompt = tuple(tokenizer.encode(COUNTING))
         tokens, _, finished = await run(shifting, prompt, None, n_keep=8)
         assert len(prompt) + len(tokens) == 400

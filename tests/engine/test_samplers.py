@@ -14,7 +14,7 @@ import pytest
 from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._dry_stages import DryKey, DryStages, look_back, new_dry_stage
-from bubo.engine.base import EngineFailure
+from bubo.engine.errors import EngineFailure
 from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 

@@ -16,8 +16,8 @@ import trio.testing
 
 from bubo.domain.generation import GenerationRequest
 from bubo.engine._sleep import Wakefulness, WakeState
+from bubo.engine.errors import Cause, Unloaded, Waking
 from bubo.engine.llama import load_llama_engine
-from bubo.errors import ServiceUnavailable
 from bubo.tokenizer import HFTokenizer
 
 from .._llama_options import engine_options
@@ -96,11 +96,11 @@ class TestWakefulness:
         awake = wakefulness(model, wake_wait_s=0.2)
         await awake.sleep()
         model.gate.clear()
-        with pytest.raises(ServiceUnavailable) as refused:
+        with pytest.raises(Waking) as refused:
             async with awake.held():
                 pass
         assert refused.value.code == "model_waking"
-        assert refused.value.headers["Retry-After"] == "5"
+        assert refused.value.cause is Cause.WAKING  # the API answers 503 with Retry-After
         model.gate.set()
         async with awake.held():  # the reload went on without the request that left
             assert model.loads == 1
@@ -113,7 +113,7 @@ class TestWakefulness:
 
         awake = Wakefulness(fall_asleep=lambda: None, wake_up=broken, on_failure=reasons.append)
         await awake.sleep()
-        with pytest.raises(ServiceUnavailable, match="could not be loaded again"):
+        with pytest.raises(Unloaded, match="could not be loaded again"):
             async with awake.held():
                 pass
         assert reasons == ["waking: the model file is gone"]

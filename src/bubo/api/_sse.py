@@ -33,9 +33,11 @@ from quart import Response
 from quart.wrappers.response import ResponseBody
 
 from bubo.domain.output import Done, OutputEvent
+from bubo.engine import EngineError
 from bubo.errors import BuboError, InternalError
 
 from ._context import api_context
+from ._errors import engine_error
 
 __all__ = [
     "COMMENT_KEEPALIVE",
@@ -130,6 +132,8 @@ class EventStreamBody(ResponseBody):
                             await send.send(frame)
             except BuboError as error:
                 frames = encoder.error(error)
+            except EngineError as error:
+                frames = encoder.error(engine_error(error))
             except Exception:
                 logger.exception("streaming failed")
                 frames = encoder.error(InternalError("the server failed while streaming"))

@@ -27,7 +27,8 @@ from collections.abc import Callable
 import trio
 
 from bubo.domain.generation import EngineEvent
-from bubo.errors import ServiceUnavailable
+
+from .errors import StreamNotRead
 
 __all__ = [
     "BACKLOG_BYTES",
@@ -36,7 +37,6 @@ __all__ = [
     "MIN_BACKLOG_EVENTS",
     "PROBABILITY_BYTES",
     "EventBacklog",
-    "StreamNotRead",
     "backlog_limit",
     "event_bytes",
     "logprob_bytes",
@@ -73,12 +73,6 @@ def event_bytes(n_probs: int | None) -> int:
 def backlog_limit(n_probs: int | None, budget_bytes: int = BACKLOG_BYTES) -> int:
     """How many unread events a request with *n_probs* may have before its generation is ended."""
     return max(MIN_BACKLOG_EVENTS, budget_bytes // event_bytes(n_probs))
-
-
-class StreamNotRead(ServiceUnavailable):
-    """The client left its stream unread past the bound (503: the server will not hold more for it)."""
-
-    default_code = "stream_not_read"
 
 
 class EventBacklog:

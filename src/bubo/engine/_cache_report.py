@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import CacheContents, SnapshotInfo
+from .values import CacheContents, SnapshotInfo
 
 if TYPE_CHECKING:
     from ._context import LlamaContext

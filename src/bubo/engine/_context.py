@@ -22,7 +22,7 @@ from ._image_decoder import ImageDecoder
 from ._kv import SequenceCache, SnapshotStore
 from ._protocols import BatchEntry, ContextFull
 from ._vision import EncodedImage
-from .base import EngineFailure
+from .errors import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters
 

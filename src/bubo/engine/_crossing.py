@@ -38,7 +38,7 @@ from typing import Generic, TypeVar
 
 import trio
 
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["RELEASE_WAIT_S", "SLOT_ACTION_WAIT_S", "Job", "cross", "post_to_trio"]
 

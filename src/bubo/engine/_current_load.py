@@ -21,7 +21,7 @@ from ._crossing import post_to_trio
 from ._lasting import Lasting
 from ._loaded import LoadedModel, load
 from ._ports import EmbedderPort, VisionPort
-from .base import EngineFailure
+from .errors import EngineFailure
 from .slots import EMPTY_MIRROR, Slot
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ from ._prefill_budget import PrefillBudget
 from ._protocols import DecodeContext
 from ._roster import ActiveGeneration, Ended, Member, Roster
 from ._step_runner import StepRunner
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["DecodeLoop", "IdleJob"]
 

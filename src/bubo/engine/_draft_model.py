@@ -19,7 +19,7 @@ from pathlib import Path
 import llama_cpp
 
 from ._context import LlamaContext
-from .base import EngineFailure
+from .errors import EngineFailure
 from .stats import EngineCounters
 
 __all__ = ["MAX_VOCAB_DIFFERENCE", "DraftModel", "IncompatibleDraft", "check_compatible"]

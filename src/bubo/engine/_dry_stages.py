@@ -18,7 +18,7 @@ import llama_cpp
 
 from bubo.domain.sampling import SamplingParams
 
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["DryKey", "DryStages", "dry_key", "look_back", "new_dry_stage"]
 

@@ -12,7 +12,7 @@ gives one vector per token, ``rank`` a reranker's scores (``n_cls_out`` of
 them, where llama-cpp-python's ``Llama.embed`` would read ``n_embd``), the
 others one vector per input.  How a reranker's (query, document) pair is
 joined comes from the vocabulary and the GGUF's ``rerank`` template
-(:class:`~bubo.engine.base.PairFormat`).
+(:class:`~bubo.engine.values.PairFormat`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy.typing as npt
 
 from bubo.domain.modes import Pooling
 
-from .base import EngineFailure, PairFormat
+from .errors import EngineFailure
+from .values import PairFormat
 
 __all__ = ["POOLING_TYPES", "Embedder"]
 

@@ -45,7 +45,7 @@ from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
 from ._protocols import BatchEntry, DecodeContext, KvSequence, SamplerFactory, TokenSampler
-from .base import EngineFailure
+from .errors import EngineFailure
 from .lora import AdapterSet, adapter_set
 from .slots import Slot
 

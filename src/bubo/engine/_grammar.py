@@ -47,7 +47,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.grammar import child_schemas, resolve_pointer
 from bubo.grammar.numeric import NUMERIC_KEYWORDS, NumericRefused, numeric_expression
 
-from .base import GrammarRejected
+from .errors import Cause, GrammarRejected
 
 __all__ = ["MAX_GBNF_CHARS", "MAX_GBNF_NESTING", "check_gbnf", "to_gbnf"]
 
@@ -119,7 +119,7 @@ def check_gbnf(text: str) -> None:
     if len(text) > MAX_GBNF_CHARS:
         raise GrammarRejected(
             f"the grammar is {len(text)} characters long; at most {MAX_GBNF_CHARS} are supported",
-            code="schema_too_complex",
+            cause=Cause.GRAMMAR_TOO_COMPLEX,
         )
     depth = deepest = 0
     for token in _GROUPING.finditer(text):
@@ -131,7 +131,7 @@ def check_gbnf(text: str) -> None:
     if deepest > MAX_GBNF_NESTING:
         raise GrammarRejected(
             f"the grammar nests groups {deepest} deep; at most {MAX_GBNF_NESTING} are supported",
-            code="schema_too_complex",
+            cause=Cause.GRAMMAR_TOO_COMPLEX,
         )
 
 

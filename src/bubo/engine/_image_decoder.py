@@ -20,7 +20,7 @@ from llama_cpp import mtmd_cpp
 
 from ._projector import MediaTokens, Projector
 from ._protocols import ContextFull
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["ImageDecoder"]
 

@@ -24,7 +24,7 @@ import attrs
 
 from ._crossing import Job
 from ._roster import Member
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["LOOP_FAILED", "Inbox", "Turn"]
 

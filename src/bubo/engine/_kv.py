@@ -69,9 +69,10 @@ from bubo.domain.generation import CacheReport, CacheTags
 
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
-from .base import EngineFailure, SnapshotInfo
+from .errors import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
+from .values import SnapshotInfo
 
 __all__ = ["SequenceCache", "SnapshotStore", "saved_token_count"]
 

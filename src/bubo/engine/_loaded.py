@@ -47,7 +47,7 @@ from ._model_info import generates
 from ._prefill_budget import PrefillBudget
 from ._sampler import Sampler
 from ._vision import Vision, VisionOptions
-from .base import EngineFailure
+from .errors import EngineFailure
 
 if TYPE_CHECKING:
     from ._lasting import Lasting

@@ -26,7 +26,7 @@ import numpy as np
 
 from ._draft_policy import MODEL_DRAFTS, DraftPolicy, ProposalTracker
 from ._protocols import BatchEntry, ContextFull, DecodeContext, KvSequence
-from .base import EngineFailure
+from .errors import EngineFailure
 from .slots import common_prefix
 
 __all__ = ["Drafter", "ModelDrafts"]

@@ -1,4 +1,4 @@
-"""What llama.cpp says of a loaded model, as :class:`~.base.ModelInfo` (``/props``, ``/v1/models``).
+"""What llama.cpp says of a loaded model, as :class:`~.values.ModelInfo` (``/props``, ``/v1/models``).
 
 Read once, from the first load: a wake-up loads the same file under the same
 options, so the description holds while the model sleeps and after.
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
-from .base import FimTokens, ModelInfo
+from .values import FimTokens, ModelInfo
 
 if TYPE_CHECKING:
     from ._context import LlamaContext

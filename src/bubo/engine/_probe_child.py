@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ._prefill_budget import DEFAULT_GAP_S
-from .base import RepackDecision
 from .llama import DraftOptions, LlamaOptions, load_llama_engine
 from .probe import FAULT_VARIABLE, PROBE_CONTEXT
+from .values import RepackDecision
 
 _BARE: dict[str, Any] = {
     "n_ctx": PROBE_CONTEXT,

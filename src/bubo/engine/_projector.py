@@ -37,7 +37,7 @@ from llama_cpp import mtmd_cpp
 from bubo.errors import InvalidRequest
 
 from ._images import Bitmap
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["MediaTokens", "Projector", "ProjectorRefused"]
 

@@ -5,7 +5,8 @@
 and a generation's parts (:mod:`._generation`, :mod:`._prompt_feeder`,
 :mod:`._probabilities`, :mod:`._draft_verifier`) are written against these,
 import no native module, and are tested with scripted stand-ins.  A batch entry
-and the one failure the loop handles specially are plain values, defined here.
+is a plain value, defined here; the one failure the loop handles specially,
+:class:`~.errors.ContextFull`, is the engine's errors'.
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ import numpy.typing as npt
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
 from bubo.domain.media import PromptImage
 
-from .base import EngineFailure
+from .errors import ContextFull
 from .lora import NO_ADAPTERS, AdapterSet
 
 __all__ = ["BatchEntry", "ContextFull", "DecodeContext", "KvSequence", "SamplerFactory", "TokenSampler"]
-
-
-class ContextFull(EngineFailure):
-    """llama.cpp found no room in the KV cache for the batch (the slots' shared context is full)."""
 
 
 class KvSequence(Protocol):

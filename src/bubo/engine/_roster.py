@@ -25,10 +25,9 @@ from typing import Protocol
 import attrs
 
 from bubo.domain.generation import StopCause
-from bubo.errors import ServiceUnavailable
 
 from ._protocols import BatchEntry, KvSequence
-from .base import EngineFailure
+from .errors import EngineError, EngineFailure
 from .lora import AdapterSet
 
 __all__ = ["ActiveGeneration", "Ended", "Member", "Roster"]
@@ -166,7 +165,7 @@ class Roster:
     def fail(self, member: Member, error: BaseException) -> None:
         """End *member* with *error* (its sequence forgotten unless the error is a known one)."""
         member.generation.close()
-        if not isinstance(error, EngineFailure | ServiceUnavailable):
+        if not isinstance(error, EngineError):
             member.generation.cache.clear()  # a bug may have left the sequence half-written
         if member in self.members:
             self.members.remove(member)

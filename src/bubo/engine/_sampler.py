@@ -30,7 +30,7 @@ import numpy.typing as npt
 from bubo.domain.sampling import SamplingParams
 
 from ._dry_stages import DryStages, dry_key, look_back, new_dry_stage
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["Sampler", "SamplerStages", "top_candidates"]
 

@@ -15,9 +15,10 @@ from bubo.domain.generation import GenerationRequest, StopCause
 from ._context import LlamaContext
 from ._generation import Outcome
 from ._kv import saved_token_count
-from .base import EngineFailure, SlotFile, SlotFileNoRoom
+from .errors import EngineFailure, SlotFileNoRoom
 from .lora import adapter_set
 from .slots import Slot
+from .values import SlotFile
 
 __all__ = ["erase_job", "restore_job", "save_job", "warm_up_job"]
 
@@ -39,7 +40,7 @@ def restore_job(
 ) -> Callable[[], SlotFile]:
     """Read *path* into *slot*'s sequence, taken as computed under the adapter *scales* in force now.
 
-    The job raises :class:`SlotFileNoRoom` (a 503 to retry) when the file would
+    The job raises :class:`SlotFileNoRoom` (``context_full``: worth a retry) when the file would
     fit a slot but the context the slots share has no room for it now.
     """
     cache = context.caches[slot.id]

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from bubo.errors import ServiceUnavailable
+from .errors import Unloaded, Waking
 
 __all__ = ["WAKE_WAIT_S", "WakeState", "Wakefulness"]
 
@@ -76,8 +76,8 @@ class Wakefulness:
         """Keep the model loaded for the block, loading it again first if it sleeps.
 
         Raises:
-            ServiceUnavailable: the model is still being loaded after ``wake_wait_s`` (``model_waking``).
-            EngineFailure: loading it again failed (the engine is lost).
+            Waking: the model is still being loaded after ``wake_wait_s``.
+            Unloaded: loading it again failed (the engine is lost).
 
         """
         self.holds += 1
@@ -95,21 +95,14 @@ class Wakefulness:
         with trio.move_on_after(self.wake_wait_s) as bound:
             while self.state is not WakeState.AWAKE:
                 if self._failure is not None:
-                    raise ServiceUnavailable(
-                        f"the model could not be loaded again after sleeping: {self._failure}",
-                        code="not_ready",
-                    )
+                    raise Unloaded(f"the model could not be loaded again after sleeping: {self._failure}")
                 if self.state is WakeState.ASLEEP:
                     logger.info("a request arrived: loading the model again")
                     self._begin(WakeState.WAKING, self._wake_up, then=WakeState.AWAKE)
                 assert self._transition is not None
                 await self._transition.wait()
         if bound.cancelled_caught:
-            raise ServiceUnavailable(
-                f"the model is still being loaded after sleeping ({self.wake_wait_s:g} s); retry",
-                code="model_waking",
-                headers={"Retry-After": "5"},
-            )
+            raise Waking(f"the model is still being loaded after sleeping ({self.wake_wait_s:g} s); retry")
 
     async def sleep(self) -> bool:
         """Free the model if nothing holds it; whether it was freed (a request meanwhile wakes it again)."""

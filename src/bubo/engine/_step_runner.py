@@ -19,14 +19,12 @@ from __future__ import annotations
 import logging
 import time
 
-from bubo.errors import ServiceUnavailable
-
 from ._batch_planner import cells_attended
 from ._draft_policy import DraftPolicy
 from ._prefill_budget import PrefillBudget
 from ._protocols import BatchEntry, ContextFull, DecodeContext
 from ._roster import Member, Roster
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["StepRunner"]
 
@@ -153,10 +151,8 @@ class StepRunner:
                 return
         self._roster.fail(
             victim,
-            ServiceUnavailable(
+            ContextFull(
                 "Context size has been exceeded: the KV cache the slots share is full; "
-                "retry when other requests have finished",
-                code="context_full",
-                headers={"Retry-After": "1"},
+                "retry when other requests have finished"
             ),
         )

@@ -1,6 +1,6 @@
 """Images into prompts: Pillow decodes the file, llama.cpp's projector (mtmd) tokenizes and encodes it.
 
-:class:`Vision` is the engine's :class:`~.base.ImageReader`.  It runs in the
+:class:`Vision` is the engine's :class:`~._ports.ImageReader`.  It runs in the
 request workers, so everything costly about an image happens off the event
 loop and off the decode thread: decoding, the projector's resizing, and the
 vision tower's encoding (seconds for a real image on a CPU, which the decode
@@ -36,7 +36,7 @@ from bubo.domain.media import PromptImage, stand_in_ids
 from ._images import decode_image
 from ._projector import MediaTokens, Projector, ProjectorRefused
 from ._projector_load import load_projector
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["ENCODED_BYTES", "EncodedImage", "Vision", "VisionOptions"]
 

@@ -47,9 +47,11 @@ from bubo.domain.modes import Pooling
 
 from ._crossing import RELEASE_WAIT_S, SLOT_ACTION_WAIT_S, Job, cross
 from ._end_policy import EndPolicy
-from .base import EngineFailure, ModelInfo, PairFormat, RepackDecision, SlotEngine, SlotFile
+from .base import SlotEngine
+from .errors import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet, LoraAdapter, adapter_set
 from .slots import Slot, common_prefix
+from .values import ModelInfo, PairFormat, RepackDecision, SlotFile
 
 __all__ = ["FakeEmbedder", "FakeEngine", "FakeVision", "fake_model_info"]
 
@@ -209,15 +211,15 @@ class FakeEngine(SlotEngine):
         self.cancelled = 0  # generations cut short by cancellation
         self.closed = False
         self.compiled: list[tuple[GrammarSpec, str]] = []  # every grammar compiled, with its text
-        self._kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
-        self._kv_sets: dict[int, AdapterSet] = {}  # ... and the LoRA adapter set it ran under
+        self.kv: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
+        self.kv_sets: dict[int, AdapterSet] = {}  # ... and the LoRA adapter set it ran under
         self.loads = 1  # times the "model" was loaded (1 + wake-ups)
         for slot in self.slots:
-            slot.mirror = _KvMirror(self._kv, slot.id, self._kv_sets)
+            slot.mirror = _KvMirror(self.kv, slot.id, self.kv_sets)
 
     def _fall_asleep(self) -> None:
-        self._kv.clear()
-        self._kv_sets.clear()
+        self.kv.clear()
+        self.kv_sets.clear()
 
     def _wake_up(self) -> None:
         self.loads += 1
@@ -247,8 +249,8 @@ class FakeEngine(SlotEngine):
         script = self.script
         prompt = request.prompt_tokens
         adapters = adapter_set(request.lora or ())
-        same_adapters = self._kv_sets.get(slot.id, NO_ADAPTERS) == adapters
-        cached = common_prefix(self._kv.get(slot.id, ()), prompt, len(prompt) - 1) if same_adapters else 0
+        same_adapters = self.kv_sets.get(slot.id, NO_ADAPTERS) == adapters
+        cached = common_prefix(self.kv.get(slot.id, ()), prompt, len(prompt) - 1) if same_adapters else 0
         started = time.perf_counter()
         slot.reused(cached)
         await send.send(  # the first progress report, before the prompt is read (as the real engine's)
@@ -257,8 +259,8 @@ class FakeEngine(SlotEngine):
         await trio.sleep(script.prefill_delay)
         slot.evaluated(len(prompt) - cached)
         slot.holds(len(prompt))
-        self._kv[slot.id] = prompt
-        self._kv_sets[slot.id] = adapters
+        self.kv[slot.id] = prompt
+        self.kv_sets[slot.id] = adapters
         await send.send(
             PromptProgress(
                 total=len(prompt),
@@ -273,9 +275,9 @@ class FakeEngine(SlotEngine):
         generated = time.perf_counter()
         ending = EndPolicy(
             request,
-            eog=self._info.eog_token_ids,
-            n_ctx_train=self._info.n_ctx_train,
-            fits=lambda n: len(prompt) + n < self._info.n_ctx,
+            eog=self.info.eog_token_ids,
+            n_ctx_train=self.info.n_ctx_train,
+            fits=lambda n: len(prompt) + n < self.info.n_ctx,
             clock=trio.current_time,
         )
         pieces = script.pieces if script.pieces is not None else self._words(request)
@@ -331,8 +333,8 @@ class FakeEngine(SlotEngine):
 
     async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The slot's tokens, as JSON (the fake has no KV state)."""
-        tokens = list(self._kv.get(slot.id, ()))
-        adapters = adapter_set(self._lora_scales)  # the fake keeps no set per slot: the global one
+        tokens = list(self.kv.get(slot.id, ()))
+        adapters = adapter_set(self.lora.scales)  # the fake keeps no set per slot: the global one
 
         def save() -> SlotFile:
             self._file_call()
@@ -343,7 +345,7 @@ class FakeEngine(SlotEngine):
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
         """The tokens of a file :meth:`_save_slot` wrote; anything else fails as llama.cpp would."""
-        self._kv.pop(slot.id, None)
+        self.kv.pop(slot.id, None)
 
         def restore() -> tuple[tuple[int, ...], int]:
             self._file_call()
@@ -353,8 +355,8 @@ class FakeEngine(SlotEngine):
                 raise EngineFailure(f"the fake engine could not restore the slot from {path.name}") from None
 
         tokens, n_bytes = await self._on_file_thread(restore, "a slot restore")
-        self._kv[slot.id] = tokens
-        return SlotFile(n_tokens=len(tokens), n_bytes=n_bytes, adapters=adapter_set(self._lora_scales))
+        self.kv[slot.id] = tokens
+        return SlotFile(n_tokens=len(tokens), n_bytes=n_bytes, adapters=adapter_set(self.lora.scales))
 
     def _file_call(self) -> None:
         """Where llama.cpp's file call would run (on the file thread): the script's hook, if any."""
@@ -369,11 +371,11 @@ class FakeEngine(SlotEngine):
             what=what,
             start_within_s=self.release_wait_s,
             finish_within_s=self.slot_action_wait_s,
-            lose=self._lose_to_a_stuck_thread,
+            lose=self.life.lose_to_a_stuck_thread,
         )
 
     async def _erase_slot(self, slot: Slot) -> int:
-        return len(self._kv.pop(slot.id, ()))
+        return len(self.kv.pop(slot.id, ()))
 
     def _words(self, request: GenerationRequest) -> tuple[bytes, ...]:
         reply = self.script.reply(request) if callable(self.script.reply) else self.script.reply

@@ -39,7 +39,6 @@ import trio
 from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec
 from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
-from bubo.errors import DeviceLost
 
 from ._backlog import MIB
 from ._cache_report import cache_contents
@@ -49,23 +48,18 @@ from ._current_load import CurrentLoad
 from ._draft_policy import DraftOptions
 from ._dry_stages import dry_key
 from ._grammar import to_gbnf
+from ._life import EngineLife
 from ._loaded import LoadedModel
 from ._model_info import describe
+from ._ports import EmbeddingModel, ImageReader
 from ._producer import produce
 from ._sampler import Sampler
 from ._sequence_jobs import erase_job, restore_job, save_job
-from .base import (
-    CacheContents,
-    EmbeddingModel,
-    EngineFailure,
-    GrammarRejected,
-    ImageReader,
-    RepackDecision,
-    SlotEngine,
-    SlotFile,
-)
+from .base import SlotEngine
+from .errors import EngineFailure, GrammarRejected, Lost
 from .lora import LoraAdapter, LoraFile
 from .slots import Slot
+from .values import CacheContents, RepackDecision, SlotFile
 
 __all__ = ["DraftOptions", "LlamaEngine", "LlamaOptions", "LoraFile", "load_llama_engine"]
 
@@ -154,15 +148,16 @@ class LlamaEngine(SlotEngine):
         """Load what *options* ask for (blocking; see :func:`load_llama_engine`)."""
         self._options = options
         self.backlog_bytes = options.max_unread_mib * MIB  # a request's unread events; past it it is ended
-        self._load = CurrentLoad(options, lose=self._lose, on_progress=on_progress)
-        loaded, lasting = self._load.current, self._load.lasting
+        life = EngineLife()
+        self.current_load = CurrentLoad(options, lose=life.lose, on_progress=on_progress)
+        loaded, lasting = self.current_load.current, self.current_load.lasting
         vocabulary = lasting.tokens(loaded.context)  # read by the first load
         assert lasting.identity is not None  # set by the first load
         self._pieces = vocabulary.pieces
         self._n_cells = loaded.context.n_ctx  # the KV cache's capacity, the same after a sleep
         # typed by the protocols the engine promises: mypy holds each port to its protocol
-        self.embedder: EmbeddingModel | None = self._load.embedder
-        self.vision: ImageReader | None = self._load.vision
+        self.embedder: EmbeddingModel | None = self.current_load.embedder
+        self.vision: ImageReader | None = self.current_load.vision
         try:
             super().__init__(
                 describe(
@@ -172,28 +167,29 @@ class LlamaEngine(SlotEngine):
                 similarity=options.slot_prompt_similarity,
                 totals=lasting.totals,
                 lora=[LoraAdapter(id=i, path=str(f.path), scale=f.scale) for i, f in enumerate(options.lora)],
+                life=life,
             )
-            self._load.serve(self.slots)
+            self.current_load.serve(self.slots)
         except BaseException:
-            self._load.close(self.release_wait_s)
+            self.current_load.close(self.release_wait_s)
             raise
 
     @property
-    def _current(self) -> LoadedModel:
+    def current(self) -> LoadedModel:
         """The current load (see :attr:`CurrentLoad.current`: raises while the model sleeps)."""
-        return self._load.current
+        return self.current_load.current
 
     # ---- sleeping while idle: the load is closed and forgotten, and made again (:mod:`._current_load`) --
 
     def _fall_asleep(self) -> None:
-        self._load.fall_asleep(self.release_wait_s)
+        self.current_load.fall_asleep(self.release_wait_s)
 
     def _wake_up(self) -> None:
-        self._load.wake_up()
+        self.current_load.wake_up()
 
     def close(self) -> None:
         """Stop the decode thread, free the load, stop the disk tier's writer (:meth:`CurrentLoad.close`)."""
-        self._load.close(self.release_wait_s)
+        self.current_load.close(self.release_wait_s)
 
     # ---- what requests ask before and beside their generation ---------------------------------
 
@@ -204,7 +200,7 @@ class LlamaEngine(SlotEngine):
             GrammarRejected: a schema cannot be converted, or llama.cpp cannot parse the result.
 
         """
-        context = self._current.context
+        context = self.current.context
         gbnf = to_gbnf(spec)
         try:
             Sampler(SamplingParams(), n_vocab=context.n_vocab, vocab=context.vocab, grammar=gbnf).close()
@@ -217,7 +213,7 @@ class LlamaEngine(SlotEngine):
 
         Only a head start: a model that sleeps (its stages freed) leaves the building to the decode thread.
         """
-        loaded = self._load.loaded
+        loaded = self.current_load.loaded
         if sampling.mirostat != 0 or "dry" not in sampling.samplers or loaded is None or self.sleeping:
             return
         key = dry_key(sampling, loaded.context.n_ctx_seq)
@@ -227,13 +223,13 @@ class LlamaEngine(SlotEngine):
 
     def check_decode(self, batch: int = 64) -> None:
         """The start-up probe's decode (:func:`~._context.check_decode`); before any request."""
-        check_decode(self._current.context, batch)
+        check_decode(self.current.context, batch)
 
     def _kv_capacity(self) -> int:
         return self._n_cells
 
     def _kv_used_by(self, slots: Sequence[Slot]) -> int:
-        loaded = self._load.loaded  # none while the model sleeps
+        loaded = self.current_load.loaded  # none while the model sleeps
         if loaded is None:
             return 0
         caches = loaded.context.caches
@@ -245,10 +241,10 @@ class LlamaEngine(SlotEngine):
 
     def cache_contents(self) -> CacheContents:
         """The live slots, the snapshots in host RAM and the disk tier's files (read on the trio thread)."""
-        loaded = self._load.loaded
+        loaded = self.current_load.loaded
         return cache_contents(
             None if loaded is None else loaded.context,
-            self._load.lasting.disk,
+            self.current_load.lasting.disk,
             ram_budget_bytes=self._options.cache_ram_mib * 1024 * 1024,
         )
 
@@ -258,11 +254,11 @@ class LlamaEngine(SlotEngine):
         self, slot: Slot, request: GenerationRequest, send: trio.MemorySendChannel[EngineEvent]
     ) -> None:
         await produce(
-            self._load.for_trio(),
+            self.current_load.for_trio(),
             slot,
             request,
             send,
-            disk=self._load.lasting.disk,
+            disk=self.current_load.lasting.disk,
             backlog_bytes=self.backlog_bytes,
             released=self._wait_released,
         )
@@ -277,40 +273,40 @@ class LlamaEngine(SlotEngine):
         has ended every generation, and a stuck one lets go of none.
 
         Raises:
-            DeviceLost: the engine is lost.
+            Lost: the engine is lost.
             EngineFailure: the thread did not let go in time.
 
         """
         if self.lost:
-            raise DeviceLost("the engine was lost while this request was generating")
+            raise Lost("the engine was lost while this request was generating")
         with trio.move_on_after(self.release_wait_s, shield=True):
             await ended.wait()
         if not ended.is_set():
             message = f"the decode thread did not let go of a request within {self.release_wait_s:g} s"
-            self._lose_to_a_stuck_thread(message)
+            self.life.lose_to_a_stuck_thread(message)
             raise EngineFailure(message + "; the engine is lost")
 
     # ---- slot files: run on the decode thread, between two steps of the other slots --------------
 
     async def _save_slot(self, slot: Slot, path: Path) -> SlotFile:
-        return await self._on_loop(save_job(self._current.context, slot, path), "a slot save")
+        return await self._on_loop(save_job(self.current.context, slot, path), "a slot save")
 
     async def _restore_slot(self, slot: Slot, path: Path) -> SlotFile:
-        job = restore_job(self._current.context, slot, path, self._lora_scales)
+        job = restore_job(self.current.context, slot, path, self.lora.scales)
         return await self._on_loop(job, "a slot restore")
 
     async def _erase_slot(self, slot: Slot) -> int:
-        return await self._on_loop(erase_job(self._current.context, slot), "a slot erase")
+        return await self._on_loop(erase_job(self.current.context, slot), "a slot erase")
 
     async def _on_loop(self, function: Callable[[], T], what: str) -> T:
         """*function*'s result, run on the decode thread between two steps (bounded: :mod:`._crossing`)."""
         return await cross(
-            self._load.for_trio().loop.post,
+            self.current_load.for_trio().loop.post,
             function,
             what=what,
             start_within_s=self.release_wait_s,
             finish_within_s=self.slot_action_wait_s,
-            lose=self._lose_to_a_stuck_thread,
+            lose=self.life.lose_to_a_stuck_thread,
         )
 
     async def settle(self) -> None:
@@ -319,14 +315,14 @@ class LlamaEngine(SlotEngine):
         Idle work waits for every generation to end, so only the wait for the
         thread to take up this last, empty job is unbounded (and cancellable).
         """
-        if self._load.loaded is None:  # asleep: no idle work is left
+        if self.current_load.loaded is None:  # asleep: no idle work is left
             return
         with contextlib.suppress(EngineFailure):  # refused: nothing more will run
             await cross(
-                self._load.for_trio().loop.post_idle,
+                self.current_load.for_trio().loop.post_idle,
                 lambda: None,
                 what="waiting for idle work",
                 start_within_s=math.inf,
                 finish_within_s=self.release_wait_s,
-                lose=self._lose,
+                lose=self.life.lose,
             )

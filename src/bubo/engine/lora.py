@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 
+from bubo.domain.generation import GenerationRequest
 from bubo.domain.requests import LoraScale
 from bubo.errors import InvalidRequest
 
@@ -29,6 +30,7 @@ __all__ = [
     "AdapterSet",
     "LoraAdapter",
     "LoraFile",
+    "LoraScales",
     "adapter_set",
     "adapter_set_from_json",
     "request_scales",
@@ -109,3 +111,41 @@ def request_scales(entries: Sequence[LoraScale], n_adapters: int, param: str) ->
             raise InvalidRequest("a LoRA scale must be a finite number", param=f"{where}.scale")
         scales[entry.id] = float(entry.scale)
     return tuple(scales)
+
+
+class LoraScales:
+    """The loaded adapters' global scales, and the scales a request decodes with (trio thread)."""
+
+    def __init__(self, adapters: Sequence[LoraAdapter]) -> None:
+        self._paths = tuple(adapter.path for adapter in adapters)
+        self.scales = tuple(adapter.scale for adapter in adapters)
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """The loaded adapters, by id, with their global scales now (``GET /lora-adapters``)."""
+        return tuple(
+            LoraAdapter(id=i, path=path, scale=scale)
+            for i, (path, scale) in enumerate(zip(self._paths, self.scales, strict=True))
+        )
+
+    def set(self, scales: Sequence[float]) -> None:
+        """Set every adapter's global scale (one per adapter, by id); a running request keeps its own."""
+        if len(scales) != len(self._paths):
+            raise ValueError(f"{len(scales)} scales for {len(self._paths)} adapters")
+        self.scales = tuple(float(scale) for scale in scales)
+
+    def settle(self, request: GenerationRequest) -> GenerationRequest:
+        """*request* with every adapter's scale settled: its own, or the global ones now (llama-server's).
+
+        Raises:
+            InvalidRequest: the request gives a scale count other than the adapters'.
+
+        """
+        if request.lora is None:
+            return attrs.evolve(request, lora=self.scales)
+        if len(request.lora) != len(self._paths):
+            raise InvalidRequest(
+                f"lora gives {len(request.lora)} scales; {len(self._paths)} adapters are loaded",
+                param="lora",
+            )
+        return request

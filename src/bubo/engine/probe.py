@@ -36,8 +36,9 @@ import llama_cpp
 
 from bubo.domain.modes import RepackMode
 
-from .base import EngineFailure, RepackDecision
+from .errors import EngineFailure
 from .llama import LlamaOptions
+from .values import RepackDecision
 
 __all__ = [
     "FAULT_VARIABLE",

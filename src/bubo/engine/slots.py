@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from .lora import NO_ADAPTERS, AdapterSet
-from .stats import EngineCounters, SlotStatistics
+from .stats import EngineCounters, EngineStatistics, SlotStatistics
 
 __all__ = ["EMPTY_MIRROR", "Slot", "SlotPool", "TokenMirror", "common_prefix"]
 
@@ -215,6 +215,36 @@ class SlotPool:
     def waiting_tokens(self) -> int:
         """Prompt positions of the requests waiting for a slot, all together."""
         return sum(len(waiter.prompt) for waiter in self._waiters)
+
+    def statistics(
+        self,
+        totals: EngineCounters,
+        *,
+        kv_cache_tokens: int,
+        kv_cache_capacity: int,
+        kv_cache_tokens_running: int,
+    ) -> EngineStatistics:
+        """A snapshot of *totals*, the queue and every slot, with the KV cache's counts the engine gives."""
+        return EngineStatistics(
+            prompt_tokens_total=totals.prompt_tokens,
+            prompt_tokens_cached_total=totals.prompt_tokens_cached,
+            prompt_seconds_total=totals.prompt_seconds,
+            tokens_predicted_total=totals.tokens_predicted,
+            tokens_predicted_seconds_total=totals.tokens_predicted_seconds,
+            n_decode_total=totals.n_decode,
+            n_busy_slots_per_decode=totals.busy_slots / totals.n_decode if totals.n_decode else 0.0,
+            n_tokens_max=totals.n_tokens_max,
+            draft_tokens_total=totals.draft_tokens,
+            draft_accepted_total=totals.draft_accepted,
+            draft_steps_total=totals.draft_steps,
+            requests_processing=self.held,
+            requests_deferred=self.waiting,
+            kv_cache_tokens=kv_cache_tokens,
+            kv_cache_capacity=kv_cache_capacity,
+            kv_cache_tokens_running=kv_cache_tokens_running,
+            prompt_tokens_waiting=self.waiting_tokens + sum(slot.prompt_unread for slot in self.slots),
+            slots=tuple(slot.statistics() for slot in self.slots),
+        )
 
     async def acquire(
         self, prompt: Sequence[int], pinned: int | None = None, adapters: AdapterSet = NO_ADAPTERS

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from .base import EngineFailure
+from .errors import EngineFailure
 
 __all__ = ["LlamaVocabTokenizer"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import attrs
 
-from bubo.engine import Engine
+from bubo.engine import ModelFacts
 from bubo.templates import ChatTemplate
 
 __all__ = ["Capabilities", "capabilities_of"]
@@ -41,7 +41,7 @@ class Capabilities:
     thinking: bool
 
 
-def capabilities_of(engine: Engine, template: ChatTemplate) -> Capabilities:
+def capabilities_of(engine: ModelFacts, template: ChatTemplate) -> Capabilities:
     """What *engine* (and, for thinking, *template*) can serve."""
     generates = engine.info.generates
     embedder = engine.embedder

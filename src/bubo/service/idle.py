@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from bubo.domain.modes import KeepAlivePolicy
-from bubo.engine import Engine
+from bubo.engine import Sleeper
 
 __all__ = ["IdleSleeper"]
 
@@ -64,7 +64,7 @@ class IdleSleeper:
             return max(seconds, math.inf if self.idle_s is None else self.idle_s)
         return seconds
 
-    def expires_at(self, engine: Engine) -> float | None:
+    def expires_at(self, engine: Sleeper) -> float | None:
         """The trio time the model will be freed if nothing uses it meanwhile; None: never."""
         timeout = self.timeout_s
         if timeout is None:
@@ -72,13 +72,13 @@ class IdleSleeper:
         since = self._idle_since(engine)
         return (trio.current_time() if since is None else since) + timeout
 
-    def _idle_since(self, engine: Engine) -> float | None:
+    def _idle_since(self, engine: Sleeper) -> float | None:
         if engine.in_use:
             return None
         since = engine.idle_since
         return since if since is not None else self._started
 
-    async def run(self, engine: Engine) -> None:
+    async def run(self, engine: Sleeper) -> None:
         """Free *engine*'s model whenever it has been idle for the timeout (until cancelled)."""
         self._started = trio.current_time()
         while True:
@@ -95,7 +95,7 @@ class IdleSleeper:
                 await self._next_change(engine, changed)
 
     @staticmethod
-    async def _next_change(engine: Engine, changed: trio.Event) -> None:
+    async def _next_change(engine: Sleeper, changed: trio.Event) -> None:
         """Return when a request stops using the engine, or the timeout changes."""
         async with trio.open_nursery() as nursery:
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from bubo.engine import EngineFailure, SlotFile
+from bubo.engine import EngineFailure, LoraControl, SlotFile
 from bubo.engine.lora import AdapterSet, adapter_set
 from bubo.errors import InvalidRequest
 
@@ -104,7 +104,7 @@ async def restore_slot(
     link = await trio.to_thread.run_sync(functools.partial(store.pin, name, param=param))
     try:
         await trio.to_thread.run_sync(functools.partial(store.verify, link, record, name=name, param=param))
-        _check_adapters(runtime, record, name, param)
+        _check_adapters(runtime.engine, record, name, param)
         try:
             restored = await runtime.engine.restore_slot(slot_id, link)
         except EngineFailure as failure:
@@ -122,9 +122,9 @@ async def restore_slot(
     return restored
 
 
-def _check_adapters(runtime: Runtime, record: SlotRecord, name: str, param: str) -> None:
+def _check_adapters(lora: LoraControl, record: SlotRecord, name: str, param: str) -> None:
     """Refuse a file whose cells were computed under another LoRA adapter set than the one in force."""
-    current = adapter_set([adapter.scale for adapter in runtime.engine.lora_adapters])
+    current = adapter_set([adapter.scale for adapter in lora.lora_adapters])
     if record.adapters != current:
         raise _adapter_mismatch(name, record.adapters, current, param)
 
