@@ -43,6 +43,7 @@ from bubo.domain.generation import (
 from ._draft_policy import DraftPolicy
 from ._draft_verifier import DraftSource, DraftVerifier, LookupDrafts
 from ._end_policy import EndPolicy
+from ._kv_plan import DiskOffer
 from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
@@ -90,7 +91,14 @@ class Generation:
         request: GenerationRequest,
         *,
         emit: Callable[[EngineEvent], None],
+        offer: DiskOffer | None = None,
     ) -> None:
+        """*emit* reports to the trio thread; *offer*: the snapshot file read from disk for this request.
+
+        The offer travels inside the generation, which the decode thread receives
+        through the loop's submission: no other request can take it, and the
+        thread that read it writes nothing the decode thread reads.
+        """
         context = setup.context
         self.request = request
         self.slot = slot
@@ -103,7 +111,12 @@ class Generation:
         self._make_sampler = setup.sampler
         self._sampler: TokenSampler | None = None
         self._feeder = PromptFeeder(
-            request, self.cache, n_ctx=context.n_ctx_seq, bos=context.bos, shift=setup.context_shift
+            request,
+            self.cache,
+            n_ctx=context.n_ctx_seq,
+            bos=context.bos,
+            shift=setup.context_shift,
+            offer=offer,
         )
         self._ending = EndPolicy(
             request,

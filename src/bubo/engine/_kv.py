@@ -11,8 +11,14 @@ under a byte budget, least recently used out first.  With a disk tier
 (:mod:`._disk_cache`) every snapshot, and every live sequence once the engine
 is idle or closes, is also queued for a file; a request the live sequence and
 host RAM serve less well gets the best file read and checked in a worker
-thread (:meth:`SequenceCache.read_from_disk`), and its generation restores
-it (:meth:`SequenceCache.offer`).
+thread (:meth:`SequenceCache.read_from_disk`, a :class:`~._kv_plan.DiskOffer`);
+the offer travels inside the request's generation to :meth:`SequenceCache.prepare`,
+which restores it if it is still the best source.
+
+Which source a prompt starts from is decided by :func:`._kv_plan.choose_source`
+over plain values (what each source holds); :meth:`SequenceCache.prepare`
+gathers those values, asks for a :class:`~._kv_plan.Plan` and carries it out
+with the llama.cpp calls.  The rules are in :mod:`._kv_plan`.
 
 Cells computed under one LoRA adapter set are not what another set computes:
 a sequence and each snapshot remember the set they were computed under, and
@@ -47,8 +53,9 @@ cells become the sequence's own in the ledger, and only the cells before the
 first moved one (``n_shareable``) are offered to other sequences; the prefix is
 shared only from a sequence under the request's LoRA adapter set.
 
-Only the engine thread that owns the context calls into this module; the
-snapshot store and the ledger are shared by every slot's sequence.
+Only the engine thread that owns the context calls into this module, except
+:meth:`SequenceCache.read_from_disk`, which only reads; the snapshot store and
+the ledger are shared by every slot's sequence.
 """
 
 from __future__ import annotations
@@ -69,6 +76,17 @@ from bubo.domain.generation import CacheReport, CacheTags
 
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
+from ._kv_plan import (
+    MIN_RESTORE_GAIN,
+    MIN_SNAPSHOT_TOKENS,
+    Base,
+    DiskOffer,
+    Held,
+    Move,
+    Plan,
+    Sources,
+    choose_source,
+)
 from .base import EngineFailure, SnapshotInfo
 from .lora import NO_ADAPTERS, AdapterSet
 from .slots import common_prefix
@@ -95,10 +113,6 @@ def saved_token_count(path: Path) -> int | None:
 
 logger = logging.getLogger(__name__)
 
-# A snapshot must save at least this many tokens of prefill to be worth its copy.
-MIN_SNAPSHOT_TOKENS = 64
-# How much longer a snapshot's match must be than the live prefix to be restored.
-MIN_RESTORE_GAIN = 32
 # Evicted prefixes remembered (to report "evicted" as the reason of a miss).
 EVICTED_MEMORY = 64
 EVICTED_PREFIX = 256
@@ -157,22 +171,9 @@ class SnapshotStore:
         entries = [s for s in list(self._entries.values()) if s.adapters == adapters]
         return max((common_prefix(s.tokens, prompt, len(prompt) - 1) for s in entries), default=0)
 
-    def best(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> tuple[int | None, int, int]:
-        """``(id, match, partial)``: the snapshot computed under *adapters* sharing the longest prefix.
-
-        ``partial`` counts the other snapshots that shared some prefix (skipped).
-        """
-        best_id, best_len, partial = None, 0, 0
-        for key, snapshot in self._entries.items():
-            if snapshot.adapters != adapters:
-                continue
-            match = common_prefix(snapshot.tokens, prompt, len(prompt) - 1)
-            if match > best_len:
-                partial += best_id is not None
-                best_id, best_len = key, match
-            elif match > 0:
-                partial += 1
-        return best_id, best_len, partial
+    def held(self) -> list[tuple[int, Held]]:
+        """Each snapshot's key and what it holds, least recently used first (what the plan chooses from)."""
+        return [(key, Held(s.tokens, s.adapters)) for key, s in self._entries.items()]
 
     def take(self, key: int) -> _Snapshot:
         """The snapshot, marked most recently used."""
@@ -248,7 +249,6 @@ class SequenceCache:
         self.ledger = ledger if ledger is not None else CellLedger()
         self.peers: Sequence[SequenceCache] = ()  # the sequences it may share cells with (a unified cache)
         self.disk = disk
-        self._offered: _Snapshot | None = None  # read from disk for the next prepare
         self.tokens: list[int] = []
         self.tags: CacheTags | None = None
         self.adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
@@ -299,6 +299,7 @@ class SequenceCache:
         *,
         reuse: bool = True,
         adapters: AdapterSet = NO_ADAPTERS,
+        offer: DiskOffer | None = None,
     ) -> tuple[int, CacheReport]:
         """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
 
@@ -306,116 +307,88 @@ class SequenceCache:
         Without *reuse* (llama-server's ``cache_prompt: false``) nothing cached is reused: the
         whole prompt is evaluated afresh (the live sequence is still kept as a snapshot if worth one).
         Only a prefix computed under *adapters* (the request's LoRA adapter set) is reused.
+        *offer*: the file :meth:`read_from_disk` read for this request, restored if still the best.
+
+        The cells a context shift moved are dropped first; then :func:`._kv_plan.choose_source`
+        decides from what each source holds, and :meth:`_carry_out` makes the llama.cpp calls.
         """
         self._drop_inexact()
-        offered, self._offered = self._offered, None
-        if not reuse:
-            self._save_live()
-            self.truncate(0)
-            self.tags, self.adapters = tags, adapters
-            self._ever_used = True
-            return 0, CacheReport(hit=False, miss_reason="disabled")
-        limit = len(prompt) - 1
-        live = common_prefix(self.tokens, prompt, limit) if self.adapters == adapters else 0
-        peer, peer_match = self._best_peer(prompt, limit, adapters)
-        key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
-        restored = shared = 0
-        if offered is not None and offered.adapters != adapters:
-            offered = None
-        offered_match = common_prefix(offered.tokens, prompt, limit) if offered is not None else 0
-        best_here = max(live, peer_match)
-        if (
-            offered is not None
-            and offered_match > snapshot_match
-            and offered_match >= best_here + MIN_RESTORE_GAIN
-        ):
-            self._save_live()
-            restored = self._load(offered)
-            logger.info("restored %d tokens of the prompt cache from disk", offered_match)
-            keep = offered_match
-        elif key is not None and snapshot_match >= best_here + MIN_RESTORE_GAIN:
-            assert self.store is not None
-            snapshot = self.store.take(key)  # held first: saving the live sequence may evict it
-            self._save_live()
-            restored = self._load(snapshot)
-            keep = snapshot_match
+        sources = Sources(
+            live=Held(self.tokens, self.adapters),
+            pinned=self.ledger.shared_end(self.seq_id, 0),
+            peers=[
+                (peer.seq_id, Held(peer.tokens, peer.adapters, usable=peer.n_shareable))
+                for peer in self.peers
+                if peer is not self
+            ],
+            snapshots=self.store.held() if self.store is not None else (),
+            offer=Held(offer.tokens, offer.adapters) if offer is not None else None,
+            can_shift=self.can_shift(),
+        )
+        plan = choose_source(prompt, adapters, sources, reuse=reuse, reuse_chunk=self.reuse_chunk)
+        keep, restored, shared = self._carry_out(plan, prompt, offer)
+        if plan.disabled:
+            report = CacheReport(hit=False, miss_reason="disabled")
         else:
-            partial += key is not None
-            if len(self.tokens) - live >= MIN_SNAPSHOT_TOKENS:
-                self._save_live()
-            keep = live
-        if peer is not None and peer_match > keep:
-            keep = self.truncate(keep)
-            shared = self._share(peer, keep, peer_match, prompt)
-            keep += shared
-        elif self.reuse_chunk > 0 and self.adapters == adapters:  # cells of another set are not reused
-            keep = self._reuse_chunks(prompt, keep)
-        else:
-            keep = self.truncate(keep)
-        report = self._report(prompt, tags, keep, partial, restored, shared)
+            report = self._report(prompt, tags, keep, plan.skipped, restored, shared)
         self.tags, self.adapters = tags, adapters
         self._ever_used = True
         return keep, report
 
-    def _reuse_chunks(self, prompt: Sequence[int], keep: int) -> int:
-        """Move the cached runs the prompt repeats after its first *keep* tokens into place; the count held.
+    def _carry_out(self, plan: Plan, prompt: Sequence[int], offer: DiskOffer | None) -> tuple[int, int, int]:
+        """Make the calls *plan* asks for; ``(tokens held, bytes restored, tokens shared)``.
 
-        After the first *keep* tokens, each cached run of ``reuse_chunk`` or more tokens that the
-        prompt goes on with moves to its place in the prompt, and the rest is dropped.
-
-        At least the prompt's last token is left to evaluate (sampling needs its logits).  A memory
-        that cannot move cells (recurrent, sliding-window) keeps the prefix alone.  A cell another
-        sequence holds never moves (its position is that sequence's too): runs are sought after the
-        last such cell.  The moved cells become the sequence's own and are never shared.
+        A restore llama.cpp refuses leaves the sequence empty (nothing else is done).  A
+        truncation the memory cannot make (recurrent state) clears it, and a share then
+        starts at 0.
         """
-        if not self.can_shift():
-            return self.truncate(keep)
-        cached, limit = self.tokens, len(prompt) - 1
-        at_cache = self.ledger.shared_end(self.seq_id, keep)
-        at_prompt = keep
-        while at_cache < len(cached) and at_prompt < limit:
-            run = 0
-            while (
-                at_cache + run < len(cached)
-                and at_prompt + run < limit
-                and cached[at_cache + run] == prompt[at_prompt + run]
-            ):
-                run += 1
-            if run < self.reuse_chunk:
-                at_cache += 1
-                continue
-            # the cells between the prompt's position and the run go; the run moves down to close the gap
-            llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, at_cache)
+        restoring: _Snapshot | None = None
+        if plan.base is Base.SNAPSHOT:
+            assert self.store is not None
+            assert plan.snapshot_key is not None
+            restoring = self.store.take(plan.snapshot_key)  # held first: saving the live may evict it
+        elif plan.base is Base.DISK:
+            assert offer is not None
+            data = (ctypes.c_uint8 * len(offer.payload)).from_buffer(offer.payload)
+            restoring = _Snapshot(tokens=offer.tokens, data=data, tags=None, adapters=offer.adapters)
+        if plan.save_live:
+            self._save_live()
+        restored = shared = 0
+        if restoring is not None:
+            restored = self._load(restoring)
+            if not restored:
+                return 0, 0, 0
+            if plan.base is Base.DISK:
+                logger.info("restored %d tokens of the prompt cache from disk", plan.keep)
+        if plan.share is not None:
+            keep = self.truncate(plan.keep)
+            peer = next(p for p in self.peers if p.seq_id == plan.share.seq_id)
+            shared = self._share(peer, keep, plan.share.end, prompt)
+            return keep + shared, restored, shared
+        if plan.moves:
+            return self._move(plan.moves, prompt, plan.keep), restored, shared
+        return self.truncate(plan.keep), restored, shared
+
+    def _move(self, moves: Sequence[Move], prompt: Sequence[int], keep: int) -> int:
+        """Move the runs ``--cache-reuse`` found after the first *keep* cells into place; the count held.
+
+        Each run's cells move down to their place in the prompt (``llama_memory_seq_rm`` of the
+        cells between, ``llama_memory_seq_add`` of the run); the cells after the last go.  The
+        moved cells become the sequence's own and are never shared.
+        """
+        for move in moves:
+            llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, move.to, move.start)
             llama_cpp.llama_memory_seq_add(
-                self._memory, self.seq_id, at_cache, at_cache + run, at_prompt - at_cache
+                self._memory, self.seq_id, move.start, move.end, move.to - move.start
             )
-            at_cache += run
-            at_prompt += run
-        if at_prompt == keep:
-            return self.truncate(keep)
-        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, -1)
-        logger.debug("cache reuse: %d tokens moved after a %d-token prefix", at_prompt - keep, keep)
-        self.tokens[:] = prompt[:at_prompt]
-        self.ledger.moved(self.seq_id, keep, at_prompt - keep)
+        held = moves[-1].to + moves[-1].end - moves[-1].start
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, held, -1)
+        logger.debug("cache reuse: %d tokens moved after a %d-token prefix", held - keep, keep)
+        self.tokens[:] = prompt[:held]
+        self.ledger.moved(self.seq_id, keep, held - keep)
         self._moved = keep if self._moved is None else min(self._moved, keep)
         self.version += 1
-        return at_prompt
-
-    def _best_peer(
-        self, prompt: Sequence[int], limit: int, adapters: AdapterSet
-    ) -> tuple[SequenceCache | None, int]:
-        """The other sequence under *adapters* with the longest shareable prefix of *prompt*, and its length.
-
-        Only cells computed under the request's adapter set, in place (``n_shareable``), are offered.
-        """
-        best, best_len = None, 0
-        for peer in self.peers:
-            if peer is self or peer.adapters != adapters:
-                continue
-            match = common_prefix(peer.tokens, prompt, min(limit, peer.n_shareable))
-            if match > best_len:
-                best, best_len = peer, match
-        return best, best_len
+        return held
 
     def _share(self, peer: SequenceCache, start: int, end: int, prompt: Sequence[int]) -> int:
         """Take *peer*'s cells ``[start, end)`` (this sequence holds ``[0, start)``); how many it took.
@@ -513,8 +486,8 @@ class SequenceCache:
 
     def read_from_disk(
         self, prompt: Sequence[int], max_tokens: int, adapters: AdapterSet = NO_ADAPTERS
-    ) -> bool:
-        """Read the disk's best file for *prompt* for the next :meth:`prepare`, if it beats what is here.
+    ) -> DiskOffer | None:
+        """The disk's best file for *prompt*, read and checked, if it beats what is here; else None.
 
         Only a file computed under *adapters* (the request's LoRA adapter set) counts, and only
         the live sequence, another slot's shareable prefix and snapshots under that set are what
@@ -523,14 +496,16 @@ class SequenceCache:
         :meth:`prepare` chooses again on the decode thread.
 
         Runs in a worker thread before the generation is submitted (the decode thread never waits on
-        the disk); whether a file was read and offered.  It beats the live sequence and host RAM only
-        by :data:`MIN_RESTORE_GAIN` tokens or more; a file that fails its checks is not offered.
+        the disk) and writes nothing the decode thread reads: the caller hands the offer to the
+        request's generation, whose :meth:`prepare` gets it as an argument.  It beats the live
+        sequence and host RAM only by :data:`MIN_RESTORE_GAIN` tokens or more; a file that fails
+        its checks is not offered.
         """
         if self.disk is None:
-            return False
+            return None
         entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
         if entry is None:
-            return False
+            return None
         limit = len(prompt) - 1
         here = 0
         for cache in self.peers or (self,):  # the peers of a unified cache include this sequence
@@ -541,17 +516,11 @@ class SequenceCache:
         if self.store is not None:
             here = max(here, self.store.longest_match(prompt, adapters))
         if match < here + MIN_RESTORE_GAIN:
-            return False
+            return None
         payload = self.disk.read(entry)
         if payload is None:
-            return False
-        data = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
-        self.offer(_Snapshot(tokens=tuple(entry.tokens), data=data, tags=None, adapters=entry.adapters))
-        return True
-
-    def offer(self, snapshot: _Snapshot) -> None:
-        """Have the next :meth:`prepare` restore *snapshot* if it is still the best prefix it has."""
-        self._offered = snapshot
+            return None
+        return DiskOffer(tokens=tuple(entry.tokens), adapters=entry.adapters, payload=payload)
 
     def _load(self, snapshot: _Snapshot) -> int:
         """Load *snapshot* into the sequence; return its size (0 if llama.cpp refused it)."""

@@ -51,6 +51,7 @@ from ._embedder import Embedder
 from ._generation import EngineSetup, Generation, Outcome
 from ._grammar import to_gbnf
 from ._kv import SnapshotStore, saved_token_count
+from ._kv_plan import DiskOffer
 from ._model_drafts import Drafter
 from ._prefill_budget import DEFAULT_GAP_S, PrefillBudget
 from ._sampler import Sampler, dry_key
@@ -608,8 +609,8 @@ class LlamaEngine(SlotEngine):
         def emit(event: EngineEvent) -> None:  # on the decode thread
             post_to_trio(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
-        await self._read_from_disk(slot, request)
-        make = functools.partial(Generation, self._setup, slot, request, emit=emit)
+        offer = await self._read_from_disk(slot, request)
+        make = functools.partial(Generation, self._setup, slot, request, emit=emit, offer=offer)
         # its stop strings' automaton is built with it: in a worker thread, off the event loop
         generation = await trio.to_thread.run_sync(make) if request.stop else make()
         ended = trio.Event()
@@ -662,16 +663,17 @@ class LlamaEngine(SlotEngine):
             self._lose_to_a_stuck_thread(message)
             raise EngineFailure(message + "; the engine is lost")
 
-    async def _read_from_disk(self, slot: Slot, request: GenerationRequest) -> None:
-        """Offer the slot's sequence the best snapshot file for the prompt, if it beats host RAM and the slot.
+    async def _read_from_disk(self, slot: Slot, request: GenerationRequest) -> DiskOffer | None:
+        """The best snapshot file for the prompt, read and checked, if it beats host RAM and the slots.
 
-        In a worker thread (reading and checking a file takes milliseconds to seconds); the
-        decode thread restores it when the generation starts.
+        In a worker thread (reading and checking a file takes milliseconds to seconds).  The
+        offer goes to the request's own generation, and the decode thread restores it when
+        the generation starts, if it is still the best source.
         """
         if self._disk is None or not request.cache_prompt or not self._disk.total_bytes:
-            return
+            return None
         cache = self._context.caches[slot.id]
-        await trio.to_thread.run_sync(
+        return await trio.to_thread.run_sync(
             cache.read_from_disk,
             request.prompt_tokens,
             self._context.n_ctx_seq,
