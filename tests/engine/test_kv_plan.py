@@ -30,6 +30,7 @@ from bubo.engine._kv_plan import (
     Sources,
     choose_source,
     chunk_moves,
+    file_pays,
 )
 from bubo.engine.lora import NO_ADAPTERS, AdapterSet
 
@@ -332,3 +333,15 @@ class TestChunkReuse:
             prompt, NO_ADAPTERS, live=Held(()), snapshots=[(0, Held(PROMPT[:150]))], pinned=40, reuse_chunk=4
         )
         assert (plan.base, plan.moves) == (Base.SNAPSHOT, (Move(70, 150, 50),))  # the live's pin is not its
+
+
+class TestReadingAFile:
+    def test_pays_only_by_the_gain_over_every_slot_and_snapshot(self) -> None:
+        held = [Held(PROMPT[:40]), Held(PROMPT[:70], usable=100), Held(PROMPT[:50])]
+        assert not file_pays(PROMPT, NO_ADAPTERS, 70 + MIN_RESTORE_GAIN - 1, held)
+        assert file_pays(PROMPT, NO_ADAPTERS, 70 + MIN_RESTORE_GAIN, held)
+
+    def test_counts_only_what_may_be_reused_under_the_request_s_set(self) -> None:
+        held = [Held(PROMPT[:150], LORA), Held(PROMPT[:150], usable=20)]
+        assert file_pays(PROMPT, NO_ADAPTERS, 20 + MIN_RESTORE_GAIN, held)
+        assert not file_pays(PROMPT, LORA, 20 + MIN_RESTORE_GAIN, held)

@@ -77,7 +77,6 @@ from bubo.domain.generation import CacheReport, CacheTags
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
 from ._kv_plan import (
-    MIN_RESTORE_GAIN,
     MIN_SNAPSHOT_TOKENS,
     Base,
     DiskOffer,
@@ -86,6 +85,7 @@ from ._kv_plan import (
     Plan,
     Sources,
     choose_source,
+    file_pays,
 )
 from .base import EngineFailure, SnapshotInfo
 from .lora import NO_ADAPTERS, AdapterSet
@@ -166,14 +166,12 @@ class SnapshotStore:
             for s in entries
         ]
 
-    def longest_match(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> int:
-        """The longest prefix a snapshot computed under *adapters* shares with *prompt* (thread-safe)."""
-        entries = [s for s in list(self._entries.values()) if s.adapters == adapters]
-        return max((common_prefix(s.tokens, prompt, len(prompt) - 1) for s in entries), default=0)
-
     def held(self) -> list[tuple[int, Held]]:
-        """Each snapshot's key and what it holds, least recently used first (what the plan chooses from)."""
-        return [(key, Held(s.tokens, s.adapters)) for key, s in self._entries.items()]
+        """Each snapshot's key and what it holds, least recently used first (what the plan chooses from).
+
+        Safe to call from another thread, as :meth:`snapshots` is (the entries are copied in one C call).
+        """
+        return [(key, Held(s.tokens, s.adapters)) for key, s in list(self._entries.items())]
 
     def take(self, key: int) -> _Snapshot:
         """The snapshot, marked most recently used."""
@@ -497,25 +495,22 @@ class SequenceCache:
 
         Runs in a worker thread before the generation is submitted (the decode thread never waits on
         the disk) and writes nothing the decode thread reads: the caller hands the offer to the
-        request's generation, whose :meth:`prepare` gets it as an argument.  It beats the live
-        sequence and host RAM only by :data:`MIN_RESTORE_GAIN` tokens or more; a file that fails
-        its checks is not offered.
+        request's generation, whose :meth:`prepare` gets it as an argument.  A file is read
+        only if it beats the slots and host RAM by :data:`._kv_plan.MIN_RESTORE_GAIN` tokens
+        (:func:`._kv_plan.file_pays`); one that fails its checks is not offered.
         """
         if self.disk is None:
             return None
         entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
         if entry is None:
             return None
-        limit = len(prompt) - 1
-        here = 0
-        for cache in self.peers or (self,):  # the peers of a unified cache include this sequence
-            if cache.adapters != adapters:
-                continue
-            n = len(prompt) if cache is self else min(len(prompt), cache.n_shareable)
-            here = max(here, common_prefix(cache.head(n), prompt, limit))
+        held = [
+            Held(cache.head(len(prompt)), cache.adapters, usable=None if cache is self else cache.n_shareable)
+            for cache in self.peers or (self,)  # the peers of a unified cache include this sequence
+        ]
         if self.store is not None:
-            here = max(here, self.store.longest_match(prompt, adapters))
-        if match < here + MIN_RESTORE_GAIN:
+            held += [snapshot for _, snapshot in self.store.held()]
+        if not file_pays(prompt, adapters, match, held):
             return None
         payload = self.disk.read(entry)
         if payload is None:

@@ -7,8 +7,10 @@ snapshot, a snapshot file read from disk for this request, and with
 middle.  :func:`choose_source` decides among them from what each holds (token
 ids and the LoRA adapter set the cells were computed under) and returns a
 :class:`Plan`; :meth:`._kv.SequenceCache.prepare` carries it out with the
-``llama_memory_*`` and ``llama_state_seq_*`` calls.  Nothing here calls
-llama.cpp or keeps state, so every rule is tested without a model.
+``llama_memory_*`` and ``llama_state_seq_*`` calls.  :func:`file_pays` decides
+earlier, in a worker thread, whether a file is worth reading for the prompt
+at all.  Nothing here calls llama.cpp or keeps state, so every rule is tested
+without a model.
 
 The rules, in order:
 
@@ -34,7 +36,7 @@ The rules, in order:
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -53,6 +55,7 @@ __all__ = [
     "Sources",
     "choose_source",
     "chunk_moves",
+    "file_pays",
 ]
 
 MIN_SNAPSHOT_TOKENS = 64
@@ -213,6 +216,17 @@ def _best(
         elif match > 0:
             others += 1
     return best_key, best_len, others
+
+
+def file_pays(prompt: Sequence[int], adapters: AdapterSet, file_match: int, held: Iterable[Held]) -> bool:
+    """Whether a file sharing *file_match* tokens with *prompt* is worth reading (a request under *adapters*).
+
+    It must beat every source in *held* (the slots' sequences and host RAM's
+    snapshots) by :data:`MIN_RESTORE_GAIN` tokens: reading and checking a file
+    costs more than restoring a snapshot already in memory.
+    """
+    here = max((source.match(prompt, adapters) for source in held), default=0)
+    return file_match >= here + MIN_RESTORE_GAIN
 
 
 def choose_source(
