@@ -251,7 +251,7 @@ def choose_source(
     elif snapshot_key is not None and snapshot_match >= here + MIN_RESTORE_GAIN:
         cached = dict(sources.snapshots)[snapshot_key].tokens
         base, keep, pinned = Base.SNAPSHOT, snapshot_match, 0  # a restored sequence's cells are its own
-    else:
+    else:  # the best snapshot counts as skipped here only, not where the disk offer beat it
         skipped += snapshot_key is not None
         base, keep, cached, pinned = Base.LIVE, live_match, live.tokens, sources.pinned
     plan = Plan(
