@@ -177,7 +177,7 @@ def _usage(event: str, payload: dict[str, Any]) -> tuple[int, int] | None:
 
 
 class LocalServer:
-    """An HTTP server on a free port of 127.0.0.1, serving *handler* from a daemon thread until stopped."""
+    """An HTTP server on a free port of 127.0.0.1, serving *handler* from a daemon thread while entered."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], *, name: str) -> None:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -186,19 +186,21 @@ class LocalServer:
 
     @property
     def base_url(self) -> str:
+        """Where clients are pointed."""
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def start(self) -> None:
+    def __enter__(self) -> Self:
         self._thread.start()
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, *_: object) -> None:
         """Stop serving, close the socket and wait for the thread (ten seconds at most)."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
 
 
-class LoggingProxy:
+class LoggingProxy(LocalServer):
     """``http://127.0.0.1:PORT`` forwarding to *upstream*, recording every :class:`Exchange`."""
 
     def __init__(self, upstream: str) -> None:
@@ -206,19 +208,7 @@ class LoggingProxy:
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        self._local = LocalServer(self._handler(), name="agent-proxy")
-
-    @property
-    def base_url(self) -> str:
-        """Where agents are pointed."""
-        return self._local.base_url
-
-    def __enter__(self) -> Self:
-        self._local.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._local.stop()
+        super().__init__(self._handler(), name="agent-proxy")
 
     def _record(self, exchange: Exchange) -> None:
         with self._lock:

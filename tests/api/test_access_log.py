@@ -36,7 +36,9 @@ def ids_from_header(scope: Any) -> str:
     return header(scope, b"x-request-id") or "req_new"
 
 
-async def run(app: App, messages: list[dict[str, Any]], caplog: pytest.LogCaptureFixture) -> re.Match[str]:
+async def run(
+    app: App, messages: list[dict[str, Any]], caplog: pytest.LogCaptureFixture, scope: dict[str, Any] = SCOPE
+) -> re.Match[str]:
     """Run *app* under the access log with *messages* from the client (then it waits); its one line."""
     sent: list[dict[str, Any]] = []
 
@@ -51,7 +53,7 @@ async def run(app: App, messages: list[dict[str, Any]], caplog: pytest.LogCaptur
 
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     with trio.fail_after(5):
-        await AccessLog(app, request_id=ids_from_header)(SCOPE, receive, send)
+        await AccessLog(app, request_id=ids_from_header)(scope, receive, send)
     (record,) = [r for r in caplog.records if r.name == ACCESS_LOGGER]
     match = LINE.fullmatch(record.getMessage())
     assert match is not None, record.getMessage()
@@ -84,6 +86,22 @@ async def test_a_finished_request_is_one_line_with_its_status_bytes_and_id(
         "1.1",
     )
     assert line.group("status", "bytes", "id", "outcome") == ("201", "5", "req-7", None)
+
+
+async def test_a_path_cannot_forge_a_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The line shows the path as sent (percent-encoded): a decoded ``%0A`` never starts a new line."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await answer(send)
+
+    raw = b"/x%0A127.0.0.1:1%20%22GET%20/admin%201.1%22%20200"
+    scope = {**SCOPE, "raw_path": raw, "path": '/x\n127.0.0.1:1 "GET /admin 1.1" 200'}
+    line = await run(app, [REQUEST], caplog, scope)
+    assert line.group("path") == raw.decode()
+    assert line.group("id") == "req-7"
+    caplog.clear()
+    bare = await run(app, [REQUEST], caplog, {**SCOPE, "path": "/x\ny\udc80"})  # no raw_path given
+    assert bare.group("path") == "/x\\ny\\udc80"
 
 
 async def test_the_app_reads_the_id_the_line_carries(caplog: pytest.LogCaptureFixture) -> None:

@@ -14,6 +14,8 @@ from bubo.domain.generation import GenerationStats, PromptProgress, StopCause
 from bubo.domain.output import Done, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
 from bubo.engine.fake import FakeEngine, FakeScript
 
+from .._sse import named as events
+
 PATH = "/v1/messages"
 HEADERS = {"anthropic-version": "2023-06-01", "anthropic-beta": "some-beta-2025"}
 
@@ -26,16 +28,6 @@ def message(**fields: object) -> dict[str, object]:
     }
     body.update(fields)
     return body
-
-
-def events(raw: bytes) -> list[tuple[str, dict]]:
-    out = []
-    for frame in raw.decode().split("\n\n"):
-        if not frame:
-            continue
-        name, data = frame.split("\n", 1)
-        out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
-    return out
 
 
 class TestMessages:

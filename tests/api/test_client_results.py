@@ -7,7 +7,6 @@ result must say the same as the whole one.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from dirty_equals import IsStr
 from bubo.engine.fake import FakeScript
 
 from .._asgi import post_stream
+from .._sse import payloads as sse_data
 
 WEATHER = {
     "name": "get_weather",
@@ -27,16 +27,6 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 CALL_TOKENS = 7
 QUESTION = "Weather in Paris?"
 OWL = "\N{OWL}".encode()  # four bytes
-
-
-def sse_data(raw: bytes) -> list[dict[str, Any]]:
-    """The JSON payload of every SSE frame but ``[DONE]``."""
-    out = []
-    for frame in raw.decode().split("\n\n"):
-        data = frame.split("data: ", 1)[-1]
-        if frame and data != "[DONE]":
-            out.append(json.loads(data))
-    return out
 
 
 def without_ids(values: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ first token, ``timings`` on prompt-progress chunks, ``--tags`` and aliases in
 
 from __future__ import annotations
 
-import json
 import time
 
 import attrs
@@ -18,6 +17,8 @@ from tests.conftest import wait_until_ready
 from bubo.config import Settings
 from bubo.engine.fake import FakeScript
 from bubo.server import create_app
+
+from .._sse import payloads as events
 
 
 async def _served(settings: Settings, make_runtime, **server):
@@ -34,10 +35,6 @@ async def _bare_app(settings, make_runtime, request):
     async with app.test_app() as test_app:
         await wait_until_ready(app)
         yield test_app
-
-
-def events(data: bytes) -> list[dict]:
-    return [json.loads(e.removeprefix("data: ")) for e in data.decode().split("\n\n") if e]
 
 
 class TestMetrics:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import attrs
@@ -16,11 +15,8 @@ from bubo.domain.sampling import GenerationDefaults
 from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.server import create_app
 
+from .._sse import payloads as events
 from ..conftest import wait_until_ready
-
-
-def events(data: bytes) -> list[dict]:
-    return [json.loads(e.removeprefix("data: ")) for e in data.decode().split("\n\n") if e]
 
 
 class TestContextFields:

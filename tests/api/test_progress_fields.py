@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 from dirty_equals import IsInt, IsNumber
 
 from bubo.api._progress import progress
 from bubo.domain.generation import PromptProgress
 from bubo.engine.fake import FakeScript
+
+from .._sse import payloads as events
 
 USER = [{"role": "user", "content": "hi"}]
 TIMINGS = {
@@ -23,11 +23,6 @@ TIMINGS = {
     "predicted_per_token_ms": IsNumber,
     "predicted_per_second": IsNumber,
 }
-
-
-def events(data: bytes) -> list[dict]:
-    frames = [e.removeprefix("data: ") for e in data.decode().split("\n\n") if e]
-    return [json.loads(f) for f in frames if f != "[DONE]"]
 
 
 async def chat_stream(app, **fields: object) -> list[dict]:

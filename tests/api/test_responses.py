@@ -22,6 +22,7 @@ from bubo.engine.fake import FakeEngine, FakeScript
 from bubo.service.response_store import ResponseStore, StoredResponse
 
 from .._asgi import post_stream
+from .._sse import named
 
 PATH = "/v1/responses"
 WEATHER = {
@@ -52,13 +53,11 @@ def sent_by_sdk(**request: Any) -> dict[str, Any]:
 
 
 def events(raw: bytes) -> list[dict]:
+    """Each event's payload, whose ``type`` is the event's name."""
     out = []
-    for frame in raw.decode().split("\n\n"):
-        if frame:
-            name, data = frame.split("\n", 1)
-            payload = json.loads(data.removeprefix("data: "))
-            assert payload["type"] == name.removeprefix("event: ")
-            out.append(payload)
+    for name, payload in named(raw):
+        assert payload["type"] == name
+        out.append(payload)
     return out
 
 

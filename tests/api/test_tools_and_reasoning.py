@@ -11,6 +11,7 @@ from bubo.domain.generation import GrammarSpec
 from bubo.engine.fake import FakeEngine, FakeScript
 
 from .._asgi import post_stream
+from .._sse import payloads as data_events
 
 WEATHER = {
     "name": "get_weather",
@@ -30,15 +31,6 @@ def planned_grammar(engine: FakeEngine) -> GrammarSpec:
 
 def chat(**fields: object) -> dict[str, object]:
     return {"model": "bubo", "messages": USER, "tools": [{"type": "function", "function": WEATHER}], **fields}
-
-
-def data_events(raw: bytes) -> list[dict]:
-    out = []
-    for frame in raw.decode().split("\n\n"):
-        line = frame.split("data: ", 1)[-1]
-        if frame and line != "[DONE]":
-            out.append(json.loads(line))
-    return out
 
 
 class TestOpenAIChatTools:

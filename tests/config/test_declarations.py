@@ -112,9 +112,9 @@ class TestModes:
 def test_the_engine_maps_every_word() -> None:
     """The engine's tables from a mode's words to llama.cpp's constants cover the type exactly."""
     from bubo.engine._embedder import POOLING_TYPES
-    from bubo.engine.llama import _CACHE_TYPES, _FLASH_ATTN
+    from bubo.engine._loaded import CACHE_TYPES, FLASH_ATTN
     from bubo.model import KV_CACHE_TYPES
 
-    assert tuple(_FLASH_ATTN) == words(FlashAttention)
-    assert tuple(_CACHE_TYPES) == words(KvCacheType) == tuple(KV_CACHE_TYPES)
+    assert tuple(FLASH_ATTN) == words(FlashAttention)
+    assert tuple(CACHE_TYPES) == words(KvCacheType) == tuple(KV_CACHE_TYPES)
     assert tuple(POOLING_TYPES) == words(Pooling)

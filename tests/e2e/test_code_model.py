@@ -13,6 +13,7 @@ import httpx
 import pytest
 from tests._models import qwen25_coder_path
 
+from .._sse import payloads
 from .conftest import Server, free_port, hypercorn_command, openai_client, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -91,9 +92,7 @@ class TestInfill:
         }
         plain = http.post("/infill", json=request).json()["content"]
         with http.stream("POST", "/infill", json={**request, "stream": True}) as response:
-            import json
-
-            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            chunks = payloads(response.iter_lines())
         assert "".join(chunk["content"] for chunk in chunks) == plain
 
 

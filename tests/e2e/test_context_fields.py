@@ -5,13 +5,13 @@ The server has a 256-token context shared by two slots, and shifts it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from .._sse import payloads
 from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -95,7 +95,7 @@ class TestSeveralPrompts:
             "/completion",
             json={"prompt": list(self.PROMPTS), "n_predict": 8, "temperature": 0, "stream": True},
         ) as response:
-            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            chunks = payloads(response.iter_lines())
         texts = []
         for index, prompt in enumerate(self.PROMPTS):
             own = [c for c in chunks if c["index"] == index]

@@ -9,6 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from .._sse import payloads
+
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
 USER = [{"role": "user", "content": "hi"}]
@@ -40,7 +42,7 @@ class TestEndpoints:
         with http.stream(
             "POST", "/completion", json={"prompt": "Hello", "n_predict": 6, "stream": True}
         ) as response:
-            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            events = payloads(response.iter_lines())
         assert events[-1]["stop"] is True
         assert all(not e["stop"] for e in events[:-1])
 
@@ -96,7 +98,7 @@ class TestEndpoints:
             "/completion",
             json={"prompt": "Once upon a time", "n_predict": 8, "ignore_eos": True, "stream": True},
         ) as response:
-            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            events = payloads(response.iter_lines())
         assert events[-1]["tokens_predicted"] == 8
         after = counts()
         added = {name: after[name] - before[name] for name in after}

@@ -8,7 +8,6 @@ a full shared KV cache, several listening addresses, ``--verbose``'s
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from .._sse import payloads
 from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -74,7 +74,7 @@ def test_a_stream_that_gives_way_ends_with_an_error_event(small_shared_cache: Se
     def stream(http: httpx.Client) -> list[dict[str, Any]]:
         with http.stream("POST", "/completion", json=body) as response:
             assert response.status_code == 200
-            return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            return payloads(response.iter_lines())
 
     with (
         httpx.Client(base_url=small_shared_cache.base_url, timeout=120) as http,
@@ -111,7 +111,7 @@ def test_responses_stream_carries_llama_server_s_telemetry(tmp_path: Path) -> No
             httpx.Client(base_url=server.base_url, timeout=60) as http,
             http.stream("POST", "/v1/responses", json=body) as response,
         ):
-            frames = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+            frames = payloads(response.iter_lines())
     finally:
         assert stop_server(server) == 0
     progress = [f for f in frames if "prompt_progress" in f]

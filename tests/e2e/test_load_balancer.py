@@ -25,6 +25,7 @@ import attrs
 import httpx
 import pytest
 
+from .._sse import payloads
 from .conftest import Server, bubo_command, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
@@ -256,7 +257,7 @@ def test_a_stream_reaches_the_client_while_it_is_generated(cluster: Cluster) -> 
         lines = stream.iter_lines()
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
         processing = httpx.get(replica.base_url + "/metrics", timeout=30).text
-        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        events = payloads(lines)
     assert first["stop"] is False
     assert "llamacpp:requests_processing 1.0" in processing
     assert events[-1]["stop"] is True
@@ -322,7 +323,7 @@ def test_a_replica_taken_down_is_drained_without_failed_requests(tmp_path: Path)
             for key in ours[2:6]:  # new conversations of the draining replica, while it drains
                 ask(key)
 
-            events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+            events = payloads(lines)
             worker.join(timeout=300)
         assert draining.process.wait(timeout=60) == 0
         for key in ours[:4]:  # and after it has gone

@@ -8,6 +8,7 @@ for --models-max 1 and shutdown.  Children are found by PID under the router's
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -185,11 +186,12 @@ def test_models_max_unloads_the_lru_model_and_shutdown_leaves_no_child(tmp_path:
     assert all(gone(pid) for pid in pids.values())
 
 
-def logged(server: Server, text: str) -> None:
-    """Wait (bounded) until the server's log holds *text*."""
+def left(server: Server, request: str) -> None:
+    """Wait (bounded) until the access log says the client of *request* (``"POST /path``) left."""
+    line = re.compile(rf"^.*{re.escape(request)} 1\.1\" .* client_left$", re.MULTILINE)
     deadline = time.monotonic() + WAIT_S
-    while text not in server.output():
-        assert time.monotonic() < deadline, f"never logged {text!r}:\n{server.output()[-3000:]}"
+    while not line.search(server.output()):
+        assert time.monotonic() < deadline, f"never logged {request!r} left:\n{server.output()[-3000:]}"
         time.sleep(0.1)
 
 
@@ -214,8 +216,8 @@ def test_a_client_that_leaves_the_load_queue_costs_the_busy_model_nothing(tmp_pa
             assert next(line for line in lines if line.startswith("data: "))
             with pytest.raises(httpx.TimeoutException):
                 http.post("/tokenize", json={"model": "gemma3", "content": "hello world"}, timeout=1)
-            logged(router, '"POST /tokenize 1.1" - -')  # the router saw that client leave
-        logged(router, '"POST /completion 1.1" - -')  # and the busy one: its lease is given back
+            left(router, '"POST /tokenize')  # the router saw that client leave
+        left(router, '"POST /completion')  # and the busy one: its lease is given back
         assert {name: status["value"] for name, status in statuses(router).items()} == {
             "smollm2": "loaded",
             "gemma3": "unloaded",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import attrs
 import pytest
@@ -163,6 +163,27 @@ class ScriptedSequence:
         self.closed = True
         if self.close_error is not None:
             raise self.close_error
+
+
+@pytest.fixture(autouse=True)
+def _every_loop_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each loop a test started is stopped after it, passed or failed.
+
+    A sequence here may generate until it is failed (``Run.generating``): a test that fails before
+    its loop is lost or stopped would leave that thread generating, and growing, through every
+    later test of the session.
+    """
+    runs: list[Run] = []
+    start = Run.__init__
+
+    def started(run: Run, *args: object, **kwargs: object) -> None:
+        start(run, *args, **kwargs)  # type: ignore[arg-type]
+        runs.append(run)
+
+    monkeypatch.setattr(Run, "__init__", started)
+    yield
+    for run in runs:
+        assert run.loop.stop(WAIT_S), "a decode loop did not stop"
 
 
 class Run:

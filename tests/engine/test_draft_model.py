@@ -121,7 +121,7 @@ async def test_the_draft_model_sleeps_and_wakes_with_the_model(plain, model_path
         prompt = question(tokenizer, "forests")
         expected, _ = await run(plain, prompt)
         assert await engine.sleep() is True
-        assert engine._draft is None  # freed with the weights and the context
+        assert engine._load.loaded is None  # the draft model was freed with the weights and the context
         tokens, finished = await run(engine, prompt)
         assert tokens == expected
         assert finished.stats.draft_tokens > 0

@@ -443,7 +443,7 @@ class TestConstraints:
     def admitter(engine, schema):
         """Whether llama.cpp's own grammar engine, fed one character token at a time, admits a text whole."""
         gbnf = engine.compile_grammar(GrammarSpec(rules="root ::= value", schemas=(("value", schema),)))
-        context = engine._context
+        context = engine._current.context
         pieces = {engine.token_piece(token): token for token in range(context.n_vocab)}
         end = min(engine.info.eog_token_ids)
 

@@ -29,7 +29,7 @@ from bubo.domain.generation import (
     StopCause,
     TokenGenerated,
 )
-from bubo.engine import EngineFailure, _context, _generation, _kv
+from bubo.engine import EngineFailure, _context, _generation, _kv, _producer
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.errors import DeviceLost, InternalError, ServiceUnavailable
@@ -175,7 +175,7 @@ def _two_slots(model_path: Path) -> Iterator[LlamaEngine]:
 
 async def closes_cleanly(engine: LlamaEngine) -> None:
     """``aclose`` (what shutdown calls) returns within its deadline and leaves no decode thread."""
-    thread = engine._loop._thread
+    thread = engine._current.loop._thread
     with trio.fail_after(DEADLINE_S):
         await engine.aclose()
     assert thread is None or not thread.is_alive()
@@ -219,7 +219,7 @@ class TestABugOnTheDecodeThread:
     ) -> None:
         """The request that just ended keeps its answer; the engine serves on and closes."""
         expected, _ = await outcome(engine, request_)
-        monkeypatch.setattr(LlamaEngine, "_schedule_warm_up", bug)
+        monkeypatch.setattr(_producer, "warm_up_job", bug)
         for _ in range(2):
             text, last = await outcome(engine, attrs.evolve(request_, continuation=(1, 2)))
             assert isinstance(last, GenerationFinished)
@@ -296,7 +296,7 @@ class TestAStuckDecodeThread:
             async with trio.open_nursery() as nursery:
                 running = await generating(engine, request_, nursery)
                 await trio.to_thread.run_sync(stuck.wait, DEADLINE_S)
-                thread = engine._loop._thread
+                thread = engine._current.loop._thread
                 engine.interrupt(ServiceUnavailable("the server is shutting down", code="not_ready"))
             failed_with_a_500(running[0])
             assert engine.lost
@@ -337,7 +337,7 @@ class TestAStuckDecodeThread:
                 running = await generating(two_slots, long, nursery)
                 nursery.start_soon(save)
                 await file_call.wait_stuck()
-                thread = two_slots._loop._thread
+                thread = two_slots._current.loop._thread
                 mock_clock.jump(two_slots.slot_action_wait_s)
                 assert await trio.to_thread.run_sync(saved.wait, DEADLINE_S)  # no more trio time passes
             assert failures[0].fatal

@@ -62,7 +62,7 @@ def _engine(model_path: Path, adapter: Path) -> Iterator[LlamaEngine]:
 
 
 def prompt_of(engine: LlamaEngine, text: str = QUESTION) -> tuple[int, ...]:
-    return engine._context.tokenize(text)
+    return engine._current.context.tokenize(text)
 
 
 async def answer(

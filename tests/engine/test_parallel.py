@@ -84,7 +84,7 @@ async def test_four_sequences_at_once_generate_what_each_generates_alone(engine,
 
     decodes_before = engine.statistics().n_decode_total
     for slot in engine.slots:  # every sequence starts cold, as each did alone
-        engine._context.caches[slot.id].clear()
+        engine._current.context.caches[slot.id].clear()
     async with trio.open_nursery() as nursery:
         for index in range(len(prompts)):
             nursery.start_soon(one, index)

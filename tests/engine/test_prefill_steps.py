@@ -48,7 +48,7 @@ def _engine(model_path: Path) -> Iterator[LlamaEngine]:
 @pytest.fixture(name="steps")
 def _steps(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> list[Step]:
     """Every step's composition, recorded around the real context's decode."""
-    context = engine._context
+    context = engine._current.context
     decode = context.decode_batch
     steps: list[Step] = []
 
@@ -62,7 +62,7 @@ def _steps(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> list[Step]:
 
 def long_prompt(engine: LlamaEngine, n: int, seed: int) -> tuple[int, ...]:
     text = " ".join(f"record {seed}.{i} holds a value." for i in range(n))
-    tokens = engine._context.tokenize(text)[:n]
+    tokens = engine._current.context.tokenize(text)[:n]
     assert len(tokens) == n
     return tokens
 

@@ -22,11 +22,12 @@ import pytest
 from llama_cpp import mtmd_cpp
 
 from bubo.engine._images import Bitmap
+from bubo.engine._lasting import state_identity
 from bubo.engine._projector import MediaTokens, Projector, ProjectorRefused
 from bubo.engine._protocols import ContextFull
 from bubo.engine._vision import Vision, VisionOptions
 from bubo.engine.base import EngineFailure
-from bubo.engine.llama import LlamaOptions, _state_identity
+from bubo.engine.llama import LlamaOptions
 from bubo.errors import InvalidRequest
 from bubo.model import read_projector
 
@@ -435,13 +436,13 @@ def test_the_projector_is_part_of_what_a_kv_state_is(mmproj: Path, model_path: P
     plain = LlamaOptions(model_path=model_path)
     other = build_mmproj(tmp_path / "mmproj-other.gguf", n_embd=n_embd_of(model_path), seed=1)
     identities = {
-        _state_identity(plain, params),
-        _state_identity(attrs.evolve(plain, mmproj=mmproj), params),
-        _state_identity(attrs.evolve(plain, mmproj=other), params),
-        _state_identity(attrs.evolve(plain, mmproj=mmproj, image_max_tokens=64), params),
+        state_identity(plain, params),
+        state_identity(attrs.evolve(plain, mmproj=mmproj), params),
+        state_identity(attrs.evolve(plain, mmproj=other), params),
+        state_identity(attrs.evolve(plain, mmproj=mmproj, image_max_tokens=64), params),
     }
     assert len(identities) == 4
-    assert _state_identity(plain, params) == _state_identity(plain, params)
+    assert state_identity(plain, params) == state_identity(plain, params)
 
 
 def test_an_image_that_cannot_be_one_micro_batch_stops_start_up(mmproj: Path, model: object) -> None:

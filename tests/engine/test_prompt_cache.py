@@ -84,7 +84,7 @@ class TestSnapshots:
         """With room for one snapshot the older one goes; its return is an 'evicted' miss."""
         await run(engine, conversation(tokenizer, "whales"))
         await run(engine, conversation(tokenizer, "volcanoes"))  # whales leaves the slot: saved
-        store = engine._context.caches[0].store
+        store = engine._current.context.caches[0].store
         assert store is not None
         one = store.snapshots()[0].size_bytes
         store.budget_bytes = one + one // 2  # exactly one snapshot fits now
@@ -286,10 +286,10 @@ class TestDiskTier:
         turn1, turn2 = conversation(tokenizer, "glaciers"), conversation(tokenizer, "glaciers", 2)
         engine = self.load(model_path, tmp_path)
         try:
-            disk = engine._disk
+            disk = engine._load.lasting.disk
             assert disk is not None
             # no idle work: the live sequence reaches the disk only as the engine falls asleep
-            monkeypatch.setattr(engine._loop, "schedule_idle", lambda job: None)
+            monkeypatch.setattr(engine._current.loop, "schedule_idle", lambda job: None)
             await run(engine, turn1)
             assert disk.entries() == []
             assert await engine.sleep() is True
@@ -298,7 +298,7 @@ class TestDiskTier:
             assert entry.n_tokens >= len(turn1)
             _, finished = await run(engine, turn2)
             assert engine.sleeps == 1
-            assert engine._disk is disk  # the engine's own tier, not a new one per context
+            assert engine._load.lasting.disk is disk  # the engine's own tier, not a new one per context
         finally:
             engine.close()
         stats = finished.stats
@@ -314,8 +314,8 @@ class TestDiskTier:
         for cache_type_k in ("f16", "q8_0", "f16"):
             engine = self.load(model_path, tmp_path, cache_type_k=cache_type_k)
             try:
-                assert engine._disk is not None
-                directories.append(engine._disk.directory)
+                assert engine._load.lasting.disk is not None
+                directories.append(engine._load.lasting.disk.directory)
             finally:
                 engine.close()
         assert directories[0] != directories[1]
@@ -380,14 +380,16 @@ class TestDiskTier:
             await run(engine, conversation(tokenizer, "whales"))
             await run(engine, conversation(tokenizer, "deserts"))  # whales leaves the slot: queued
             await engine.settle()  # deserts is queued while the engine is idle
-            disk = engine._disk
+            disk = engine._load.lasting.disk
             assert disk is not None
             assert disk.flush(30)
             assert disk.total_bytes <= disk.budget_bytes
             assert len(self.files(tmp_path)) == len(disk.entries()) == 1
             assert sum(p.stat().st_size for p in self.files(tmp_path)) <= 3 << 20
             # the file holds what the slot holds: the next turn reads nothing from disk
-            assert not engine._context.caches[0].read_from_disk(conversation(tokenizer, "deserts", 2), 1024)
+            assert not engine._current.context.caches[0].read_from_disk(
+                conversation(tokenizer, "deserts", 2), 1024
+            )
         finally:
             engine.close()
         assert len(writers) == 2

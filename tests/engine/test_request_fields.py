@@ -80,7 +80,7 @@ class TestContextShift:
         """n_keep -1 keeps the whole prompt; the cache holds it, then the latest generated tokens."""
         prompt = tuple(tokenizer.encode(COUNTING))
         tokens, _, _ = await run(shifting, prompt, 400, n_keep=-1)
-        cached = shifting._context.caches[0].tokens
+        cached = shifting._current.context.caches[0].tokens
         assert tuple(cached[: len(prompt)]) == prompt
         assert len(cached) < N_CTX
         suffix = cached[len(prompt) :]
@@ -91,11 +91,11 @@ class TestContextShift:
         the cache's tokens reuses only the kept prefix, and generates what a cold cache generates."""
         prompt = tuple(tokenizer.encode(COUNTING))
         await run(shifting, prompt, 400, n_keep=8)
-        cached = tuple(shifting._context.caches[0].tokens)
+        cached = tuple(shifting._current.context.caches[0].tokens)
         follow_up = cached + tuple(tokenizer.encode(" and so on"))
         warm, _, finished = await run(shifting, follow_up, 8)
         assert finished.stats.cached_tokens <= 8 + 1  # n_keep after the BOS, if the model adds one
-        shifting._context.caches[0].clear()
+        shifting._current.context.caches[0].clear()
         cold, _, _ = await run(shifting, follow_up, 8)
         assert warm == cold
 
@@ -114,7 +114,7 @@ class TestContextShift:
 
         The model's own (8,192 tokens) takes long to fill on a CPU, so the context is told a smaller one.
         """
-        shifting._context.n_ctx_train = 400
+        shifting._current.context.n_ctx_train = 400
         prompt = tuple(tokenizer.encode(COUNTING))
         tokens, _, finished = await run(shifting, prompt, None, n_keep=8)
         assert len(prompt) + len(tokens) == 400

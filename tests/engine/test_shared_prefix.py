@@ -239,7 +239,7 @@ async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
         )
     )
     try:
-        disk = engine._disk  # what the engine reads from disk is the point
+        disk = engine._load.lasting.disk  # what the engine reads from disk is the point
         assert disk is not None
         await run(engine, prompt(tokenizer, system_prompt(12), "Name a colour."), slot=0)
         for _ in range(100):  # slot 0's sequence is written once the engine is idle

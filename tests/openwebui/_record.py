@@ -6,7 +6,7 @@ import json
 import re
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from agents.proxy import Exchange, LocalServer
 
@@ -15,7 +15,7 @@ KEPT_HEADERS = {"content-type", "accept", "user-agent"}
 TASK = re.compile(r"^### Task:\s*\n(.+)$", re.MULTILINE)
 
 
-class Trap:
+class Trap(LocalServer):
     """An HTTP proxy on 127.0.0.1 that forwards nothing: it records each request (CONNECT too) and answers 502."""
 
     def __init__(self) -> None:
@@ -32,18 +32,7 @@ class Trap:
             def log_message(self, *_: object) -> None:
                 return
 
-        self._local = LocalServer(Handler, name="internet-trap")
-
-    @property
-    def base_url(self) -> str:
-        return self._local.base_url
-
-    def __enter__(self) -> Self:
-        self._local.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._local.stop()
+        super().__init__(Handler, name="internet-trap")
 
 
 def purpose(method: str, path: str, body: Any) -> str:

@@ -34,6 +34,7 @@ the app used.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -139,10 +140,21 @@ class _Exchange:
             outcome = ""
         seconds = trio.current_time() - self._started
         return (
-            f'{_client(scope)} "{scope.get("method", "-")} {scope.get("path", "-")} '
+            f'{_client(scope)} "{scope.get("method", "-")} {_target(scope)} '
             f'{scope.get("http_version", "-")}" {"-" if status is None else status} {self._bytes} '
             f"{seconds:.6f}s request_id={self.request_id}{outcome}"
         )
+
+
+def _target(scope: Mapping[str, Any]) -> str:
+    """The path as the client sent it (percent-encoded, as nginx logs it), its control characters escaped.
+
+    The decoded ``path`` would let ``%0A`` start a forged line; the raw one has no spaces or line
+    breaks (HTTP's grammar), and escaping keeps it so whatever the server gave.
+    """
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else str(scope.get("path", "-"))
+    return json.dumps(path)[1:-1]
 
 
 def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:

@@ -26,7 +26,7 @@ from .base import EngineFailure
 from .lora import NO_ADAPTERS, AdapterSet
 from .stats import EngineCounters
 
-__all__ = ["FATAL_DECODE_STATUS", "BatchEntry", "ContextFull", "LlamaContext"]
+__all__ = ["FATAL_DECODE_STATUS", "BatchEntry", "ContextFull", "LlamaContext", "check_decode"]
 
 # llama_decode: 0 ok, 1 no KV slot, 2 aborted, -1 invalid batch, -2 and below compute failures.
 FATAL_DECODE_STATUS = -2
@@ -220,6 +220,27 @@ class LlamaContext:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+
+
+def check_decode(context: LlamaContext, batch: int = 64) -> None:
+    """Decode a prompt of *batch* tokens, then one more token, and forget them (the start-up probe).
+
+    These are the two shapes of work a server does first (a prefill and a
+    decode step), so a kernel that crashes on this CPU crashes here.  Call
+    before any request: the decode thread does not run yet.
+
+    Raises:
+        EngineFailure: a decode failed or its logits are not finite.
+
+    """
+    tokens = context.tokenize("The quick brown fox jumps over the lazy dog. " * batch)[:batch]
+    try:
+        context.decode(tokens)
+        context.decode((int(np.argmax(context.logits(-1))),))
+        if not np.isfinite(context.logits(-1)).all():
+            raise EngineFailure("the probe decode produced logits that are not finite")
+    finally:
+        context.caches[0].clear()
 
 
 def token_piece(vocab: object, token: int) -> bytes:

@@ -528,6 +528,8 @@ class DecodeLoop:
         short ``predicted_n`` would tell its client that it got what it asked
         for, where the room was taken by other requests (llama-server fails
         every running request here, with "Context size has been exceeded").
+        A generation running alone did fill the context itself: it ends as at
+        the context's end (``length``), as llama-server's slot limit ends it.
         """
         active = {member.generation.cache.seq_id for member in self._active}
         idle = [cache for cache in self._context.caches if cache.seq_id not in active and cache.tokens]
@@ -543,6 +545,11 @@ class DecodeLoop:
         else:
             victim = max(in_batch, key=lambda member: len(member.generation.cache.tokens))
             victim.generation.cache.evict()
+            if len(self._active) == 1:  # it alone filled the context: it reached the context's end
+                victim.generation.finish(StopCause.CONTEXT)
+                self._active.remove(victim)
+                self._end(victim, None)
+                return
         self._fail(
             victim,
             ServiceUnavailable(

@@ -44,23 +44,17 @@ class Embedder:
     """Token ids to embedding vectors with a context of its own (thread-safe, one input at a time)."""
 
     def __init__(self, model: object, *, n_tokens: int, n_threads: int, pooling: Pooling | None) -> None:
-        self._lock = threading.Lock()
-        self._ctx: object | None = None
-        self._n_tokens, self._n_threads, self._pooling = n_tokens, n_threads, pooling
-        self.open(model)
-
-    def open(self, model: object) -> None:
-        """Create the context over *model* (again, after :meth:`close`: the model slept).
+        """Create the context over *model*, for inputs of up to *n_tokens* tokens.
 
         Raises:
             EngineFailure: llama.cpp could not create it.
 
         """
-        n_threads, pooling = self._n_threads, self._pooling
+        self._lock = threading.Lock()
         # never past the trained context: an encoder's learned positions end there (BERT's 512), and a
         # position past them would read outside its table
         trained = llama_cpp.llama_model_n_ctx_train(model)
-        n_tokens = min(self._n_tokens, trained) if trained > 0 else self._n_tokens
+        n_tokens = min(n_tokens, trained) if trained > 0 else n_tokens
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.n_ctx = params.n_batch = params.n_ubatch = n_tokens
@@ -72,20 +66,27 @@ class Embedder:
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise EngineFailure(f"llama.cpp could not create an embedding context of {n_tokens} tokens")
-        self._ctx = ctx
-        self._memory = llama_cpp.llama_get_memory(ctx)
-        self.n_tokens: int = llama_cpp.llama_n_ubatch(ctx)
-        self.pooling: Pooling = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
-        self.n_embd: int = (
-            llama_cpp.llama_model_n_cls_out(model)
-            if self.pooling == "rank"
-            else llama_cpp.llama_model_n_embd(model)
-        )
+        try:
+            self._memory = llama_cpp.llama_get_memory(ctx)
+            self.n_tokens: int = llama_cpp.llama_n_ubatch(ctx)
+            self.pooling: Pooling = _POOLING_NAMES.get(llama_cpp.llama_pooling_type(ctx), "none")
+            self.n_embd: int = (
+                llama_cpp.llama_model_n_cls_out(model)
+                if self.pooling == "rank"
+                else llama_cpp.llama_model_n_embd(model)
+            )
+            self.pair_format: PairFormat = pair_format(model)
+        except BaseException:
+            llama_cpp.llama_free(ctx)
+            raise
         self._batch = llama_cpp.llama_batch_init(self.n_tokens, 0, 1)
-        self.pair_format: PairFormat = pair_format(model)
+        self._ctx: object | None = ctx
 
-    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+    def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
         """The embedding of *tokens*: shape ``(n_embd,)`` pooled, ``(len(tokens), n_embd)`` with ``none``.
+
+        *last_only*, with ``none``: the last token's row alone, shape ``(n_embd,)``; llama.cpp
+        computes no output for the others.
 
         Raises:
             EngineFailure: more tokens than one batch holds, none, or llama.cpp failed.
@@ -99,23 +100,30 @@ class Embedder:
             if self._ctx is None:
                 raise EngineFailure("the engine is closed")
             batch = self._batch
+            last_only = last_only and self.pooling == "none"
+            last = len(tokens) - 1
             for i, token in enumerate(tokens):
                 batch.token[i] = token
                 batch.pos[i] = i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = True
+                batch.logits[i] = not last_only or i == last
             batch.n_tokens = len(tokens)
             llama_cpp.llama_memory_clear(self._memory, True)  # noqa: FBT003
             status = llama_cpp.llama_decode(self._ctx, batch)
             try:
                 if status != 0:
                     raise EngineFailure(f"llama_decode failed with status {status} on an embedding input")
-                return self._read(len(tokens))
+                return self._read(len(tokens), last_only=last_only)
             finally:
                 llama_cpp.llama_memory_clear(self._memory, True)  # noqa: FBT003
 
-    def _read(self, n_tokens: int) -> npt.NDArray[np.float32]:
+    def _read(self, n_tokens: int, *, last_only: bool) -> npt.NDArray[np.float32]:
+        if last_only:
+            row = llama_cpp.llama_get_embeddings_ith(self._ctx, n_tokens - 1)
+            if not row:
+                raise EngineFailure("llama.cpp gave no embedding for the last token")
+            return np.ctypeslib.as_array(row, shape=(self.n_embd,)).copy()
         if self.pooling == "none":
             rows = [
                 np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(self._ctx, i), shape=(self.n_embd,))
@@ -128,7 +136,7 @@ class Embedder:
         return np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).copy()
 
     def close(self) -> None:
-        """Free the context (after every worker using it has returned)."""
+        """Free the context once the input under way is done; later inputs are refused (a second: nothing)."""
         with self._lock:
             if self._ctx is not None:
                 llama_cpp.llama_batch_free(self._batch)

@@ -12,12 +12,13 @@ The embeddings of recently read images are kept by the image's digest, up to
 :data:`ENCODED_BYTES` (a second turn over the same image then costs neither
 the tower nor, when its cells are still cached, a decode).
 
-The engine closes the projector when the model sleeps and opens it over the
-next one; the service reads images only while it holds the engine awake, so
-a read never finds it closed (one that did would fail with an
-:class:`EngineFailure`, never touch freed memory: the projector refuses work
-once closed).  An image's positions are written into the prompt as stand-in
-ids (:func:`bubo.domain.media.stand_in_ids`).
+A :class:`Vision` is one load's: it is freed with the model when the model
+sleeps, and the next load makes another (the engine's
+:class:`~._ports.VisionPort` stands for whichever is current).  The service
+reads images only while it holds the engine awake, so a read never finds it
+closed (one that did would fail with an :class:`EngineFailure`, never touch
+freed memory: the projector refuses work once closed).  An image's positions
+are written into the prompt as stand-in ids (:func:`bubo.domain.media.stand_in_ids`).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Vision:
         self._projector: Projector | None = None
         self._encoded: collections.OrderedDict[bytes, npt.NDArray[np.float32]] = collections.OrderedDict()
         self._encoded_bytes = 0
-        self.open(model)
+        self._open(model)
 
     @property
     def max_pixels(self) -> int:
@@ -117,8 +118,8 @@ class Vision:
             raise EngineFailure("the image projector is closed: the model sleeps")
         return projector
 
-    def open(self, model: object) -> None:
-        """Load the projector over *model* (again, after :meth:`close`: the model slept)."""
+    def _open(self, model: object) -> None:
+        """Load the projector over *model*, refusing one whose image cannot fit a micro-batch."""
         options = self._options
         projector = Projector.load(
             options.path,
@@ -140,7 +141,7 @@ class Vision:
             self._projector = projector
 
     def close(self) -> None:
-        """Free the projector (once the reads under way end) and the kept embeddings."""
+        """Free the projector (once the reads under way end) and the kept embeddings; again: nothing."""
         with self._lock:
             projector, self._projector = self._projector, None
             self._encoded.clear()

@@ -228,8 +228,12 @@ class EmbeddingModel(Protocol):
         """How a (query, document) pair becomes one input (for ``rank`` pooling)."""
         ...
 
-    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
-        """Shape ``(n_embd,)`` when pooled, ``(len(tokens), n_embd)`` with ``none``."""
+    def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
+        """Shape ``(n_embd,)`` when pooled, ``(len(tokens), n_embd)`` with ``none``.
+
+        *last_only*, with ``none``: only the last token's row, shape ``(n_embd,)`` (the others
+        are not computed).
+        """
         ...
 
 

@@ -109,7 +109,7 @@ class FakeEmbedder:
     def _vector(self, token: int) -> npt.NDArray[np.float32]:
         return np.random.default_rng(token).standard_normal(self.n_embd).astype(np.float32)
 
-    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+    def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
         """Like :meth:`bubo.engine._embedder.Embedder.embed`."""
         if not 0 < len(tokens) <= self.n_tokens:
             raise EngineFailure(
@@ -120,7 +120,7 @@ class FakeEmbedder:
         pooled: npt.NDArray[np.float32]
         match self.pooling:
             case "none":
-                pooled = rows
+                pooled = rows[-1] if last_only else rows
             case "cls":
                 pooled = rows[0]
             case "last":

@@ -133,10 +133,10 @@ async def embed(
         token_lists.append(tokens)
     results = []
     async with runtime.engine.awake():  # the embedding context sleeps with the model
+        last_only = embedder.pooling == "none" and not per_token  # the last token's row alone
         for tokens in token_lists:
-            vectors = await runtime.workers.run(functools.partial(embedder.embed, tokens))
-            if embedder.pooling == "none" and not per_token:  # a row per token: the last one's
-                vectors = vectors[-1].copy()
+            embed = functools.partial(embedder.embed, tokens, last_only=last_only)
+            vectors = await runtime.workers.run(embed)
             results.append(Embedded(vectors=vectors, n_tokens=len(tokens)))
     return results
 
