@@ -42,7 +42,7 @@ class EmbedderPort:
         """Hand the work to *current* (a new load's), or to nobody (None: the model sleeps)."""
         self._current = current
 
-    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+    def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
         """See :meth:`~.base.EmbeddingModel.embed`.
 
         Raises:
@@ -52,7 +52,7 @@ class EmbedderPort:
         current = self._current
         if current is None:
             raise EngineFailure("the embedding context is closed: the model sleeps")
-        return current.embed(tokens)
+        return current.embed(tokens, last_only=last_only)
 
 
 class VisionPort:
