@@ -233,9 +233,60 @@ class TestPrepare:
             assert not any(cell.moved and len(cell.seqs) > 1 for cell in held.values()), "shared a moved cell"
             assert keep <= len(prompt) - 1
             assert report.shared_tokens <= keep
+            self.check_ledger(slots)
             generated = data.draw(tokens(20), label="generated")
             slots.evaluate(seq, prompt[keep:] + generated, adapters)
             history.append(list(cache.tokens))
+
+    @staticmethod
+    def check_ledger(slots: Slots) -> None:
+        """The ledger counts the cells the memory holds, and each sequence's private ones."""
+        assert slots.caches[0].ledger.used() == len(slots.memory.cells)
+        for cache in slots.caches:
+            alone = [cell for cell in slots.memory.cells.values() if cell.seqs == {cache.seq_id}]
+            assert cache.private_cells == len(alone)
+
+    def test_cells_another_slot_holds_are_not_moved(self) -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            slots = make_slots(patch, 2, ram_bytes=0, reuse_chunk=4)
+            first = list(range(100, 200))
+            slots.caches[0].prepare(first, None)
+            slots.evaluate(0, first, NO_ADAPTERS)
+            assert slots.caches[1].prepare([*first, 8], None)[0] == 100  # shared
+            slots.evaluate(1, [8], NO_ADAPTERS)
+            keep, _ = slots.caches[1].prepare([*first[:30], *first[50:], 7], None)
+        assert keep == 30  # the run after the dropped middle is slot 0's too: it stays, and goes
+        assert all(cell.seqs == {0, 1} for cell in slots.memory.held(1).values())
+
+    def test_the_snapshot_to_restore_outlives_the_live_sequence_s_save(self) -> None:
+        """Host RAM holds one snapshot: saving the live sequence evicts the one being restored."""
+        with pytest.MonkeyPatch.context() as patch:
+            slots = make_slots(patch, 1, ram_bytes=100 * _CELL.size, reuse_chunk=0)
+            cache = slots.caches[0]
+            first, other = list(range(100, 200)), list(range(300, 400))
+            cache.prepare(first, None)
+            slots.evaluate(0, first, NO_ADAPTERS)
+            cache.prepare(other, None)  # first goes to host RAM
+            slots.evaluate(0, other[:-1], NO_ADAPTERS)
+            keep, report = cache.prepare([*first, 7], None)
+        assert (keep, report.restored_bytes) == (100, 100 * _CELL.size)
+        assert [cell.token for _, cell in sorted(slots.memory.held(0).items())] == first
+
+    def test_a_restore_llama_cpp_refuses_leaves_the_sequence_empty(self) -> None:
+        """Nothing planned after the restore is done: no cells moved into an empty sequence."""
+        with pytest.MonkeyPatch.context() as patch:
+            slots = make_slots(patch, 1, ram_bytes=1 << 20, reuse_chunk=4)
+            cache = slots.caches[0]
+            first, other = list(range(100, 200)), list(range(300, 400))
+            cache.prepare(first, None)
+            slots.evaluate(0, first, NO_ADAPTERS)
+            cache.prepare(other, None)
+            slots.evaluate(0, other[:-1], NO_ADAPTERS)
+            patch.setattr(_kv.llama_cpp, "llama_state_seq_set_data", lambda _ctx, _data, _size, _seq: 0)
+            keep, report = cache.prepare([*first[:50], *first[70:], 7], None)
+        assert (keep, report.restored_bytes, cache.tokens) == (0, 0, [])
+        assert slots.memory.held(0) == {}
+        self.check_ledger(slots)
 
     def test_another_slot_shares_only_the_cells_before_those_cache_reuse_moved(self) -> None:
         with pytest.MonkeyPatch.context() as patch:

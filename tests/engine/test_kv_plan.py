@@ -203,6 +203,12 @@ class TestEveryPlan:
         lost = len(history.live.tokens) - history.matches(history.live)
         assert plan.save_live == (plan.base is not Base.LIVE or lost >= MIN_SNAPSHOT_TOKENS)
 
+    @settings(max_examples=400, deadline=None)
+    @given(histories())
+    def test_shares_only_to_take_at_least_one_cell(self, history: History) -> None:
+        plan = history.plan()
+        assert plan.share is None or plan.share.end > plan.keep
+
     @settings(max_examples=200, deadline=None)
     @given(histories())
     def test_without_reuse_holds_nothing_and_keeps_the_live_sequence(self, history: History) -> None:
@@ -273,6 +279,16 @@ class TestTheGain:
         assert plan.share == Share(1, 40)
 
 
+class TestKeepingTheLiveSequence:
+    @pytest.mark.parametrize(
+        ("lost", "saved"), [(MIN_SNAPSHOT_TOKENS - 1, False), (MIN_SNAPSHOT_TOKENS, True)]
+    )
+    def test_only_when_the_prompt_would_lose_a_snapshot_s_worth(self, lost: int, saved: bool) -> None:
+        live = Held((*PROMPT[:10], *prompt_of(lost, start=0)))
+        plan = choose(PROMPT, NO_ADAPTERS, live=live)
+        assert (plan.keep, plan.save_live) == (10, saved)
+
+
 class TestAdapterSets:
     def test_a_live_sequence_of_another_set_is_neither_reused_nor_moved(self) -> None:
         live = Held(PROMPT[:150], LORA)
@@ -330,7 +346,7 @@ class TestChunkReuse:
     def test_runs_of_a_restored_snapshot_move_too(self) -> None:
         prompt = (*PROMPT[:50], *PROMPT[70:150], 7)
         plan = choose(
-            prompt, NO_ADAPTERS, live=Held(()), snapshots=[(0, Held(PROMPT[:150]))], pinned=40, reuse_chunk=4
+            prompt, NO_ADAPTERS, live=Held(()), snapshots=[(0, Held(PROMPT[:150]))], pinned=100, reuse_chunk=4
         )
         assert (plan.base, plan.moves) == (Base.SNAPSHOT, (Move(70, 150, 50),))  # the live's pin is not its
 
