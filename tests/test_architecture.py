@@ -65,6 +65,8 @@ NATIVE_ENGINE = {
     "llama",
     "_context",
     "_kv",
+    "_kv_cells",
+    "_kv_tiers",
     "_sampler",
     "_embedder",
     "_projector",
@@ -136,7 +138,6 @@ LARGE_ENGINE_CLASSES = {
     "Generation",
     "Projector",
     "Sampler",
-    "SequenceCache",
     "SlotEngine",
 }
 

@@ -1,6 +1,6 @@
 """``SequenceCache.prepare`` carrying its plan out, on a model of llama.cpp's memory instead of a model's.
 
-The ``llama_memory_*`` and ``llama_state_seq_*`` calls ``_kv`` makes go to
+The ``llama_memory_*`` and ``llama_state_seq_*`` calls ``_kv_cells`` makes go to
 :class:`Memory`: cells with a position, a token, the adapter set that computed
 them and the sequences that hold them, as llama.cpp's unified KV cache keeps
 them.  Random histories of several slots (prompts made from what they and
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bubo.domain.generation import CacheTags
-from bubo.engine import _kv
+from bubo.engine import _kv, _kv_cells
 from bubo.engine._cells import CellLedger
 from bubo.engine._kv_plan import DiskOffer
 from bubo.engine.lora import NO_ADAPTERS, AdapterSet
@@ -110,7 +110,7 @@ class Memory:
 
 
 def native(memory: Memory) -> types.SimpleNamespace:
-    """The ``llama_cpp`` functions ``_kv`` calls, on *memory*."""
+    """The ``llama_cpp`` functions ``_kv_cells`` calls, on *memory*."""
 
     def get_data(_ctx: object, data: Any, size: int, seq: int) -> int:
         state = memory.state(seq)
@@ -150,7 +150,7 @@ class Slots:
 def make_slots(patch: pytest.MonkeyPatch, n_slots: int, *, ram_bytes: int, reuse_chunk: int) -> Slots:
     """*n_slots* caches sharing one memory, a ledger and (with *ram_bytes*) a snapshot store."""
     memory = Memory()
-    patch.setattr(_kv, "llama_cpp", native(memory))
+    patch.setattr(_kv_cells, "llama_cpp", native(memory))
     ledger = CellLedger(range(n_slots))
     store = _kv.SnapshotStore(ram_bytes) if ram_bytes else None
     caches = tuple(
@@ -282,7 +282,7 @@ class TestPrepare:
             slots.evaluate(0, first, NO_ADAPTERS)
             cache.prepare(other, None)
             slots.evaluate(0, other[:-1], NO_ADAPTERS)
-            patch.setattr(_kv.llama_cpp, "llama_state_seq_set_data", lambda _ctx, _data, _size, _seq: 0)
+            patch.setattr(_kv_cells.llama_cpp, "llama_state_seq_set_data", lambda _ctx, _data, _size, _seq: 0)
             keep, report = cache.prepare([*first[:50], *first[70:], 7], None)
         assert (keep, report.restored_bytes, cache.tokens) == (0, 0, [])
         assert slots.memory.held(0) == {}
