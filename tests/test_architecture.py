@@ -134,7 +134,6 @@ MAX_ENGINE_CLASS_LINES = 200
 # engine classes still past that bound, each to be split by its own work (issue 40); none may join them
 LARGE_ENGINE_CLASSES = {
     "DecodeLoop",
-    "DiskTier",
     "Generation",
     "Projector",
     "Sampler",
