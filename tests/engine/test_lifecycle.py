@@ -339,11 +339,13 @@ class TestThePorts:
         assert np.array_equal(port.embed((1, 2)), vector)
         assert first.inputs == [(1, 2)]
 
-    def test_the_embedder_port_passes_last_only_to_the_load(self) -> None:
-        """An Ollama-style embedding of a generative model asks the load for its last token's row alone."""
+    def test_of_embeddings_passes_on_a_request_for_the_last_tokens_row_alone(self) -> None:
+        """A generative model's Ollama-style embedding asks the port for the last token's row, as the service does."""
         port = EmbedderPort(FakeEmbedder(pooling="none", n_tokens=16, n_embd=8))
-        assert port.embed((1, 2, 3)).shape == (3, 8)
-        assert port.embed((1, 2, 3), last_only=True).shape == (8,)
+        rows = port.embed((1, 2, 3))
+        last = port.embed((1, 2, 3), last_only=True)
+        assert (rows.shape, last.shape) == ((3, 8), (8,))
+        assert np.array_equal(last, rows[-1])
 
     def test_of_vision_report_no_encoder_while_detached(self) -> None:
         """The vision port keeps its limits, reserves no encoder memory and reads nothing while asleep."""

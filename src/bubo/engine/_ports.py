@@ -43,7 +43,7 @@ class EmbedderPort:
         self._current = current
 
     def embed(self, tokens: Sequence[int], *, last_only: bool = False) -> npt.NDArray[np.float32]:
-        """See :meth:`~.base.EmbeddingModel.embed`.
+        """See :meth:`~.base.EmbeddingModel.embed` (*last_only* is passed on).
 
         Raises:
             EngineFailure: the model sleeps, or llama.cpp failed.
