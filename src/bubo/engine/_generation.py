@@ -93,12 +93,7 @@ class Generation:
         emit: Callable[[EngineEvent], None],
         offer: DiskOffer | None = None,
     ) -> None:
-        """*emit* reports to the trio thread; *offer*: the snapshot file read from disk for this request.
-
-        The offer travels inside the generation, which the decode thread receives
-        through the loop's submission: no other request can take it, and the
-        thread that read it writes nothing the decode thread reads.
-        """
+        """*emit* reports to the trio thread; *offer*: the disk file read for this request, its alone."""
         context = setup.context
         self.request = request
         self.slot = slot
