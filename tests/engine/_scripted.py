@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
+from bubo.engine._kv_plan import DiskOffer
 from bubo.engine._protocols import BatchEntry
 from bubo.engine.lora import AdapterSet
 
@@ -31,10 +32,18 @@ class ScriptedKv:
     shiftable: bool = True
     shifted: list[tuple[int, int]] = attrs.field(factory=list)
     adapters: AdapterSet = ()
+    offers: list[DiskOffer | None] = attrs.field(factory=list)  # what each prepare was handed
 
     def prepare(
-        self, prompt: Sequence[int], tags: CacheTags | None, *, reuse: bool = True, adapters: AdapterSet = ()
+        self,
+        prompt: Sequence[int],
+        tags: CacheTags | None,
+        *,
+        reuse: bool = True,
+        adapters: AdapterSet = (),
+        offer: DiskOffer | None = None,
     ) -> tuple[int, CacheReport]:
+        self.offers.append(offer)
         if adapters != self.adapters:
             self.tokens.clear()
         self.adapters = adapters

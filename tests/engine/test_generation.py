@@ -29,6 +29,7 @@ from bubo.domain.sampling import DraftLimits
 from bubo.engine._draft_policy import DraftOptions, DraftPolicy
 from bubo.engine._draft_verifier import DraftVerifier, LookupDrafts
 from bubo.engine._generation import EngineSetup, Generation
+from bubo.engine._kv_plan import DiskOffer
 from bubo.engine._model_drafts import Drafter
 from bubo.engine._protocols import BatchEntry
 from bubo.engine.errors import EngineFailure
@@ -87,6 +88,7 @@ def generate(
     chunk: int = 16,
     alone: bool = True,
     context_shift: bool = False,
+    offer: DiskOffer | None = None,
     **sampler: object,
 ) -> Run:
     context = context or ScriptedContext(repeating())
@@ -101,7 +103,7 @@ def generate(
         drafter=drafter,
         context_shift=context_shift,
     )
-    generation = Generation(setup, slot, request, emit=events.append)
+    generation = Generation(setup, slot, request, emit=events.append, offer=offer)
     generation.start()
     for _ in range(10_000):
         if generation.done:
@@ -151,6 +153,11 @@ class TestAGeneration:
         run = generate(request(max_new_tokens=3), context)
         assert run.finished.stats.cached_tokens == 20
         assert sum(len(batch[0].tokens) for batch in context.batches[:1]) == 10  # only the rest is read
+
+    def test_hands_the_disk_offer_read_for_it_to_its_sequence(self) -> None:
+        offer = DiskOffer(tokens=tuple(PATTERN * 4), adapters=(), payload=bytearray(b"state"))
+        run = generate(request(max_new_tokens=1), offer=offer)
+        assert run.context.caches[0].offers == [offer]
 
     def test_that_does_not_fit_the_context_is_refused_at_start(self) -> None:
         with pytest.raises(EngineFailure):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bubo.domain.generation import GenerationRequest
 from bubo.domain.media import PlacedImage, PromptImage, stand_in_ids
+from bubo.engine._kv_plan import DiskOffer
 from bubo.engine._prompt_feeder import PromptFeeder
 
 from ._scripted import ScriptedKv
@@ -12,10 +13,16 @@ PROMPT = tuple(range(10, 30))  # 20 tokens
 
 
 def feeder(
-    kv: ScriptedKv, *, n_ctx: int = 64, shift: bool = False, bos: int | None = None, **fields
+    kv: ScriptedKv,
+    *,
+    n_ctx: int = 64,
+    shift: bool = False,
+    bos: int | None = None,
+    offer: DiskOffer | None = None,
+    **fields,
 ) -> PromptFeeder:
     request = GenerationRequest(prompt_tokens=fields.pop("prompt", PROMPT), max_new_tokens=None, **fields)
-    return PromptFeeder(request, kv, n_ctx=n_ctx, bos=bos, shift=shift)
+    return PromptFeeder(request, kv, n_ctx=n_ctx, bos=bos, shift=shift, offer=offer)
 
 
 class TestThePrompt:
@@ -31,6 +38,14 @@ class TestThePrompt:
         feed = feeder(kv, cache_prompt=False)
         feed.reuse()
         assert feed.n_cached == 0
+
+    def test_the_disk_offer_read_for_the_request_goes_to_its_sequence_with_the_prompt(self) -> None:
+        offer = DiskOffer(tokens=PROMPT[:12], adapters=(), payload=bytearray(b"state"))
+        kv = ScriptedKv()
+        feed = feeder(kv, offer=offer)
+        feed.reuse()
+        feed.reuse()  # handed over once: the feeder does not keep the file's bytes for the generation
+        assert kv.offers == [offer, None]
 
     def test_is_read_in_chunks_of_the_room_given_logits_only_after_the_last(self) -> None:
         kv = ScriptedKv()

@@ -41,86 +41,38 @@ files are ever deleted (a temporary file only once it is
 :data:`STALE_TEMPORARY_S` old, long after any write), a file that vanishes
 meanwhile is skipped, and a directory is removed only once it is empty.
 
-This module imports nothing native: the payload is any buffer (a ctypes
-array from llama.cpp, a bytearray read back).
+The file format is :mod:`._disk_format`'s, what is held :mod:`._disk_index`'s
+and the tree's listing and budget :mod:`._disk_tree`'s; :class:`DiskTier` queues,
+writes, reads and deletes.  None of them imports anything native: the payload
+is any buffer (a ctypes array from llama.cpp, a bytearray read back).
 """
 
 from __future__ import annotations
 
-import array
 import collections
 import contextlib
-import hashlib
-import json
 import logging
 import os
-import re
-import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import attrs
 
-from .lora import NO_ADAPTERS, AdapterSet, adapter_set_from_json
-from .slots import common_prefix
+from ._disk_format import MAGIC, SUFFIX, DiskEntry, Rejected, SnapshotFileFormat, kv_identity, pack_tokens
+from ._disk_index import DiskIndex
+from ._disk_tree import DiskTree, unlink_quietly
+from .lora import NO_ADAPTERS, AdapterSet
 
-__all__ = ["STALE_TEMPORARY_S", "WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
+__all__ = ["MAGIC", "STALE_TEMPORARY_S", "WRITER_THREAD_NAME", "DiskEntry", "DiskTier", "kv_identity"]
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"BUBOKVC1"
-SUFFIX = ".kvc"
 WRITER_THREAD_NAME = "bubo-prompt-cache-writer"
 STALE_TEMPORARY_S = 3600.0
 """A temporary file untouched this long is a write cut short, not one in progress (here or elsewhere)."""
 DEFAULT_MAX_AGE_S = 7 * 86400.0
-_IDENTITY_DIR = re.compile(r"[0-9a-f]{32}")
-_LENGTH = struct.Struct("<I")
-_MAX_HEADER = 4096
-_TOKEN = "i"  # noqa: S105 - the array type code of a token id: int32, as llama_token
-_FORMAT = 1
-# Regions of the model file the identity reads: the start (header, metadata, first tensors), samples, the end.
-_HEAD_BYTES = 8 << 20
-_SAMPLE_BYTES = 1 << 20
-_SAMPLES = 7
-
-
-def kv_identity(model_path: Path, settings: Mapping[str, object]) -> str:
-    """A hex digest of the model file and the *settings* that change the KV cells (blocking: reads the file).
-
-    The file is identified by its size and a sample of its bytes (the first 8 MiB, seven 1 MiB
-    slices spread over it, the last 1 MiB), not by hashing gigabytes at every start.
-    """
-    size = model_path.stat().st_size
-    digest = hashlib.sha256(
-        json.dumps({"format": _FORMAT, "size": size, **settings}, sort_keys=True).encode()
-    )
-    offsets = [(0, _HEAD_BYTES)]
-    offsets += [(size * k // (_SAMPLES + 1), _SAMPLE_BYTES) for k in range(1, _SAMPLES + 1)]
-    offsets.append((max(0, size - _SAMPLE_BYTES), _SAMPLE_BYTES))
-    with model_path.open("rb") as file:
-        for offset, length in offsets:
-            file.seek(offset)
-            digest.update(file.read(length))
-    return digest.hexdigest()
-
-
-@attrs.define(eq=False)
-class DiskEntry:
-    """One snapshot file: its name, its tokens, its size, when it was last used (Unix time), its adapters."""
-
-    name: str
-    tokens: array.array[int]
-    size_bytes: int
-    last_used: float
-    adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
-
-
-class _Rejected(Exception):
-    """A file that is not a whole snapshot of this model and these settings."""
 
 
 @attrs.define
@@ -131,27 +83,13 @@ class _Job:
     adapters: AdapterSet = NO_ADAPTERS
 
 
-@attrs.frozen
-class _Head:
-    """A snapshot file's header and tokens, read and checked."""
-
-    tokens: array.array[int]
-    payload_bytes: int
-    sha256: str
-    header_bytes: int
-    adapters: AdapterSet = NO_ADAPTERS
-
-    @property
-    def file_size(self) -> int:
-        """The size of the whole file."""
-        return len(MAGIC) + _LENGTH.size + self.header_bytes + 4 * len(self.tokens) + self.payload_bytes
-
-
 class DiskTier:
     """Snapshot files under a byte budget, written by a thread of their own.
 
     :meth:`put` (the decode thread) only queues; :meth:`best` and :meth:`read`
-    run in worker threads; one lock guards the index they all share.
+    run in worker threads.  What is held is a :class:`~._disk_index.DiskIndex`;
+    the file format is :class:`~._disk_format.SnapshotFileFormat`'s, and the
+    budget over the whole tree :class:`~._disk_tree.DiskTree`'s.
     """
 
     def __init__(
@@ -168,16 +106,14 @@ class DiskTier:
         *budget_bytes* holds over every identity's files under *directory*; another identity's
         directory unused for *max_age_s* seconds is deleted.
         """
-        self.identity = identity
         self.budget_bytes = budget_bytes
-        self.max_age_s = max_age_s
-        self.root = directory
         self.directory = directory / identity[:32]
+        self._format = SnapshotFileFormat(identity)
+        self._tree = DiskTree(directory, self.directory, max_age_s=max_age_s)
         self._max_pending = max_pending_bytes
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._entries: collections.OrderedDict[str, DiskEntry] = collections.OrderedDict()  # oldest first
-        self._bytes = 0
+        self._index = DiskIndex()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._pending_bytes = 0
         self._writing: _Job | None = None  # the job the writer thread has taken
@@ -186,47 +122,40 @@ class DiskTier:
         _make_private_dir(directory)
         _make_private_dir(self.directory)
         os.utime(self.directory)  # in use from now: no other server prunes it as unused
-        self._scan()
+        self._index.found(self._tree.own_files(self._format, stale_before=time.time() - STALE_TEMPORARY_S))
+        self._hold_budget()
 
     # ---- what is held (any thread) -------------------------------------------------------------
 
     @property
     def total_bytes(self) -> int:
         """Bytes of the files held."""
-        return self._bytes
+        return self._index.total_bytes
 
     def entries(self) -> list[DiskEntry]:
         """The files held, least recently used first."""
-        with self._lock:
-            return list(self._entries.values())
+        return self._index.entries()
 
     def holds(self, tokens: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> bool:
-        """Whether a file of exactly *tokens* under *adapters* is held, being written, or queued."""
-        name, exact = self._name(_pack(tokens), adapters), tuple(tokens)
+        """Whether a file of exactly *tokens* under *adapters* is held, being written, or queued.
+
+        The queue is asked first: the writer indexes a file before it lets go of its job.
+        """
+        name, exact = self._format.name(pack_tokens(tokens), adapters), tuple(tokens)
 
         def same(job: _Job | None) -> bool:
             return job is not None and job.tokens == exact and job.adapters == adapters
 
         with self._lock:
-            return name in self._entries or same(self._writing) or any(same(job) for job in self._jobs)
+            if same(self._writing) or any(same(job) for job in self._jobs):
+                return True
+        return name in self._index
 
     def best(
         self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS, *, max_tokens: int
     ) -> tuple[DiskEntry | None, int]:
-        """The file under *adapters* sharing the longest prefix with *prompt* (at most ``len(prompt) - 1``).
-
-        Returns it and that length.  Only files of fewer than *max_tokens* tokens count (a
-        sequence could not hold the others), and only those computed under the same LoRA set.
-        """
-        limit = len(prompt) - 1
-        best, best_len = None, 0
-        for entry in self.entries():
-            if len(entry.tokens) >= max_tokens or entry.adapters != adapters:
-                continue
-            match = common_prefix(entry.tokens, prompt, limit)
-            if match > best_len:
-                best, best_len = entry, match
-        return best, best_len
+        """See :meth:`~._disk_index.DiskIndex.best` (the file to read for *prompt*, and its match)."""
+        return self._index.best(prompt, adapters, max_tokens=max_tokens)
 
     # ---- reading (a worker thread) ---------------------------------------------------------------
 
@@ -234,34 +163,17 @@ class DiskTier:
         """*entry*'s payload, checked; None (the file logged and deleted) if it is not whole and ours."""
         path = self._path(entry.name)
         try:
-            payload = self._read_payload(path, entry)
+            payload = self._format.read_payload(path, entry)
         except FileNotFoundError:  # evicted or superseded since it was chosen
             self._delete(entry.name, path)
             return None
-        except (OSError, _Rejected) as error:
+        except (OSError, Rejected) as error:
             self._discard(entry.name, path, error)
             return None
         now = time.time()
         with contextlib.suppress(OSError):  # deleted meanwhile: the payload read is still whole
             os.utime(path, (now, now))
-        with self._lock:
-            if entry.name in self._entries:
-                self._entries.move_to_end(entry.name)
-                entry.last_used = now
-        return payload
-
-    def _read_payload(self, path: Path, entry: DiskEntry) -> bytearray:
-        with path.open("rb") as file:
-            head = self._read_head(file)
-            if head.tokens != entry.tokens or head.adapters != entry.adapters:
-                raise _Rejected("its tokens are not those it was indexed with")
-            payload = bytearray(head.payload_bytes)
-            if file.readinto(payload) != len(payload) or file.read(1):
-                raise _Rejected("its size does not match its header")
-        digest = hashlib.sha256(head.tokens.tobytes())
-        digest.update(payload)
-        if digest.hexdigest() != head.sha256:
-            raise _Rejected("its checksum does not match")
+        self._index.used(entry, now)
         return payload
 
     # ---- writing -------------------------------------------------------------------------------
@@ -324,259 +236,52 @@ class DiskTier:
 
     def _write(self, job: _Job) -> None:
         """Write *job*'s file (on the writer thread), then make room for it under the budget."""
-        tokens = _pack(job.tokens)
-        name = self._name(tokens, job.adapters)
-        digest = hashlib.sha256(tokens.tobytes())
-        digest.update(job.data)
-        header = json.dumps(
-            {
-                "identity": self.identity,
-                "adapters": [[adapter, scale] for adapter, scale in job.adapters],
-                "n_tokens": len(tokens),
-                "payload_bytes": job.size,
-                "sha256": digest.hexdigest(),
-            }
-        ).encode()
+        tokens = pack_tokens(job.tokens)
+        name = self._format.name(tokens, job.adapters)
         path = self._path(name)
         temporary = self.directory / f".{name}.{os.getpid()}.tmp"
         _make_private_dir(self.directory)  # another server may have pruned it as unused meanwhile
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-        with os.fdopen(os.open(temporary, flags, 0o600), "wb") as file:
-            file.write(MAGIC + _LENGTH.pack(len(header)) + header)
-            file.write(tokens.tobytes())
-            file.write(job.data)
-        temporary.replace(path)
+        self._format.write(temporary, path, tokens, job.data, job.adapters)
         size = path.stat().st_size
-        with self._lock:
-            old = self._entries.pop(name, None)
-            self._bytes -= old.size_bytes if old else 0
-            self._entries[name] = DiskEntry(
-                name=name, tokens=tokens, size_bytes=size, last_used=time.time(), adapters=job.adapters
-            )
-            self._bytes += size
-            superseded = [
-                e.name
-                for e in self._entries.values()
-                if e.name != name and e.adapters == job.adapters and _extends(tokens, e.tokens)
-            ]
+        superseded = self._index.add(
+            DiskEntry(name=name, tokens=tokens, size_bytes=size, last_used=time.time(), adapters=job.adapters)
+        )
         for other in superseded:
             self._delete(other)
         self._hold_budget()
 
-    # ---- the index -------------------------------------------------------------------------------
-
-    def _scan(self) -> None:
-        """Index the files of earlier runs (oldest use first); delete broken ones and old leftovers."""
-        found: list[DiskEntry] = []
-        stale = time.time() - STALE_TEMPORARY_S
-        for path in self.directory.iterdir():
-            if not path.is_file() or path.is_symlink():
-                continue
-            if _is_temporary(path):
-                with contextlib.suppress(OSError):  # another server's write in progress is younger
-                    if path.stat().st_mtime < stale:
-                        path.unlink()  # a write cut short
-                continue
-            if path.suffix != SUFFIX:
-                continue
-            try:
-                found.append(self._index(path))
-            except FileNotFoundError:
-                continue  # another server sharing the directory deleted it meanwhile
-            except (OSError, _Rejected) as error:
-                self._discard(path.stem, path, error)
-        for entry in sorted(found, key=lambda e: e.last_used):
-            self._entries[entry.name] = entry
-            self._bytes += entry.size_bytes
-        self._hold_budget()
-
-    def _index(self, path: Path) -> DiskEntry:
-        """The entry of a file found at start (its header and size checked, not yet its checksum)."""
-        with path.open("rb") as file:
-            head = self._read_head(file)
-        stat = path.stat()
-        if stat.st_size != head.file_size:
-            raise _Rejected("its size does not match its header")
-        if path.stem != self._name(head.tokens, head.adapters):
-            raise _Rejected("its name is not its tokens' hash")
-        return DiskEntry(
-            name=path.stem,
-            tokens=head.tokens,
-            size_bytes=stat.st_size,
-            last_used=stat.st_mtime,
-            adapters=head.adapters,
-        )
-
-    def _read_head(self, file: BinaryIO) -> _Head:
-        """The header and tokens of an open snapshot file, checked against this tier's identity."""
-        start = file.read(len(MAGIC) + _LENGTH.size)
-        if len(start) < len(MAGIC) + _LENGTH.size or not start.startswith(MAGIC):
-            raise _Rejected("it is not a prompt-cache file")
-        (length,) = _LENGTH.unpack_from(start, len(MAGIC))
-        if length > _MAX_HEADER:
-            raise _Rejected("its header is too long")
-        try:
-            header = json.loads(file.read(length))
-            identity, n_tokens, n_bytes, sha256 = (
-                header["identity"],
-                header["n_tokens"],
-                header["payload_bytes"],
-                header["sha256"],
-            )
-            adapters = adapter_set_from_json(header["adapters"])
-        except (ValueError, KeyError, TypeError):
-            raise _Rejected("its header is not readable") from None
-        if identity != self.identity:
-            raise _Rejected("it was written for another model or other settings")
-        if not (isinstance(n_tokens, int) and isinstance(n_bytes, int) and isinstance(sha256, str)):
-            raise _Rejected("its header is not readable")
-        if n_tokens <= 0 or n_bytes <= 0:
-            raise _Rejected("its header is not readable")
-        raw = file.read(n_tokens * 4)
-        if len(raw) != n_tokens * 4:
-            raise _Rejected("it is cut short")
-        tokens = array.array(_TOKEN)
-        tokens.frombytes(raw)
-        return _Head(
-            tokens=tokens, payload_bytes=n_bytes, sha256=sha256, header_bytes=length, adapters=adapters
-        )
+    # ---- the budget, deleting -------------------------------------------------------------------
 
     def _hold_budget(self) -> None:
         """Delete the tree's least recently used files until every identity's files fit the budget.
 
         Runs where files are written (the writer thread, or the constructor before it starts),
         so none of this tier's own files is half written; other servers' half-written files
-        have temporary names and are not counted.
+        have temporary names and are not counted.  The index first forgets its files that are
+        gone (another server sharing the tree deleted them).
         """
-        files = self._census()
-        total = sum(file.size for file in files)
-        if total <= self.budget_bytes:
-            return
-        for file in sorted(files, key=lambda f: f.last_used):
-            if total <= self.budget_bytes:
-                return
+        files = self._tree.census()
+        here = {file.path.stem for file in files if file.path.parent == self.directory}
+        self._index.keep_only(here)
+        for file in self._tree.excess(files, self.budget_bytes):
             if file.path.parent == self.directory:
                 self._delete(file.path.stem, file.path)
             else:
-                _unlink_quietly(file.path)
-            total -= file.size
-
-    def _census(self) -> list[_TreeFile]:
-        """Every whole snapshot file in the tree; another identity's directory unused too long is pruned.
-
-        This tier's index forgets its files that are gone (another server sharing the tree
-        deleted them).
-        """
-        found: list[_TreeFile] = []
-        now = time.time()
-        try:
-            directories = [path for path in self.root.iterdir() if _IDENTITY_DIR.fullmatch(path.name)]
-        except OSError as error:
-            logger.warning("could not list the prompt-cache directory %s: %s", self.root, error)
-            directories = [self.directory]
-        for directory in directories:
-            if directory.is_symlink() or not directory.is_dir():
-                continue
-            files, last_used = _listing(directory)
-            if directory != self.directory and last_used < now - self.max_age_s:
-                _prune(directory, files, stale_before=now - self.max_age_s)
-                continue
-            found.extend(files)
-        here = {file.path.stem for file in found if file.path.parent == self.directory}
-        with self._lock:
-            for name in [name for name in self._entries if name not in here]:
-                self._bytes -= self._entries.pop(name).size_bytes
-        return found
+                unlink_quietly(file.path)
 
     def _discard(self, name: str, path: Path, error: BaseException) -> None:
         logger.warning("prompt-cache file %s skipped and deleted: %s", path.name, error)
         self._delete(name, path)
 
     def _delete(self, name: str, path: Path | None = None) -> None:
-        with self._lock:
-            entry = self._entries.pop(name, None)
-            if entry is not None:
-                self._bytes -= entry.size_bytes
+        self._index.pop(name)
         try:
             (path or self._path(name)).unlink(missing_ok=True)
         except OSError as error:
             logger.warning("could not delete the prompt-cache file %s: %s", name, error)
 
-    def _name(self, tokens: array.array[int], adapters: AdapterSet) -> str:
-        digest = hashlib.sha256(self.identity.encode())
-        digest.update(json.dumps([[adapter, scale] for adapter, scale in adapters]).encode())
-        digest.update(tokens.tobytes())
-        return digest.hexdigest()[:40]
-
     def _path(self, name: str) -> Path:
         return self.directory / (name + SUFFIX)
-
-
-@attrs.frozen
-class _TreeFile:
-    """A whole snapshot file somewhere in the tree, of any identity."""
-
-    path: Path
-    size: int
-    last_used: float  # its modification time
-
-
-def _is_temporary(path: Path) -> bool:
-    return path.name.startswith(".") and path.name.endswith(".tmp")
-
-
-def _listing(directory: Path) -> tuple[list[_TreeFile], float]:
-    """*directory*'s whole snapshot files, and when it was last used (its own or its newest file's time)."""
-    files: list[_TreeFile] = []
-    try:
-        last_used = directory.stat().st_mtime
-        entries = list(os.scandir(directory))
-    except OSError:  # removed meanwhile
-        return [], 0.0
-    for entry in entries:
-        if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
-            continue
-        try:
-            if not entry.is_file(follow_symlinks=False):
-                continue
-            stat = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        files.append(_TreeFile(Path(entry.path), stat.st_size, stat.st_mtime))
-        last_used = max(last_used, stat.st_mtime)
-    return files, last_used
-
-
-def _prune(directory: Path, files: list[_TreeFile], *, stale_before: float) -> None:
-    """Delete an unused identity directory: its snapshot files, old temporary files, then itself if empty."""
-    for file in files:
-        _unlink_quietly(file.path)
-    with contextlib.suppress(OSError):
-        for path in directory.iterdir():
-            with contextlib.suppress(OSError):
-                if _is_temporary(path) and path.lstat().st_mtime < stale_before:
-                    path.unlink()
-    with contextlib.suppress(OSError):  # not empty: something else lives there, or a server just began
-        directory.rmdir()
-        logger.info("deleted the prompt-cache directory %s, unused for too long", directory.name)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as error:
-        logger.warning("could not delete the prompt-cache file %s: %s", path, error)
-
-
-def _pack(tokens: Sequence[int]) -> array.array[int]:
-    packed = array.array(_TOKEN, tokens)
-    if packed.itemsize != 4:  # pragma: no cover - int is 32 bits on every platform llama.cpp runs on
-        raise RuntimeError("int32 tokens expected")
-    return packed
-
-
-def _extends(longer: array.array[int], shorter: array.array[int]) -> bool:
-    return len(shorter) < len(longer) and longer[: len(shorter)] == shorter
 
 
 def _make_private_dir(path: Path) -> None:

@@ -41,6 +41,7 @@ from ._draft_policy import DraftPolicy
 from ._drafting import Drafting
 from ._end_policy import EndPolicy
 from ._generation_report import GenerationReport, Outcome
+from ._kv_plan import DiskOffer
 from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
@@ -75,7 +76,9 @@ class Generation:
         request: GenerationRequest,
         *,
         emit: Callable[[EngineEvent], None],
+        offer: DiskOffer | None = None,
     ) -> None:
+        """*emit* reports to the trio thread; *offer*: the disk file read for this request, its alone."""
         context = setup.context
         self.request = request
         self.slot = slot
@@ -88,7 +91,12 @@ class Generation:
         self._make_sampler = setup.sampler
         self._sampler: TokenSampler | None = None
         self._feeder = PromptFeeder(
-            request, self.cache, n_ctx=context.n_ctx_seq, bos=context.bos, shift=setup.context_shift
+            request,
+            self.cache,
+            n_ctx=context.n_ctx_seq,
+            bos=context.bos,
+            shift=setup.context_shift,
+            offer=offer,
         )
         self._ending = EndPolicy(
             request,

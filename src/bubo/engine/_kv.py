@@ -11,8 +11,14 @@ under a byte budget, least recently used out first.  With a disk tier
 (:mod:`._disk_cache`) every snapshot, and every live sequence once the engine
 is idle or closes, is also queued for a file; a request the live sequence and
 host RAM serve less well gets the best file read and checked in a worker
-thread (:meth:`SequenceCache.read_from_disk`), and its generation restores
-it (:meth:`SequenceCache.offer`).
+thread (:meth:`SequenceCache.read_from_disk`, a :class:`~._kv_plan.DiskOffer`);
+the offer travels inside the request's generation to :meth:`SequenceCache.prepare`,
+which restores it if it is still the best source.
+
+Which source a prompt starts from is decided by :func:`._kv_plan.choose_source`
+over plain values (what each source holds); :meth:`SequenceCache.prepare`
+gathers those values, asks for a :class:`~._kv_plan.Plan` and carries it out
+with the llama.cpp calls.  The rules are in :mod:`._kv_plan`.
 
 Cells computed under one LoRA adapter set are not what another set computes:
 a sequence and each snapshot remember the set they were computed under, and
@@ -47,32 +53,38 @@ cells become the sequence's own in the ledger, and only the cells before the
 first moved one (``n_shareable``) are offered to other sequences; the prefix is
 shared only from a sequence under the request's LoRA adapter set.
 
-Only the engine thread that owns the context calls into this module; the
-snapshot store and the ledger are shared by every slot's sequence.
+Only the engine thread that owns the context calls into this module, except
+:meth:`SequenceCache.read_from_disk`, which only reads; the snapshot store and
+the ledger are shared by every slot's sequence.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import itertools
 import logging
 import struct
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import attrs
 import llama_cpp
 
 from bubo.domain.generation import CacheReport, CacheTags
 
 from ._cells import CellLedger
 from ._disk_cache import DiskTier
-from .errors import EngineFailure
+from ._kv_plan import (
+    MIN_SNAPSHOT_TOKENS,
+    Base,
+    DiskOffer,
+    Held,
+    Plan,
+    Sources,
+    choose_source,
+    file_pays,
+)
+from ._kv_tiers import TieredSequence
+from ._snapshots import Snapshot, SnapshotStore
 from .lora import NO_ADAPTERS, AdapterSet
-from .slots import common_prefix
-from .values import SnapshotInfo
 
 __all__ = ["SequenceCache", "SnapshotStore", "saved_token_count"]
 
@@ -96,134 +108,15 @@ def saved_token_count(path: Path) -> int | None:
 
 logger = logging.getLogger(__name__)
 
-# A snapshot must save at least this many tokens of prefill to be worth its copy.
-MIN_SNAPSHOT_TOKENS = 64
-# How much longer a snapshot's match must be than the live prefix to be restored.
-MIN_RESTORE_GAIN = 32
-# Evicted prefixes remembered (to report "evicted" as the reason of a miss).
-EVICTED_MEMORY = 64
-EVICTED_PREFIX = 256
 
+class SequenceCache(TieredSequence):
+    """One sequence of a context (one slot's): which cached prefix each prompt starts from.
 
-@attrs.define
-class _Snapshot:
-    tokens: tuple[int, ...]
-    data: ctypes.Array[ctypes.c_uint8]
-    tags: CacheTags | None
-    adapters: AdapterSet = NO_ADAPTERS
-    moved: int | None = None  # the first cell --cache-reuse moved (None: every cell in place)
-    last_used: float = attrs.field(factory=time.time)
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-
-class SnapshotStore:
-    """Sequence-state snapshots in host RAM under a byte budget (LRU)."""
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
-        self._entries: collections.OrderedDict[int, _Snapshot] = collections.OrderedDict()
-        self._ids = itertools.count()
-        self._bytes = 0
-        self._evicted: collections.deque[tuple[int, ...]] = collections.deque(maxlen=EVICTED_MEMORY)
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes held."""
-        return self._bytes
-
-    def snapshots(self) -> list[SnapshotInfo]:
-        """What is stored, most recently used last.
-
-        Safe to call from another thread than the decode thread: ``list()``
-        copies the entries in one C call, which the decode thread cannot
-        interleave with (a Python loop over the dict could see it change).
-        """
-        entries = list(self._entries.values())
-        return [
-            SnapshotInfo(
-                n_tokens=len(s.tokens),
-                size_bytes=s.size,
-                conversation=s.tags.conversation if s.tags else None,
-                last_used=s.last_used,
-                tier="ram",
-            )
-            for s in entries
-        ]
-
-    def longest_match(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> int:
-        """The longest prefix a snapshot computed under *adapters* shares with *prompt* (thread-safe)."""
-        entries = [s for s in list(self._entries.values()) if s.adapters == adapters]
-        return max((common_prefix(s.tokens, prompt, len(prompt) - 1) for s in entries), default=0)
-
-    def best(self, prompt: Sequence[int], adapters: AdapterSet = NO_ADAPTERS) -> tuple[int | None, int, int]:
-        """``(id, match, partial)``: the snapshot computed under *adapters* sharing the longest prefix.
-
-        ``partial`` counts the other snapshots that shared some prefix (skipped).
-        """
-        best_id, best_len, partial = None, 0, 0
-        for key, snapshot in self._entries.items():
-            if snapshot.adapters != adapters:
-                continue
-            match = common_prefix(snapshot.tokens, prompt, len(prompt) - 1)
-            if match > best_len:
-                partial += best_id is not None
-                best_id, best_len = key, match
-            elif match > 0:
-                partial += 1
-        return best_id, best_len, partial
-
-    def take(self, key: int) -> _Snapshot:
-        """The snapshot, marked most recently used."""
-        self._entries.move_to_end(key)
-        snapshot = self._entries[key]
-        snapshot.last_used = time.time()
-        return snapshot
-
-    def add(self, snapshot: _Snapshot) -> None:
-        """Keep *snapshot*, dropping those it supersedes and the least recently used over budget."""
-        superseded = [
-            key
-            for key, kept in self._entries.items()
-            if kept.adapters == snapshot.adapters and snapshot.tokens[: len(kept.tokens)] == kept.tokens
-        ]
-        for key in superseded:
-            self._drop(key, evicted=False)
-        if snapshot.size > self.budget_bytes:
-            self._remember_evicted(snapshot.tokens)
-            return
-        self._entries[next(self._ids)] = snapshot
-        self._bytes += snapshot.size
-        while self._bytes > self.budget_bytes:
-            self._drop(next(iter(self._entries)), evicted=True)
-
-    def _drop(self, key: int, *, evicted: bool) -> None:
-        snapshot = self._entries.pop(key)
-        self._bytes -= snapshot.size
-        if evicted:
-            self._remember_evicted(snapshot.tokens)
-
-    def _remember_evicted(self, tokens: tuple[int, ...]) -> None:
-        self._evicted.append(tokens[:EVICTED_PREFIX])
-
-    def was_evicted(self, prompt: Sequence[int]) -> bool:
-        """Whether *prompt* begins like a snapshot that was evicted for room."""
-        return any(
-            common_prefix(t, prompt, len(t)) >= min(len(t), MIN_SNAPSHOT_TOKENS) for t in self._evicted
-        )
-
-    def conversations(self) -> list[CacheTags]:
-        """The tags of every stored snapshot."""
-        return [s.tags for s in self._entries.values() if s.tags is not None]
-
-
-class SequenceCache:
-    """One sequence of a context (one slot's): its tokens, prefix reuse and snapshots.
-
-    Its token list mirrors what llama.cpp holds in the sequence; the slot reads
-    it (:class:`~.slots.TokenMirror`) from the trio thread.
+    Its cells, their token mirror and the calls that change them are
+    :class:`~._kv_cells.KvCells`'; their copies in host RAM, on disk and in slot
+    files are :class:`~._kv_tiers.TieredSequence`'.  This class gathers what each
+    source holds, asks :func:`._kv_plan.choose_source` and carries the plan out,
+    and reads a disk file for a request when one pays (in a worker thread).
     """
 
     def __init__(
@@ -241,57 +134,10 @@ class SequenceCache:
 
         *reuse_chunk*: the shortest cached run moved to its place after a changed middle (0: none).
         """
-        self._ctx = ctx
-        self._memory = memory
-        self.seq_id = seq_id
-        self.store = store
+        super().__init__(ctx, memory, seq_id, ledger=ledger, store=store, disk=disk)
         self.reuse_chunk = reuse_chunk
-        self.ledger = ledger if ledger is not None else CellLedger()
         self.peers: Sequence[SequenceCache] = ()  # the sequences it may share cells with (a unified cache)
-        self.disk = disk
-        self._offered: _Snapshot | None = None  # read from disk for the next prepare
-        self.tokens: list[int] = []
-        self.tags: CacheTags | None = None
-        self.adapters: AdapterSet = NO_ADAPTERS  # the LoRA adapter set its cells were computed under
-        self.version = 0  # changes whenever the sequence does (idle work checks it is still current)
         self._ever_used = False
-        self._exact: int | None = None  # after a shift: how many leading cells are exact (None: all)
-        self._moved: int | None = None  # the first cell --cache-reuse moved (None: every cell in place)
-
-    @property
-    def n_tokens(self) -> int:
-        """How many tokens are held (safe to read from another thread: the list's length, no copy)."""
-        return len(self.tokens)
-
-    def head(self, n: int) -> list[int]:
-        """The first *n* tokens held, copied in one C call (safe to read from another thread)."""
-        return self.tokens[:n]
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Record *tokens* as evaluated after the cached ones."""
-        self.tokens.extend(tokens)
-        self.ledger.extend(self.seq_id, len(tokens))
-        self.version += 1
-
-    @property
-    def private_cells(self) -> int:
-        """Cells no other sequence holds: what giving this one up frees."""
-        return self.ledger.private(self.seq_id)
-
-    @property
-    def n_exact(self) -> int:
-        """How many leading cells are exact (all, unless a context shift moved some)."""
-        return len(self.tokens) if self._exact is None else self._exact
-
-    @property
-    def n_shareable(self) -> int:
-        """How many leading cells another sequence may share: exact, and none moved by ``--cache-reuse``."""
-        return self.n_exact if self._moved is None else min(self.n_exact, self._moved)
-
-    @property
-    def shifted(self) -> bool:
-        """Whether a context shift left cells that are not exact (they are dropped before reuse)."""
-        return self._exact is not None
 
     def prepare(
         self,
@@ -300,6 +146,7 @@ class SequenceCache:
         *,
         reuse: bool = True,
         adapters: AdapterSet = NO_ADAPTERS,
+        offer: DiskOffer | None = None,
     ) -> tuple[int, CacheReport]:
         """Make the sequence hold the longest cached prefix of *prompt*; return its length and a report.
 
@@ -307,127 +154,67 @@ class SequenceCache:
         Without *reuse* (llama-server's ``cache_prompt: false``) nothing cached is reused: the
         whole prompt is evaluated afresh (the live sequence is still kept as a snapshot if worth one).
         Only a prefix computed under *adapters* (the request's LoRA adapter set) is reused.
+        *offer*: the file :meth:`read_from_disk` read for this request, restored if still the best.
+
+        The cells a context shift moved are dropped first; then :func:`._kv_plan.choose_source`
+        decides from what each source holds, and :meth:`_carry_out` makes the llama.cpp calls.
         """
         self._drop_inexact()
-        offered, self._offered = self._offered, None
-        if not reuse:
-            self._save_live()
-            self.truncate(0)
-            self.tags, self.adapters = tags, adapters
-            self._ever_used = True
-            return 0, CacheReport(hit=False, miss_reason="disabled")
-        limit = len(prompt) - 1
-        live = common_prefix(self.tokens, prompt, limit) if self.adapters == adapters else 0
-        peer, peer_match = self._best_peer(prompt, limit, adapters)
-        key, snapshot_match, partial = self.store.best(prompt, adapters) if self.store else (None, 0, 0)
-        restored = shared = 0
-        if offered is not None and offered.adapters != adapters:
-            offered = None
-        offered_match = common_prefix(offered.tokens, prompt, limit) if offered is not None else 0
-        best_here = max(live, peer_match)
-        if (
-            offered is not None
-            and offered_match > snapshot_match
-            and offered_match >= best_here + MIN_RESTORE_GAIN
-        ):
-            self._save_live()
-            restored = self._load(offered)
-            logger.info("restored %d tokens of the prompt cache from disk", offered_match)
-            keep = offered_match
-        elif key is not None and snapshot_match >= best_here + MIN_RESTORE_GAIN:
-            assert self.store is not None
-            snapshot = self.store.take(key)  # held first: saving the live sequence may evict it
-            self._save_live()
-            restored = self._load(snapshot)
-            keep = snapshot_match
+        sources = Sources(
+            live=Held(self.tokens, self.adapters),
+            pinned=self.ledger.shared_end(self.seq_id, 0),
+            peers=[
+                (peer.seq_id, Held(peer.tokens, peer.adapters, usable=peer.n_shareable))
+                for peer in self.peers
+                if peer is not self
+            ],
+            snapshots=self.store.held() if self.store is not None else (),
+            offer=Held(offer.tokens, offer.adapters) if offer is not None else None,
+            can_shift=self.can_shift(),
+        )
+        plan = choose_source(prompt, adapters, sources, reuse=reuse, reuse_chunk=self.reuse_chunk)
+        keep, restored, shared = self._carry_out(plan, prompt, offer)
+        if plan.disabled:
+            report = CacheReport(hit=False, miss_reason="disabled")
         else:
-            partial += key is not None
-            if len(self.tokens) - live >= MIN_SNAPSHOT_TOKENS:
-                self._save_live()
-            keep = live
-        if peer is not None and peer_match > keep:
-            keep = self.truncate(keep)
-            shared = self._share(peer, keep, peer_match, prompt)
-            keep += shared
-        elif self.reuse_chunk > 0 and self.adapters == adapters:  # cells of another set are not reused
-            keep = self._reuse_chunks(prompt, keep)
-        else:
-            keep = self.truncate(keep)
-        report = self._report(prompt, tags, keep, partial, restored, shared)
+            report = self._report(prompt, tags, keep, plan.skipped, restored, shared)
         self.tags, self.adapters = tags, adapters
         self._ever_used = True
         return keep, report
 
-    def _reuse_chunks(self, prompt: Sequence[int], keep: int) -> int:
-        """Move the cached runs the prompt repeats after its first *keep* tokens into place; the count held.
+    def _carry_out(self, plan: Plan, prompt: Sequence[int], offer: DiskOffer | None) -> tuple[int, int, int]:
+        """Make the calls *plan* asks for; ``(tokens held, bytes restored, tokens shared)``.
 
-        After the first *keep* tokens, each cached run of ``reuse_chunk`` or more tokens that the
-        prompt goes on with moves to its place in the prompt, and the rest is dropped.
-
-        At least the prompt's last token is left to evaluate (sampling needs its logits).  A memory
-        that cannot move cells (recurrent, sliding-window) keeps the prefix alone.  A cell another
-        sequence holds never moves (its position is that sequence's too): runs are sought after the
-        last such cell.  The moved cells become the sequence's own and are never shared.
+        A restore llama.cpp refuses leaves the sequence empty (nothing else is done).  A
+        truncation the memory cannot make (recurrent state) clears it, and a share then
+        starts at 0.
         """
-        if not self.can_shift():
-            return self.truncate(keep)
-        cached, limit = self.tokens, len(prompt) - 1
-        at_cache = self.ledger.shared_end(self.seq_id, keep)
-        at_prompt = keep
-        while at_cache < len(cached) and at_prompt < limit:
-            run = 0
-            while (
-                at_cache + run < len(cached)
-                and at_prompt + run < limit
-                and cached[at_cache + run] == prompt[at_prompt + run]
-            ):
-                run += 1
-            if run < self.reuse_chunk:
-                at_cache += 1
-                continue
-            # the cells between the prompt's position and the run go; the run moves down to close the gap
-            llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, at_cache)
-            llama_cpp.llama_memory_seq_add(
-                self._memory, self.seq_id, at_cache, at_cache + run, at_prompt - at_cache
-            )
-            at_cache += run
-            at_prompt += run
-        if at_prompt == keep:
-            return self.truncate(keep)
-        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, at_prompt, -1)
-        logger.debug("cache reuse: %d tokens moved after a %d-token prefix", at_prompt - keep, keep)
-        self.tokens[:] = prompt[:at_prompt]
-        self.ledger.moved(self.seq_id, keep, at_prompt - keep)
-        self._moved = keep if self._moved is None else min(self._moved, keep)
-        self.version += 1
-        return at_prompt
-
-    def _best_peer(
-        self, prompt: Sequence[int], limit: int, adapters: AdapterSet
-    ) -> tuple[SequenceCache | None, int]:
-        """The other sequence under *adapters* with the longest shareable prefix of *prompt*, and its length.
-
-        Only cells computed under the request's adapter set, in place (``n_shareable``), are offered.
-        """
-        best, best_len = None, 0
-        for peer in self.peers:
-            if peer is self or peer.adapters != adapters:
-                continue
-            match = common_prefix(peer.tokens, prompt, min(limit, peer.n_shareable))
-            if match > best_len:
-                best, best_len = peer, match
-        return best, best_len
-
-    def _share(self, peer: SequenceCache, start: int, end: int, prompt: Sequence[int]) -> int:
-        """Take *peer*'s cells ``[start, end)`` (this sequence holds ``[0, start)``); how many it took.
-
-        The cells gain this sequence's id (``llama_memory_seq_cp`` on a unified cache), nothing is copied.
-        """
-        llama_cpp.llama_memory_seq_cp(self._memory, peer.seq_id, self.seq_id, start, end)
-        self.tokens.extend(prompt[start:end])
-        self.ledger.share(peer.seq_id, self.seq_id, start, end)
-        self.version += 1
-        return end - start
+        restoring: Snapshot | None = None
+        if plan.base is Base.SNAPSHOT:
+            assert self.store is not None
+            assert plan.snapshot_key is not None
+            restoring = self.store.take(plan.snapshot_key)  # held first: saving the live may evict it
+        elif plan.base is Base.DISK:
+            assert offer is not None
+            data = (ctypes.c_uint8 * len(offer.payload)).from_buffer(offer.payload)
+            restoring = Snapshot(tokens=offer.tokens, data=data, tags=None, adapters=offer.adapters)
+        if plan.save_live:
+            self._save_live()
+        restored = shared = 0
+        if restoring is not None:
+            restored = self._load(restoring)
+            if not restored:
+                return 0, 0, 0
+            if plan.base is Base.DISK:
+                logger.info("restored %d tokens of the prompt cache from disk", plan.keep)
+        if plan.share is not None:
+            keep = self.truncate(plan.keep)
+            peer = next(p for p in self.peers if p.seq_id == plan.share.seq_id)
+            shared = self._share(peer, keep, plan.share.end, prompt)
+            return keep + shared, restored, shared
+        if plan.moves:
+            return self._move(plan.moves, prompt, plan.keep), restored, shared
+        return self.truncate(plan.keep), restored, shared
 
     def _report(
         self,
@@ -461,61 +248,10 @@ class SequenceCache:
             return "disabled"
         return "no_prefix"
 
-    def _save_live(self) -> None:
-        """Copy the live sequence to host RAM (and queue it for disk) before it is overwritten.
-
-        A sequence with cells ``--cache-reuse`` moved is not written to disk: a file records no
-        moved cells, and its restored cells are offered to other slots as evaluated in place.
-        """
-        if len(self.tokens) < MIN_SNAPSHOT_TOKENS:
-            return
-        on_disk = self.disk is None or self._moved is not None or self.disk.holds(self.tokens, self.adapters)
-        if self.store is None and on_disk:
-            return
-        data = self._state()
-        if data is None:
-            return
-        if self.store is not None:
-            self.store.add(
-                _Snapshot(
-                    tokens=tuple(self.tokens),
-                    data=data,
-                    tags=self.tags,
-                    adapters=self.adapters,
-                    moved=self._moved,
-                )
-            )
-        if not on_disk:
-            assert self.disk is not None
-            self.disk.put(self.tokens, memoryview(data), self.adapters)
-
-    def persist(self) -> None:
-        """Queue the live sequence for disk, unless it is there already (the engine is idle or closing)."""
-        disk = self.disk
-        if disk is None or self._exact is not None or self._moved is not None:
-            return
-        if len(self.tokens) < MIN_SNAPSHOT_TOKENS:
-            return
-        if disk.holds(self.tokens, self.adapters):
-            return
-        data = self._state()
-        if data is not None:
-            disk.put(self.tokens, memoryview(data), self.adapters)
-
-    def _state(self) -> ctypes.Array[ctypes.c_uint8] | None:
-        """A copy of the sequence's state in host memory (None if llama.cpp could not write it)."""
-        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id))
-        data: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(self._ctx, data, size, self.seq_id)
-        if written != size:
-            logger.warning("could not snapshot the sequence state (%d of %d bytes)", written, size)
-            return None
-        return data
-
     def read_from_disk(
         self, prompt: Sequence[int], max_tokens: int, adapters: AdapterSet = NO_ADAPTERS
-    ) -> bool:
-        """Read the disk's best file for *prompt* for the next :meth:`prepare`, if it beats what is here.
+    ) -> DiskOffer | None:
+        """The disk's best file for *prompt*, read and checked, if it beats what is here; else None.
 
         Only a file computed under *adapters* (the request's LoRA adapter set) counts, and only
         the live sequence, another slot's shareable prefix and snapshots under that set are what
@@ -524,167 +260,25 @@ class SequenceCache:
         :meth:`prepare` chooses again on the decode thread.
 
         Runs in a worker thread before the generation is submitted (the decode thread never waits on
-        the disk); whether a file was read and offered.  It beats the live sequence and host RAM only
-        by :data:`MIN_RESTORE_GAIN` tokens or more; a file that fails its checks is not offered.
+        the disk) and writes nothing the decode thread reads: the caller hands the offer to the
+        request's generation, whose :meth:`prepare` gets it as an argument.  A file is read
+        only if it beats the slots and host RAM by :data:`._kv_plan.MIN_RESTORE_GAIN` tokens
+        (:func:`._kv_plan.file_pays`); one that fails its checks is not offered.
         """
         if self.disk is None:
-            return False
+            return None
         entry, match = self.disk.best(prompt, adapters, max_tokens=max_tokens)
         if entry is None:
-            return False
-        limit = len(prompt) - 1
-        here = 0
-        for cache in self.peers or (self,):  # the peers of a unified cache include this sequence
-            if cache.adapters != adapters:
-                continue
-            n = len(prompt) if cache is self else min(len(prompt), cache.n_shareable)
-            here = max(here, common_prefix(cache.head(n), prompt, limit))
+            return None
+        held = [
+            Held(cache.head(len(prompt)), cache.adapters, usable=None if cache is self else cache.n_shareable)
+            for cache in self.peers or (self,)  # the peers of a unified cache include this sequence
+        ]
         if self.store is not None:
-            here = max(here, self.store.longest_match(prompt, adapters))
-        if match < here + MIN_RESTORE_GAIN:
-            return False
+            held += [snapshot for _, snapshot in self.store.held()]
+        if not file_pays(prompt, adapters, match, held):
+            return None
         payload = self.disk.read(entry)
         if payload is None:
-            return False
-        data = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
-        self.offer(_Snapshot(tokens=tuple(entry.tokens), data=data, tags=None, adapters=entry.adapters))
-        return True
-
-    def offer(self, snapshot: _Snapshot) -> None:
-        """Have the next :meth:`prepare` restore *snapshot* if it is still the best prefix it has."""
-        self._offered = snapshot
-
-    def _load(self, snapshot: _Snapshot) -> int:
-        """Load *snapshot* into the sequence; return its size (0 if llama.cpp refused it)."""
-        self.clear()
-        read = llama_cpp.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, self.seq_id)
-        if read != snapshot.size:
-            logger.warning("could not restore a sequence snapshot (%d of %d bytes)", read, snapshot.size)
-            self.clear()
-            return 0
-        self.tokens = list(snapshot.tokens)
-        self.ledger.replace(self.seq_id, len(self.tokens))
-        self.tags, self.adapters = snapshot.tags, snapshot.adapters
-        self._moved = snapshot.moved
-        self._exact = None
-        self.version += 1
-        return snapshot.size
-
-    def save_file(self, path: Path) -> int:
-        """Write the sequence's state and tokens to *path* (llama.cpp's format); return the bytes written.
-
-        Cells a context shift moved are dropped first: a restored file's cells are all taken as exact.
-
-        Raises:
-            EngineFailure: llama.cpp could not write it.
-
-        """
-        self._drop_inexact()
-        tokens = (llama_cpp.llama_token * len(self.tokens))(*self.tokens)
-        written = llama_cpp.llama_state_seq_save_file(
-            self._ctx, str(path).encode(), self.seq_id, tokens, len(self.tokens)
-        )
-        if written == 0:
-            raise EngineFailure(f"llama.cpp could not save the slot to {path.name}")
-        return int(written)
-
-    def load_file(self, path: Path, capacity: int) -> int:
-        """Replace the sequence with the state saved in *path*; return the bytes read.
-
-        The tokens saved with it become the sequence's tokens (the prefix the next request reuses).
-
-        Raises:
-            EngineFailure: llama.cpp could not read it (not a state file, another shape of model,
-                more than *capacity* tokens); the sequence is then empty.
-
-        """
-        self.clear()
-        tokens = (llama_cpp.llama_token * capacity)()
-        count = ctypes.c_size_t(0)
-        read = llama_cpp.llama_state_seq_load_file(
-            self._ctx, str(path).encode(), self.seq_id, tokens, capacity, ctypes.byref(count)
-        )
-        if read == 0:
-            self.clear()
-            raise EngineFailure(f"llama.cpp could not restore the slot from {path.name}")
-        self.tokens = list(tokens[: count.value])
-        self.ledger.replace(self.seq_id, len(self.tokens))
-        self.tags = None
-        self.version += 1
-        return int(read)
-
-    def truncate(self, keep: int) -> int:
-        """Drop everything after the first *keep* tokens; return how many remain."""
-        if keep < len(self.tokens) and not llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, keep, -1):
-            self.clear()  # this memory cannot drop a suffix (recurrent state): start afresh
-            return 0
-        if keep < len(self.tokens):
-            del self.tokens[keep:]
-            self.ledger.truncate(self.seq_id, keep)
-            self.version += 1
-        if self._exact is not None and self._exact >= len(self.tokens):
-            self._exact = None
-        if self._moved is not None and self._moved >= len(self.tokens):
-            self._moved = None
-        return len(self.tokens)
-
-    def can_shift(self) -> bool:
-        """Whether this memory can move cells to other positions (not a recurrent or sliding-window one)."""
-        return bool(llama_cpp.llama_memory_can_shift(self._memory))
-
-    def shift(self, n_keep: int, n_discard: int) -> int:
-        """Drop *n_discard* tokens after the first *n_keep*; move the later cells down to close the gap.
-
-        Return how many were dropped: more than asked when a cell to move is
-        shared with another sequence (a cell has one position for all its
-        sequences), then every cell up to the last shared one goes.  The first
-        *n_keep* cells stay exact; the moved ones are not (see the module's docstring).
-        """
-        n_past = len(self.tokens)
-        if n_keep < 0 or not 0 < n_discard <= n_past - n_keep:
-            raise ValueError(f"cannot discard {n_discard} of {n_past} tokens after the first {n_keep}")
-        n_discard = max(n_discard, self.ledger.shared_end(self.seq_id, n_keep + n_discard) - n_keep)
-        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, n_keep, n_keep + n_discard)
-        llama_cpp.llama_memory_seq_add(self._memory, self.seq_id, n_keep + n_discard, n_past, -n_discard)
-        del self.tokens[n_keep : n_keep + n_discard]
-        self.ledger.shift(self.seq_id, n_keep, n_discard)
-        self._exact = n_keep if self._exact is None else min(self._exact, n_keep)
-        self.version += 1
-        return n_discard
-
-    def _drop_inexact(self) -> None:
-        """Forget the cells a shift moved: they must not be reused as if evaluated in place."""
-        if self._exact is not None:
-            self.truncate(self._exact)
-            self._exact = None
-
-    def evict(self) -> None:
-        """Give the sequence's cells up (the shared context is full), keeping a snapshot worth one."""
-        self._drop_inexact()
-        self._save_live()
-        self.clear()
-
-    def park(self) -> None:
-        """Move an idle sequence to a host-RAM snapshot and give its cells up, if host RAM can hold it.
-
-        A sequence larger than the whole snapshot budget stays where it is: parking it would lose it.
-        """
-        if self.store is None:
-            return
-        if int(llama_cpp.llama_state_seq_get_size(self._ctx, self.seq_id)) > self.store.budget_bytes:
-            return
-        self.evict()
-
-    def discard_uncommitted(self) -> None:
-        """Drop whatever lies past the recorded tokens (a failed batch may have written some)."""
-        if not llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, len(self.tokens), -1):
-            self.clear()
-
-    def clear(self) -> None:
-        """Forget the whole sequence."""
-        llama_cpp.llama_memory_seq_rm(self._memory, self.seq_id, -1, -1)
-        self.tokens.clear()
-        self.ledger.truncate(self.seq_id, 0)
-        self._exact = None
-        self._moved = None
-        self.version += 1
+            return None
+        return DiskOffer(tokens=tuple(entry.tokens), adapters=entry.adapters, payload=payload)

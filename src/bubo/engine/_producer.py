@@ -24,6 +24,7 @@ from ._backlog import EventBacklog, backlog_limit
 from ._crossing import post_to_trio
 from ._disk_cache import DiskTier
 from ._generation import Generation, Outcome
+from ._kv_plan import DiskOffer
 from ._loaded import LoadedModel
 from ._sequence_jobs import warm_up_job
 from .lora import adapter_set
@@ -65,8 +66,8 @@ async def produce(
     def emit(event: EngineEvent) -> None:  # on the decode thread
         post_to_trio(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
-    await _read_from_disk(loaded, disk, slot, request)
-    make = functools.partial(Generation, loaded.setup, slot, request, emit=emit)
+    offer = await _read_from_disk(loaded, disk, slot, request)
+    make = functools.partial(Generation, loaded.setup, slot, request, emit=emit, offer=offer)
     # its stop strings' automaton is built with it: in a worker thread, off the event loop
     generation = await trio.to_thread.run_sync(make) if request.stop else make()
     ended = trio.Event()
@@ -99,16 +100,17 @@ async def produce(
 
 async def _read_from_disk(
     loaded: LoadedModel, disk: DiskTier | None, slot: Slot, request: GenerationRequest
-) -> None:
-    """Offer the slot's sequence the best snapshot file for the prompt, if it beats host RAM and the slot.
+) -> DiskOffer | None:
+    """The best snapshot file for the prompt, read and checked, if it beats host RAM and the slots.
 
-    In a worker thread (reading and checking a file takes milliseconds to seconds); the
-    decode thread restores it when the generation starts.
+    In a worker thread (reading and checking a file takes milliseconds to seconds).  The
+    offer goes to the request's own generation, and the decode thread restores it when
+    the generation starts, if it is still the best source.
     """
     if disk is None or not request.cache_prompt or not disk.total_bytes:
-        return
+        return None
     context = loaded.context
-    await trio.to_thread.run_sync(
+    return await trio.to_thread.run_sync(
         context.caches[slot.id].read_from_disk,
         request.prompt_tokens,
         context.n_ctx_seq,

@@ -21,6 +21,7 @@ import attrs
 
 from bubo.domain.generation import CacheReport, GenerationRequest
 
+from ._kv_plan import DiskOffer
 from ._protocols import BatchEntry, KvSequence
 from .lora import adapter_set
 
@@ -31,10 +32,21 @@ class PromptFeeder:
     """One generation's prompt position and its sequence's room (decode thread only)."""
 
     def __init__(
-        self, request: GenerationRequest, cache: KvSequence, *, n_ctx: int, bos: int | None, shift: bool
+        self,
+        request: GenerationRequest,
+        cache: KvSequence,
+        *,
+        n_ctx: int,
+        bos: int | None,
+        shift: bool,
+        offer: DiskOffer | None = None,
     ) -> None:
-        """*n_ctx*: what the sequence may hold; *shift*: go on past it (where the memory can move cells)."""
+        """*n_ctx*: what the sequence may hold; *shift*: go on past it (where the memory can move cells).
+
+        *offer*: the snapshot file read from disk for this request, given to the cache with the prompt.
+        """
         self._request = request
+        self._offer = offer
         self._prompt = request.prompt_tokens
         self._images = {placed.at: placed for placed in request.images}
         self._cache = cache
@@ -54,7 +66,9 @@ class PromptFeeder:
             request.cache_tags,
             reuse=request.cache_prompt,
             adapters=adapter_set(request.lora or ()),
+            offer=self._offer,
         )
+        self._offer = None  # restored or passed over: its bytes are not kept for the whole generation
         for placed in request.images:
             if placed.at < self.n_cached < placed.end:  # never half an image
                 self.n_cached = self._cache.truncate(placed.at)

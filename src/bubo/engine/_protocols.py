@@ -21,6 +21,7 @@ import numpy.typing as npt
 from bubo.domain.generation import CacheReport, CacheTags, GenerationRequest
 from bubo.domain.media import PromptImage
 
+from ._kv_plan import DiskOffer
 from .errors import ContextFull
 from .lora import NO_ADAPTERS, AdapterSet
 
@@ -47,8 +48,12 @@ class KvSequence(Protocol):
         *,
         reuse: bool = True,
         adapters: AdapterSet = NO_ADAPTERS,
+        offer: DiskOffer | None = None,
     ) -> tuple[int, CacheReport]:
-        """Keep the longest cached prefix of *prompt* computed under *adapters*; its length and a report."""
+        """Keep the longest cached prefix of *prompt* computed under *adapters*; its length and a report.
+
+        *offer*: a snapshot file read for this request, restored if it is still the best source.
+        """
         ...
 
     def extend(self, tokens: Sequence[int]) -> None:
