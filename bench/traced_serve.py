@@ -15,6 +15,9 @@ written to TRACE.json for :mod:`token_timeline` to read.
 
 A timer costs about a microsecond a call: the traced server's own
 inter-token gaps are measured beside a plain ``bubo serve``'s in the same run.
+``BUBO_BENCH_SWITCH_INTERVAL_MS`` set runs the traced server with that
+``sys.setswitchinterval`` (an experiment on the GIL's hand-over between the
+decode thread and the event loop; ``bubo serve`` itself keeps Python's 5 ms).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -57,6 +61,9 @@ class Serials:
         kept = self._seen.setdefault(id(thing), (thing, len(self._seen)))
         return kept[1]
 
+
+SWITCH_INTERVAL = "BUBO_BENCH_SWITCH_INTERVAL_MS"
+"""Set: the traced server's ``sys.setswitchinterval`` in ms (Python's default is 5 ms)."""
 
 Undo = Callable[[], None]
 CLOCK = time.perf_counter
@@ -178,6 +185,9 @@ def main() -> int:
         sys.exit(__doc__)
     from bubo.cli import main as bubo_main  # noqa: PLC0415
 
+    interval_ms = os.environ.get(SWITCH_INTERVAL)
+    if interval_ms:  # an experiment: how long a thread keeps the GIL while another waits for it
+        sys.setswitchinterval(float(interval_ms) / 1000)
     trace = Trace()
     uninstall = install(trace)
     try:
