@@ -97,6 +97,10 @@ class TestPhases:
         assert token_timeline.between_steps(found, 1) == pytest.approx([1.8, 1.8])
         assert token_timeline.between_steps(found, 4) == []
 
+    def test_from_the_hand_over_to_the_next_decode(self) -> None:
+        found = token_timeline.tokens(trace(), [])
+        assert token_timeline.after_hand_over(found) == pytest.approx([1.5, 1.5])
+
     def test_a_hand_over_after_the_next_decode_began_is_late(self) -> None:
         """Only the third token waited past a step, and it has no next step: none of two pairs was late."""
         found = token_timeline.tokens(trace(), [])

@@ -124,67 +124,70 @@ def gap_summary(streams: list[Arrivals]) -> dict[str, float]:
     return timing.summary(gaps)
 
 
+QUANTILES = ("p50", "p95", "p99", "mean")
+
+
+def _shown(summary: dict[str, float], width: int = 7, places: int = 3) -> str:
+    return " / ".join(f"{summary[k]:{width}.{places}f}" for k in QUANTILES if k in summary)
+
+
 def report(
     seen: dict[str, dict[int, list[Arrivals]]], trace: dict[str, Any], counts: list[int]
 ) -> dict[str, Any]:
     """Print the tables; returns them (for --json)."""
-    tables: dict[str, Any] = {
-        "gaps": {},
-        "phases": {},
-        "between_steps": {},
-        "tail": {},
-        "collections": {},
-        "handed_over_late": {},
-    }
-    for n in counts:
-        reference = "llama-server" if n == 1 else "llama-server-np4"
-        print(f"\ninter-token gaps at the client, {n} stream(s), ms (p50 / p95 / p99 / mean)")
-        ours = None
-        for name in (reference, "bubo", "bubo-traced"):
-            if name not in seen or not seen[name][n]:
-                continue
-            summary = gap_summary(seen[name][n])
-            tables["gaps"][f"{name}, {n}"] = summary
-            print(f"  {name:18} " + " / ".join(f"{summary[k]:7.2f}" for k in ("p50", "p95", "p99", "mean")))
-            if name == "bubo":
-                ours = summary
-        if ours is not None and reference in seen:
-            theirs = tables["gaps"][f"{reference}, {n}"]
-            ratio = {k: ours[k] / theirs[k] for k in ("p50", "p95", "p99")}
-            tables["gaps"][f"bubo / {reference}, {n}"] = ratio
-            print(
-                f"  {'bubo / reference':18} " + " / ".join(f"{ratio[k]:7.3f}" for k in ("p50", "p95", "p99"))
-            )
+    tables: dict[str, Any] = {"gaps": report_gaps(seen, counts)}
     for n in counts:
         traced = seen.get("bubo-traced", {}).get(n, [])
         # the trace holds every count's streams: this count's are those its clients read
         found = [t for t in token_timeline.tokens(trace, traced) if t.arrival is not None]
-        table = token_timeline.phase_table(found)
-        tables["phases"][n] = table
-        print(f"\ntraced Bubo, {n} stream(s): {len(found)} tokens; each phase, ms (p50 / p95 / p99 / mean)")
-        for phase, summary in table.items():
-            print(f"  {phase:58} " + " / ".join(f"{summary[k]:7.3f}" for k in ("p50", "p95", "p99", "mean")))
-        steps = timing.summary(token_timeline.between_steps(found, n))
-        tables["between_steps"][n] = steps
-        if steps:
-            shown = " / ".join(f"{steps[k]:.3f}" for k in ("p50", "p95", "p99", "mean"))
-            print(f"  decode thread between two {n}-token steps, less sampling (per step): {shown}")
-        late = token_timeline.handed_over_late(found)
-        tables["handed_over_late"][n] = late
-        print(f"  tokens trio took only after the next llama_decode began: {late:.2f}")
-        parts = token_timeline.gap_parts(found)
-        tail = token_timeline.tail(parts)
-        tables["tail"][n] = tail
-        print(f"  client gaps in parts, ms: {'median of all':>14} {'mean of slowest 5 %':>20}")
-        for part, values in tail.items():
-            print(f"    {part:24} {values['all, median']:14.3f} {values['tail, mean']:20.3f}")
-        passes = token_timeline.collections_during(parts, trace["gc"])
-        tables["collections"][n] = passes
-        print(
-            "  share of gaps with a garbage collection pass: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in passes.items())
-        )
+        tables[f"timeline, {n} stream(s)"] = report_timeline(found, n, trace["gc"])
     return tables
+
+
+def report_gaps(seen: dict[str, dict[int, list[Arrivals]]], counts: list[int]) -> dict[str, Any]:
+    """Each server's gaps at the client, and Bubo's over the reference's."""
+    gaps: dict[str, Any] = {}
+    for n in counts:
+        reference = "llama-server" if n == 1 else "llama-server-np4"
+        print(f"\ninter-token gaps at the client, {n} stream(s), ms (p50 / p95 / p99 / mean)")
+        for name in (reference, "bubo", "bubo-traced"):
+            if seen.get(name, {}).get(n):
+                gaps[f"{name}, {n}"] = summary = gap_summary(seen[name][n])
+                print(f"  {name:18} {_shown(summary, places=2)}")
+        ours, theirs = gaps.get(f"bubo, {n}"), gaps.get(f"{reference}, {n}")
+        if ours and theirs:
+            ratio = {k: ours[k] / theirs[k] for k in ("p50", "p95", "p99")}
+            gaps[f"bubo / {reference}, {n}"] = ratio
+            print(f"  {'bubo / reference':18} {_shown(ratio)}")
+    return gaps
+
+
+def report_timeline(found: list[token_timeline.Token], n: int, passes: list[Any]) -> dict[str, Any]:
+    """The traced Bubo's tokens of *n* streams: each phase, the decode thread, the gaps' parts."""
+    table = token_timeline.phase_table(found)
+    print(f"\ntraced Bubo, {n} stream(s): {len(found)} tokens; each phase, ms (p50 / p95 / p99 / mean)")
+    for phase, summary in table.items():
+        print(f"  {phase:58} {_shown(summary)}")
+    steps = timing.summary(token_timeline.between_steps(found, n))
+    after = timing.summary(token_timeline.after_hand_over(found))
+    late = token_timeline.handed_over_late(found)
+    print(f"  decode thread between two {n}-token steps, less sampling (per step): {_shown(steps)}")
+    print(f"  decode thread from a token's hand-over to the stream's next llama_decode: {_shown(after)}")
+    print(f"  tokens trio took only after the stream's next llama_decode began: {late:.2f}")
+    parts = token_timeline.gap_parts(found)
+    tail = token_timeline.tail(parts)
+    print(f"  client gaps in parts, ms: {'median of all':>14} {'mean of slowest 5 %':>20}")
+    for part, values in tail.items():
+        print(f"    {part:24} {values['all, median']:14.3f} {values['tail, mean']:20.3f}")
+    collections = token_timeline.collections_during(parts, passes)
+    print(
+        "  share of gaps with a garbage collection pass: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in collections.items())
+    )
+    return {
+        "phases": table, "between_steps": steps, "after_hand_over": after, "handed_over_late": late,
+        "tail": tail, "collections": collections,
+    }  # fmt: skip
 
 
 def main() -> None:

@@ -236,6 +236,15 @@ def between_steps(found: Sequence[Token], n: int) -> list[float]:
     return list(steps.values())
 
 
+def after_hand_over(found: Sequence[Token]) -> list[float]:
+    """The decode thread's time from handing a token over to the stream's next ``llama_decode``, in ms.
+
+    What the loop does after the hand-over (posting to trio, the other streams'
+    tokens, the next batch) and any wait for the GIL on the way.
+    """
+    return [(token.decode_start - before.emit) * 1000 for before, token in _consecutive(found)]
+
+
 def handed_over_late(found: Sequence[Token]) -> float:
     """The share of tokens trio took only after the stream's next ``llama_decode`` had begun."""
     pairs = [(before, token) for before, token in _consecutive(found) if before.deliver is not None]
