@@ -10,10 +10,10 @@ same *prompts* chat requests (``/v1/chat/completions``, temperature 0,
 ``max_tokens`` *tokens*) three times: one at a time (alone, A), four at once
 (together), one at a time again (alone, B).  Printed per server: how many of
 the prompts' texts differ between A and B (the control: a difference there is
-not concurrency's) and between A and together, and where the first differing
-character lies.  The requests are the same every time (no nonce), so a server
-may reuse a cached prefix: that is what a client sending the same request
-meets.
+not concurrency's), between A and together and between B and together, and
+where each differing pair's first differing character lies.  The requests
+are the same every time (no nonce), so a server may reuse a cached prefix:
+that is what a client sending the same request meets.
 """
 
 from __future__ import annotations
@@ -121,9 +121,12 @@ def main() -> None:
             first, at_once, second = alone(url, requests), together(url, requests), alone(url, requests)
             control, control_at = compare(first, second)
             differ, differ_at = compare(first, at_once)
+            differ_b, differ_b_at = compare(second, at_once)
+            total = len(requests)
             print(
-                f"  {server.spec.name:16} alone A vs alone B: {control}/{len(requests)} differ {control_at}; "
-                f"alone A vs 4 at once: {differ}/{len(requests)} differ (first differing at {differ_at})",
+                f"  {server.spec.name:16} differ: A vs B {control}/{total} {control_at}; "
+                f"A vs 4 at once {differ}/{total} {differ_at}; "
+                f"B vs 4 at once {differ_b}/{total} {differ_b_at}",
                 flush=True,
             )
 
