@@ -101,6 +101,13 @@ class TestPhases:
         found = token_timeline.tokens(trace(), [])
         assert token_timeline.after_hand_over(found) == pytest.approx([1.5, 1.5])
 
+    def test_frames_written_before_the_next_decode(self) -> None:
+        """Both pairs: written 1.8 ms after the decode's end, 2 ms before the next began."""
+        found = token_timeline.tokens(trace(), [])
+        assert token_timeline.written_before_next_decode(found) == 1.0
+        slow = [t if t.seq else attrs.evolve(t, write_end=12.5 * MS) for t in found]
+        assert token_timeline.written_before_next_decode(slow) == 0.5
+
     def test_a_hand_over_after_the_next_decode_began_is_late(self) -> None:
         """Only the third token waited past a step, and it has no next step: none of two pairs was late."""
         found = token_timeline.tokens(trace(), [])

@@ -173,7 +173,9 @@ def report_timeline(found: list[token_timeline.Token], n: int, passes: list[Any]
     late = token_timeline.handed_over_late(found)
     print(f"  decode thread between two {n}-token steps, less sampling (per step): {_shown(steps)}")
     print(f"  decode thread from a token's hand-over to the stream's next llama_decode: {_shown(after)}")
+    early = token_timeline.written_before_next_decode(found)
     print(f"  tokens trio took only after the stream's next llama_decode began: {late:.2f}")
+    print(f"  tokens whose frame was written before the stream's next llama_decode began: {early:.2f}")
     parts = token_timeline.gap_parts(found)
     tail = token_timeline.tail(parts)
     print(f"  client gaps in parts, ms: {'median of all':>14} {'mean of slowest 5 %':>20}")
@@ -186,7 +188,7 @@ def report_timeline(found: list[token_timeline.Token], n: int, passes: list[Any]
     )
     return {
         "phases": table, "between_steps": steps, "after_hand_over": after, "handed_over_late": late,
-        "tail": tail, "collections": collections,
+        "written_before_next_decode": early, "tail": tail, "collections": collections,
     }  # fmt: skip
 
 

@@ -252,6 +252,19 @@ def handed_over_late(found: Sequence[Token]) -> float:
     return late / len(pairs) if pairs else 0.0
 
 
+def written_before_next_decode(found: Sequence[Token]) -> float:
+    """The share of tokens whose frame was written before the stream's next ``llama_decode`` began.
+
+    High: the event loop's work for a token ran between two steps, in series with
+    the decode thread (which waits for the GIL), not beside ``llama_decode``.
+    """
+    pairs = [(before, token) for before, token in _consecutive(found) if before.write_end is not None]
+    early = sum(
+        before.write_end is not None and before.write_end < token.decode_start for before, token in pairs
+    )
+    return early / len(pairs) if pairs else 0.0
+
+
 def _consecutive(found: Sequence[Token]) -> list[tuple[Token, Token]]:
     """Each stream's consecutive tokens from different steps, in order."""
     by_stream: dict[int, list[Token]] = defaultdict(list)
