@@ -14,7 +14,11 @@ server *n* streaming ``/completion`` requests at once (distinct prompts, greedy,
 servers' order reversed every other round.  The client (this process, one
 thread a stream) notes when each event with text arrives.  ``--switch-interval-ms``
 runs the traced Bubo with that ``sys.setswitchinterval`` (Python's default is
-5 ms), against the plain one in the same run.
+5 ms), against the plain one in the same run; ``--post-at-decode`` makes its
+decode thread hand a step's events to trio only as it calls the next
+``llama_decode`` (bench/traced_serve.py's ``HeldPosts``): the gain of handing
+them over while llama.cpp computes; ``--courier`` has another thread post
+them (``Courier``), so that the decode thread makes no system call to wake trio.
 
 Printed: each server's inter-token gaps as the client saw them (p50, p95, p99,
 pooled over streams and rounds) and Bubo / llama-server; then, from the traced
@@ -48,7 +52,7 @@ import scenarios
 import servers
 import timing
 import token_timeline
-from traced_serve import SWITCH_INTERVAL
+from traced_serve import COURIER, POST_AT_DECODE, SWITCH_INTERVAL
 
 SLOTS = 4
 HERE = Path(__file__).resolve().parent
@@ -79,7 +83,14 @@ def streams_at_once(base_url: str, n: int, tokens: int) -> list[Arrivals]:
 
 
 def specs(
-    binary: str | None, model: str, threads: int, ctx: int, trace: Path, switch_interval_ms: float | None
+    binary: str | None,
+    model: str,
+    threads: int,
+    ctx: int,
+    trace: Path,
+    switch_interval_ms: float | None,
+    post_at_decode: bool,
+    courier: bool,
 ) -> list[servers.ServerSpec]:
     common = {"model": model, "threads": threads, "ctx": ctx}
     plain = servers.bubo(**common, parallel=SLOTS)
@@ -87,7 +98,11 @@ def specs(
         name="bubo-traced",
         command=(sys.executable, str(HERE / "traced_serve.py"), str(trace), *plain.command[3:]),
         ready_path="/ready",
-        env={SWITCH_INTERVAL: str(switch_interval_ms)} if switch_interval_ms else {},
+        env={
+            **({SWITCH_INTERVAL: str(switch_interval_ms)} if switch_interval_ms else {}),
+            **({POST_AT_DECODE: "1"} if post_at_decode else {}),
+            **({COURIER: "1"} if courier else {}),
+        },
     )
     reference = []
     if binary is not None:
@@ -207,6 +222,12 @@ def main() -> None:
     parser.add_argument(
         "--switch-interval-ms", type=float, default=None, help="the traced Bubo's sys.setswitchinterval"
     )
+    parser.add_argument(
+        "--post-at-decode", action="store_true", help="the traced Bubo hands events over at each llama_decode"
+    )
+    parser.add_argument(
+        "--courier", action="store_true", help="the traced Bubo's events posted to trio by another thread"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
@@ -223,7 +244,16 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             running = [
                 stack.enter_context(servers.running(spec, Path(scratch)))
-                for spec in specs(binary, model, args.threads, args.ctx, trace_path, args.switch_interval_ms)
+                for spec in specs(
+                    binary,
+                    model,
+                    args.threads,
+                    args.ctx,
+                    trace_path,
+                    args.switch_interval_ms,
+                    args.post_at_decode,
+                    args.courier,
+                )
             ]
             for server in running:  # warm up
                 streams_at_once(server.base_url, 1, 4)
@@ -234,6 +264,10 @@ def main() -> None:
     )
     if args.switch_interval_ms:
         print(f"the traced Bubo ran with sys.setswitchinterval({args.switch_interval_ms} ms)")
+    if args.post_at_decode:
+        print("the traced Bubo handed its events over as it called each llama_decode (--post-at-decode)")
+    if args.courier:
+        print("the traced Bubo's events were posted to trio by a courier thread (--courier)")
     tables = report(seen, trace, counts)
     if args.json:
         args.json.write_text(json.dumps({"tables": tables, "arrivals": seen}, indent=1))

@@ -18,14 +18,20 @@ inter-token gaps are measured beside a plain ``bubo serve``'s in the same run.
 ``BUBO_BENCH_SWITCH_INTERVAL_MS`` set runs the traced server with that
 ``sys.setswitchinterval`` (an experiment on the GIL's hand-over between the
 decode thread and the event loop; ``bubo serve`` itself keeps Python's 5 ms).
+``BUBO_BENCH_POST_AT_DECODE=1`` holds the decode thread's events until it
+calls the next ``llama_decode`` (:class:`HeldPosts`): what handing a step's
+events over while llama.cpp computes, instead of between two steps, would give.
+``BUBO_BENCH_COURIER=1`` has another thread post them (:class:`Courier`).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -65,13 +71,85 @@ class Serials:
 SWITCH_INTERVAL = "BUBO_BENCH_SWITCH_INTERVAL_MS"
 """Set: the traced server's ``sys.setswitchinterval`` in ms (Python's default is 5 ms)."""
 
+POST_AT_DECODE = "BUBO_BENCH_POST_AT_DECODE"
+"""Set to 1: the decode thread's events reach trio only as it calls ``llama_decode`` (an experiment)."""
+
+COURIER = "BUBO_BENCH_COURIER"
+"""Set to 1: a courier thread, not the decode thread, posts each event to trio (an experiment)."""
+
 Undo = Callable[[], None]
 CLOCK = time.perf_counter
 
 
-def install(trace: Trace) -> Undo:
-    """Wrap the timers around the server's calls; returns what takes them off again."""
-    undo = [_time_llama_cpp(trace), _time_hand_over(trace), _time_writes(trace), _time_collections(trace)]
+class Courier:
+    """The experiment of ``BUBO_BENCH_COURIER``: the decode thread's posts to trio, made by another thread.
+
+    Posting wakes trio with a write to its wake-up socket; the write lets go of
+    the GIL, and trio, woken, takes it and runs the token's whole way out while
+    the decode thread waits for it back.  Handed to this thread through a queue
+    (no system call on the decode thread), the post happens when the decode
+    thread next lets go of the GIL: in ``llama_decode``.  One thread, one
+    queue: trio hears everything in the order it was posted.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="bench-courier", daemon=True)
+        self._thread.start()
+
+    def post(self, send: Callable[..., None], *args: object) -> None:
+        self._queue.put((send, args))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            send, args = item
+            send(*args)
+
+
+@attrs.define
+class HeldPosts:
+    """The experiment of ``BUBO_BENCH_POST_AT_DECODE``: the decode thread's event posts, held in order.
+
+    Held (``hold``), each event's post waits until :meth:`release`, called just
+    before the next ``llama_decode``: trio then takes the GIL while llama.cpp
+    computes, not between two steps.  Any other post (a generation's end)
+    releases what is held first, so the order of everything trio hears is kept.
+    """
+
+    hold: bool = False
+    _pending: list[tuple[Callable[..., None], tuple[object, ...]]] = attrs.Factory(list)
+
+    def post(self, send: Callable[..., None], *args: object) -> None:
+        if self.hold:
+            self._pending.append((send, args))
+        else:
+            send(*args)
+
+    def release(self) -> None:
+        pending, self._pending = self._pending, []
+        for send, args in pending:
+            send(*args)
+
+
+def install(trace: Trace, held: HeldPosts | None = None, courier: Courier | None = None) -> Undo:
+    """Wrap the timers around the server's calls; returns what takes them off again.
+
+    *held*: the decode thread's event posts go through it (the ``BUBO_BENCH_POST_AT_DECODE`` experiment);
+    *courier*: every post of the decode thread does (``BUBO_BENCH_COURIER``).
+    """
+    held = held or HeldPosts()
+    undo = [
+        _time_llama_cpp(trace, held),
+        _time_hand_over(trace, held, courier),
+        _time_writes(trace),
+        _time_collections(trace),
+    ]
 
     def uninstall() -> None:
         for step in undo:
@@ -80,13 +158,14 @@ def install(trace: Trace) -> Undo:
     return uninstall
 
 
-def _time_llama_cpp(trace: Trace) -> Undo:
+def _time_llama_cpp(trace: Trace, held: HeldPosts) -> Undo:
     """``llama_decode`` and ``llama_sampler_sample``, looked up on the module at each call by the engine."""
     import llama_cpp  # noqa: PLC0415 - imported only once the trace is wanted
 
     decode, sample = llama_cpp.llama_decode, llama_cpp.llama_sampler_sample
 
     def timed_decode(ctx: Any, batch: Any) -> Any:
+        held.release()
         started = CLOCK()
         try:
             return decode(ctx, batch)
@@ -108,19 +187,24 @@ def _time_llama_cpp(trace: Trace) -> Undo:
     return undo
 
 
-def _time_hand_over(trace: Trace) -> Undo:
+def _time_hand_over(trace: Trace, held: HeldPosts, courier: Courier | None) -> Undo:
     """Each generated token's hand-over: when the decode thread posts it, when trio runs it."""
-    from bubo.domain.generation import TokenGenerated  # noqa: PLC0415
+    from bubo.domain.generation import EngineEvent, TokenGenerated  # noqa: PLC0415
     from bubo.engine import _producer  # noqa: PLC0415
 
-    post = _producer.post_to_trio
+    direct = _producer.post_to_trio
+    post = direct if courier is None else functools.partial(courier.post, direct)
     streams = Serials()  # the decode thread's own
     counters: dict[int, itertools.count[int]] = {}  # each stream's tokens
 
     def timed_post(token: Any, function: Callable[..., object], *args: object) -> None:
         event = args[0] if args else None
-        if not isinstance(event, TokenGenerated):
+        if not isinstance(event, EngineEvent):  # a generation's end: after everything held
+            held.release()
             post(token, function, *args)
+            return
+        if not isinstance(event, TokenGenerated):
+            held.post(post, token, function, *args)
             return
         stream = streams.of(getattr(function, "__self__", function))  # the generation's event backlog
         seq = next(counters.setdefault(stream, itertools.count()))
@@ -133,12 +217,14 @@ def _time_hand_over(trace: Trace) -> Undo:
             finally:
                 trace.deliver.append((started, CLOCK(), stream, seq))
 
-        post(token, delivered, *args)
+        held.post(post, token, delivered, *args)
 
     _producer.post_to_trio = timed_post  # type: ignore[assignment]
 
     def undo() -> None:
-        _producer.post_to_trio = post
+        _producer.post_to_trio = direct
+        if courier is not None:
+            courier.close()
 
     return undo
 
@@ -189,7 +275,8 @@ def main() -> int:
     if interval_ms:  # an experiment: how long a thread keeps the GIL while another waits for it
         sys.setswitchinterval(float(interval_ms) / 1000)
     trace = Trace()
-    uninstall = install(trace)
+    held = HeldPosts(hold=os.environ.get(POST_AT_DECODE) == "1")
+    uninstall = install(trace, held, Courier() if os.environ.get(COURIER) == "1" else None)
     try:
         return bubo_main(sys.argv[2:])
     finally:
