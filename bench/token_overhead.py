@@ -32,13 +32,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+import attrs
 import llama_cpp
 import trio
 
-from bubo.config import default_model_path
+from bubo.config import Settings, default_model_path
 from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.domain.sampling import SamplingParams
-from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
+from bubo.engine.llama import DraftOptions, load_llama_engine
+from bubo.loader import llama_options
 from bubo.model.gguf import read_metadata
 from bubo.tokenizer.hf import build_hf_tokenizer
 
@@ -133,8 +135,10 @@ async def one_round(
 
 async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], threads: int) -> None:
     tokenizer = build_hf_tokenizer(read_metadata(model))
-    options = LlamaOptions(
-        model_path=model, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
+    # what `bubo serve` with no flags loads (LlamaOptions has no defaults of its own), then this run's choices
+    served = llama_options(Settings(), model, cache_ram_mib=1024, lora=())
+    options = attrs.evolve(
+        served, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
     )
     engine = await trio.to_thread.run_sync(load_llama_engine, options)
     try:
