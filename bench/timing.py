@@ -25,6 +25,38 @@ def p95(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The *q*-th percentile (0 to 100), interpolated between the sorted values; one value: itself.
+
+    The same inclusive method as :func:`p95` (numpy's default ``linear``), at any *q*.
+
+    Raises:
+        ValueError: *values* is empty, or *q* is outside 0 to 100.
+
+    """
+    if not values:
+        raise ValueError("a percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0 to 100")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """p50, p95, p99 and mean of *values* (empty: an empty summary)."""
+    if not values:
+        return {}
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values),
+    }
+
+
 def gaps(times: Sequence[float]) -> list[float]:
     """The time between each arrival and the one before it."""
     return [later - earlier for earlier, later in itertools.pairwise(times)]

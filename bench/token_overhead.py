@@ -15,28 +15,41 @@ Divided by *n* it is the overhead per token per sequence.  Only steps where
 every stream is generating count (not the prompts' steps, nor the last
 stream's end).  Drafting is off so that every step decodes one token per
 stream.
+
+Besides each round's means, every step of every round is pooled and shown as
+p50, p95, p99 and mean per token: the Python work between two ``llama_decode``
+calls less sampling (issue 41's target: at most 0.1 ms a token with one
+stream), the sampling, and ``llama_decode`` itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+import attrs
 import llama_cpp
 import trio
 
-from bubo.config import default_model_path
+from bubo.config import Settings, default_model_path
 from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.domain.sampling import SamplingParams
-from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
+from bubo.engine.llama import DraftOptions, load_llama_engine
+from bubo.loader import llama_options
 from bubo.model.gguf import read_metadata
 from bubo.tokenizer.hf import build_hf_tokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import timing
+
 SLOTS = 4
+PHASES = ("python", "sample", "decode")  # per step, pooled over the rounds
 
 
 def story(index: int) -> str:
@@ -70,8 +83,14 @@ class Calls:
         setattr(llama_cpp, self.name, self.original)
 
 
-async def one_round(engine: Any, prompts: list[tuple[int, ...]], tokens: int) -> dict[str, float]:
-    """*len(prompts)* greedy generations of *tokens* at once; the steps where all of them generate."""
+async def one_round(
+    engine: Any, prompts: list[tuple[int, ...]], tokens: int, pooled: dict[str, list[float]] | None = None
+) -> dict[str, float]:
+    """*len(prompts)* greedy generations of *tokens* at once; the steps where all of them generate.
+
+    Each such step's Python time, sampling and ``llama_decode``, in seconds per token
+    per sequence, are appended to *pooled* (by the names in ``PHASES``) when given.
+    """
     n = len(prompts)
 
     async def generate(prompt: tuple[int, ...]) -> None:
@@ -97,6 +116,10 @@ async def one_round(engine: Any, prompts: list[tuple[int, ...]], tokens: int) ->
         inside = sum(e - s for s, e, _ in sample.spans if ended <= s and e <= next_start)
         gaps.append(next_start - ended - inside)
         sampling.append(inside)
+    if pooled is not None:
+        pooled["python"].extend(gap / n for gap in gaps)
+        pooled["sample"].extend(inside / n for inside in sampling)
+        pooled["decode"].extend((a[1] - a[0]) / n for a, _ in pairs)
     step_ms = statistics.mean(b[0] - a[0] for a, b in pairs) * 1000
     python_ms = statistics.mean(gaps) * 1000
     return {
@@ -112,19 +135,27 @@ async def one_round(engine: Any, prompts: list[tuple[int, ...]], tokens: int) ->
 
 async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], threads: int) -> None:
     tokenizer = build_hf_tokenizer(read_metadata(model))
-    options = LlamaOptions(
-        model_path=model, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
+    # what `bubo serve` with no flags loads (LlamaOptions has no defaults of its own), then this run's choices
+    served = llama_options(Settings(), model, cache_ram_mib=1024, lora=())
+    options = attrs.evolve(
+        served, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
     )
     engine = await trio.to_thread.run_sync(load_llama_engine, options)
     try:
         for n in streams:
             prompts = [tuple(tokenizer.encode(story(i))) for i in range(n)]
             await one_round(engine, prompts, 8)  # warm up
-            results = [await one_round(engine, prompts, tokens) for _ in range(rounds)]
+            pooled: dict[str, list[float]] = {phase: [] for phase in PHASES}
+            results = [await one_round(engine, prompts, tokens, pooled) for _ in range(rounds)]
             print(f"{n} stream(s) x {tokens} tokens, {SLOTS} slots; median of {rounds} rounds:")
             for key in results[0]:
                 values = [r[key] for r in results]
                 print(f"  {key:28} {statistics.median(values):8.3f}   {[round(v, 3) for v in values]}")
+            print(f"  per token per sequence, every step of the {rounds} rounds, ms:")
+            print(f"  {'':28} {'p50':>8} {'p95':>8} {'p99':>8} {'mean':>8}")
+            for phase in PHASES:
+                shown = timing.summary([v * 1000 for v in pooled[phase]])
+                print(f"  {phase:28} " + " ".join(f"{shown[k]:8.3f}" for k in ("p50", "p95", "p99", "mean")))
     finally:
         engine.close()
 
