@@ -17,8 +17,7 @@ runs the traced Bubo with that ``sys.setswitchinterval`` (Python's default is
 5 ms), against the plain one in the same run; ``--post-at-decode`` makes its
 decode thread hand a step's events to trio only as it calls the next
 ``llama_decode`` (bench/traced_serve.py's ``HeldPosts``): the gain of handing
-them over while llama.cpp computes; ``--courier`` has another thread post
-them (``Courier``), so that the decode thread makes no system call to wake trio.
+them over while llama.cpp computes.
 
 Printed: each server's inter-token gaps as the client saw them (p50, p95, p99,
 pooled over streams and rounds) and Bubo / llama-server; then, from the traced
@@ -52,7 +51,7 @@ import scenarios
 import servers
 import timing
 import token_timeline
-from traced_serve import COURIER, POST_AT_DECODE, SWITCH_INTERVAL
+from traced_serve import POST_AT_DECODE, SWITCH_INTERVAL
 
 SLOTS = 4
 HERE = Path(__file__).resolve().parent
@@ -90,7 +89,6 @@ def specs(
     trace: Path,
     switch_interval_ms: float | None,
     post_at_decode: bool,
-    courier: bool,
 ) -> list[servers.ServerSpec]:
     common = {"model": model, "threads": threads, "ctx": ctx}
     plain = servers.bubo(**common, parallel=SLOTS)
@@ -101,7 +99,6 @@ def specs(
         env={
             **({SWITCH_INTERVAL: str(switch_interval_ms)} if switch_interval_ms else {}),
             **({POST_AT_DECODE: "1"} if post_at_decode else {}),
-            **({COURIER: "1"} if courier else {}),
         },
     )
     reference = []
@@ -225,9 +222,6 @@ def main() -> None:
     parser.add_argument(
         "--post-at-decode", action="store_true", help="the traced Bubo hands events over at each llama_decode"
     )
-    parser.add_argument(
-        "--courier", action="store_true", help="the traced Bubo's events posted to trio by another thread"
-    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
@@ -252,7 +246,6 @@ def main() -> None:
                     trace_path,
                     args.switch_interval_ms,
                     args.post_at_decode,
-                    args.courier,
                 )
             ]
             for server in running:  # warm up
@@ -266,8 +259,6 @@ def main() -> None:
         print(f"the traced Bubo ran with sys.setswitchinterval({args.switch_interval_ms} ms)")
     if args.post_at_decode:
         print("the traced Bubo handed its events over as it called each llama_decode (--post-at-decode)")
-    if args.courier:
-        print("the traced Bubo's events were posted to trio by a courier thread (--courier)")
     tables = report(seen, trace, counts)
     if args.json:
         args.json.write_text(json.dumps({"tables": tables, "arrivals": seen}, indent=1))

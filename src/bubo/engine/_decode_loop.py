@@ -59,9 +59,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from ._batch_planner import BatchPlanner
+from ._courier import Courier
 from ._crossing import Job
 from ._draft_policy import DraftPolicy
 from ._inbox import LOOP_FAILED, Inbox
@@ -106,6 +108,7 @@ class DecodeLoop:
         self._planner = BatchPlanner(context, prefill)  # the loop thread's own
         self._runner = StepRunner(context, self._roster, prefill=prefill, drafting=drafting)
         self._thread: threading.Thread | None = None  # set under the inbox's condition
+        self.courier = Courier()  # what the thread's callbacks post to trio goes through it
 
     # ---- the trio side -----------------------------------------------------------------------
 
@@ -141,20 +144,26 @@ class DecodeLoop:
         self._inbox.post(job, idle=True)
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the thread and wait for it (at most *timeout_s*); whether it stopped.
+        """Stop the thread, then its courier, and wait (at most *timeout_s* in all); whether both stopped.
 
-        Generations still active end with an error.  A thread that does not stop
-        in time is inside llama.cpp and may still touch the context.
+        Generations still active end with an error, and the courier posts their
+        ends to trio before it stops.  A thread that does not stop in time is
+        inside llama.cpp and may still touch the context, and post: its courier
+        keeps running (a later stop stops both).
         """
         self._inbox.stop()
         thread = self._thread  # no thread starts once the inbox is stopping
         if thread is None:
             return True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            return False
+        return self.courier.stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _start_thread(self) -> None:
         if self._thread is None:
+            self.courier.start()  # before the thread that posts to it
             self._thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
             self._thread.start()
 

@@ -1,0 +1,146 @@
+"""The decode thread's way out to trio: a courier thread posts what it queues, so it never wakes trio itself.
+
+``TrioToken.run_sync_soon`` writes to trio's wake-up socket, and that write
+lets go of the GIL: trio, woken, takes it and runs the token's whole way out
+(the service, the encoder, the SSE frame, the socket write) while the decode
+thread waits for the GIL back, between two ``llama_decode`` calls
+(docs/performance.md, "Cadence").  The decode thread instead appends each
+callback to the :class:`Courier`'s queue, which makes no system call that
+lets go of the GIL; the courier thread takes everything queued at once and
+posts it to trio in one ``run_sync_soon`` call a trio run, which runs it in
+order.  Trio then runs while the decode thread is inside ``llama_decode``.
+
+Order: one queue, one thread, one post a batch, and trio's own FIFO: trio runs
+the callbacks in the order they were queued (a generation's events before its
+end).  Nothing is lost or run twice:
+
+- :meth:`Courier.stop` queues its end after everything queued before it, so
+  that is still posted; a trio run that has ended hears nothing, as with any
+  post (``trio.RunFinishedError``);
+- a post that fails for another reason is logged, and the courier goes on with
+  the next (nothing else could reach that run from another thread);
+- a post made before the courier starts, after it stopped, or once it failed
+  (anything else escaping its loop, which then posts what it still held, but
+  the batch whose post failed, directly) goes to trio directly.
+
+Callbacks must not block; one that raises still lets the rest of its batch
+run, then crashes the trio run, as a raising ``run_sync_soon`` callback does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import trio
+
+from ._crossing import post_to_trio
+
+__all__ = ["Courier"]
+
+logger = logging.getLogger(__name__)
+
+Call = tuple[Callable[..., object], tuple[object, ...]]
+Post = tuple[trio.lowlevel.TrioToken, Callable[..., object], tuple[object, ...]]
+Run = tuple[trio.lowlevel.TrioToken, list[Call]]
+
+
+class Courier:
+    """A thread that posts queued callbacks to their trio runs, in order, all queued at once in one post."""
+
+    def __init__(self, name: str = "bubo-courier") -> None:
+        """The thread (named *name*) starts with :meth:`start`."""
+        self._name = name
+        self._ready = threading.Condition()
+        self._queued: list[Post] = []  # guarded by _ready
+        self._running = False  # guarded by _ready: started, neither stopped nor failed
+        self._stopping = False  # guarded by _ready
+        self._thread: threading.Thread | None = None
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
+        with self._ready:
+            if self._running:
+                self._queued.append((token, function, args))
+                self._ready.notify()
+                return
+        post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
+
+    def start(self) -> None:
+        """Start the thread (once; a stopped courier stays stopped)."""
+        with self._ready:
+            if self._thread is not None:
+                return
+            self._running = True
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        left: list[Run] = []  # the runs of the batch in hand not posted yet
+        try:
+            while batch := self._take():
+                left = _by_run(batch)
+                while left:
+                    token, calls = left.pop(0)
+                    _post_batch(token, calls)
+        except BaseException:  # the guard: what it held and what comes next still go to trio
+            logger.critical("the courier to trio failed; the decode thread now posts directly", exc_info=True)
+            with self._ready:
+                self._running = False
+                queued, self._queued = self._queued, []
+            for token, calls in [*left, *_by_run(queued)]:
+                post_to_trio(token, _run_in_order, calls)
+
+    def _take(self) -> list[Post]:
+        """Everything queued, once there is some; empty once stopping with nothing left."""
+        with self._ready:
+            while not (self._queued or self._stopping):
+                self._ready.wait()
+            batch, self._queued = self._queued, []
+            if not batch:
+                self._running = False
+            return batch
+
+
+def _by_run(batch: list[Post]) -> list[Run]:
+    """*batch* in order, cut into runs of consecutive calls for the same trio run."""
+    runs: list[Run] = []
+    for token, function, args in batch:
+        if not runs or runs[-1][0] is not token:
+            runs.append((token, []))
+        runs[-1][1].append((function, args))
+    return runs
+
+
+def _post_batch(token: trio.lowlevel.TrioToken, calls: list[Call]) -> None:
+    """Post *calls* to *token*'s run as one callback; a run that has ended, or refuses, hears nothing."""
+    try:
+        post_to_trio(token, _run_in_order, calls)
+    except Exception:
+        logger.exception(
+            "%d callbacks could not be posted to trio; that trio run does not hear them", len(calls)
+        )
+
+
+def _run_in_order(calls: list[Call]) -> None:
+    """On the trio thread: run every call in order; the first failure is raised once all have run."""
+    failure: BaseException | None = None
+    for function, args in calls:
+        try:
+            function(*args)
+        except BaseException as error:  # noqa: BLE001 - the others still run; raised below
+            failure = failure or error
+    if failure is not None:
+        raise failure
