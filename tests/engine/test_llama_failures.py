@@ -269,6 +269,7 @@ class TestABugOnTheDecodeThread:
         monkeypatch.setattr(DecodeLoop, "_step_failed", bug)
         _, last = await outcome(engine, request_)
         failed_with_a_500(last)
+        assert engine.lost  # trio heard of the loss (posted directly) before the end (by the courier)
         await is_lost(engine, request_)
         await closes_cleanly(engine)
 

@@ -40,6 +40,9 @@ place, held by them.
 
 The thread is the only one that touches the context once it runs; it is
 started with the first generation and stopped by :meth:`DecodeLoop.stop`.
+What its callbacks hand to trio goes through the loop's
+:class:`~._courier.Courier` (:attr:`DecodeLoop.courier`), a thread started
+with it and stopped after it, so that the decode thread never wakes trio itself.
 
 Whatever the thread holds always ends.  A failure of one generation's step
 ends that generation (its request gets the error); a bug in a step ends the
