@@ -197,3 +197,35 @@ def test_a_courier_never_started_posts_directly_and_stops_at_once() -> None:
     trio.run(post_and_run)
     assert heard == [0]
     assert Courier().stop(0)
+
+
+class CountedCondition(threading.Condition):
+    """A condition that counts its notifications: how often the courier was woken."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+async def test_a_hold_wakes_the_courier_once_as_it_ends_and_only_for_its_own_thread() -> None:
+    token = Token(trio.lowlevel.current_trio_token())
+    heard: list[int] = []
+    done = trio.Event()
+    courier = Courier(name="test-courier")
+    courier._ready = woken = CountedCondition()
+    courier.start()
+    try:
+        with courier.holding():  # held by the trio thread, as the decode thread holds a step's posts
+            courier.post(token, heard.append, 0)
+            courier.post(token, heard.append, 1)
+            assert woken.notified == 0
+            await trio.to_thread.run_sync(courier.post, token, heard.append, 2)  # another thread's
+            assert woken.notified == 1
+        assert woken.notified == 2
+        courier.post(token, done.set)
+        await done.wait()
+    finally:
+        assert courier.stop(WAIT_S)
+    assert heard == [0, 1, 2]

@@ -29,9 +29,10 @@ run, then crashes the trio run, as a raising ``run_sync_soon`` callback does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -57,15 +58,35 @@ class Courier:
         self._running = False  # guarded by _ready: started, neither stopped nor failed
         self._stopping = False  # guarded by _ready
         self._thread: threading.Thread | None = None
+        self._holder: int | None = None  # the thread whose posts wait for the end of its hold
 
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
         with self._ready:
             if self._running:
                 self._queued.append((token, function, args))
-                self._ready.notify()
+                if self._holder != threading.get_ident():
+                    self._ready.notify()
                 return
         post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While in it, this thread's posts wait, and go together as it leaves (however it leaves).
+
+        The decode thread holds its posts for a step: each ``llama_sampler_sample``
+        lets go of the GIL, and a courier woken by the first stream's event would
+        take it there and wake trio in the middle of the step.  Other threads'
+        posts do not wait.
+        """
+        with self._ready:
+            self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._ready:
+                self._holder = None
+                self._ready.notify()
 
     def start(self) -> None:
         """Start the thread (once; a stopped courier stays stopped)."""

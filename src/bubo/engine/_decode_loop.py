@@ -192,7 +192,8 @@ class DecodeLoop:
                 self._run_idle(turn.idle_job)
                 continue
             try:
-                self._step()
+                with self.courier.holding():  # the step's events wake trio once, as the step ends
+                    self._step()
             except Exception as error:  # noqa: BLE001 - a bug in a step: end what it held, keep serving
                 self._step_failed(error)
 
