@@ -8,7 +8,9 @@ thread waits for the GIL back, between two ``llama_decode`` calls
 callback to the :class:`Courier`'s queue, which makes no system call that
 lets go of the GIL; the courier thread takes everything queued at once and
 posts it to trio in one ``run_sync_soon`` call a trio run, which runs it in
-order.  Trio then runs while the decode thread is inside ``llama_decode``.
+order.  Trio then runs while the decode thread is inside ``llama_decode``
+(which holds a step's posts, :meth:`Courier.holding`, so that they wake the
+courier once, as the step ends).
 
 Order: one queue, one thread, one post a batch, and trio's own FIFO: trio runs
 the callbacks in the order they were queued (a generation's events before its
