@@ -62,7 +62,9 @@ def main() -> None:
             runs = [speed(engine, args.prompt, args.tokens) for _ in range(args.rounds)]
         finally:
             engine.close()
-        size = KvCacheSize.of(metadata, type_k=cache_type, type_v=cache_type, n_ctx=n_cells)
+        size = KvCacheSize.of(
+            metadata, type_k=options.cache_type_k, type_v=options.cache_type_v, n_ctx=n_cells
+        )
         prefill = statistics.median(r[0] for r in runs)
         decode = statistics.median(r[1] for r in runs)
         print(
