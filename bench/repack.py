@@ -80,7 +80,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
         "probe": probed,
         **{
             state: attrs.evolve(probed, repack=RepackDecision(enabled=enabled, reason="bench"))
-            for state, enabled in (("on ", True), ("off", False))
+            for state, enabled in (("on", True), ("off", False))
         },
     }
 
@@ -97,7 +97,7 @@ def main() -> None:
             engine.close()
         prefill = statistics.median(r[0] for r in runs)
         decode = statistics.median(r[1] for r in runs)
-        print(f"repacking {state}: prefill {prefill:7.1f} tok/s, decode {decode:6.1f} tok/s")
+        print(f"repacking {state:3}: prefill {prefill:7.1f} tok/s, decode {decode:6.1f} tok/s")
 
 
 if __name__ == "__main__":
