@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import attrs
 import trio
+from bench_options import bench_options
 
 from bubo.config import default_model_path
 from bubo.domain.generation import GenerationRequest, TokenGenerated
@@ -44,41 +46,54 @@ async def first_token_s(engine: LlamaEngine, prompt: tuple[int, ...]) -> tuple[f
     return first, cached
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--prefix", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    path = args.model or default_model_path()
-    base = LlamaOptions(model_path=path, n_ctx=args.prefix + 256, n_threads=args.threads)
+    return parser
+
+
+def engine_options(args: argparse.Namespace, disk_dir: Path) -> dict[str, LlamaOptions]:
+    """The first engine (RAM snapshots only), a cold one (no prompt cache), one on *disk_dir*'s files."""
+    first = bench_options(args.model or default_model_path(), n_ctx=args.prefix + 256, n_threads=args.threads)
+    return {
+        "first": first,
+        "cold": attrs.evolve(first, cache_ram_mib=0),
+        "disk": attrs.evolve(first, cache_disk_dir=disk_dir, cache_disk_mib=1024),
+    }
+
+
+def main() -> None:
+    args = parser().parse_args()
     words = "The lighthouse keeper logged the storm, the tide and every ship that passed. "
-    engine = load_llama_engine(base)
-    text = words * (args.prefix // 12)
-    prefix = engine._context.tokenize(text)[: args.prefix]  # noqa: SLF001 - a benchmark
-    turn = engine._context.tokenize(" What did the keeper log on the last night?")  # noqa: SLF001
-    engine.close()
-    prompt = (*prefix, *turn)
     with tempfile.TemporaryDirectory() as directory:
-        disk = {"cache_disk_dir": Path(directory), "cache_disk_mib": 1024}
-        engine = load_llama_engine(LlamaOptions(**{**_fields(base), **disk}))
+        loads = engine_options(args, Path(directory))
+        engine = load_llama_engine(loads["first"])
+        text = words * (args.prefix // 12)
+        prefix = engine.current.context.tokenize(text)[: args.prefix]
+        turn = engine.current.context.tokenize(" What did the keeper log on the last night?")
+        engine.close()
+        prompt = (*prefix, *turn)
+        engine = load_llama_engine(loads["disk"])
         trio.run(first_token_s, engine, prefix)
         engine.close()
         size = sum(f.stat().st_size for f in Path(directory).rglob("*.kvc"))
         cold, warm = [], []
         for _ in range(args.rounds):
-            engine = load_llama_engine(LlamaOptions(**{**_fields(base), "cache_ram_mib": 0}))
+            engine = load_llama_engine(loads["cold"])
             seconds, cached = trio.run(first_token_s, engine, prompt)
             engine.close()
             assert cached == 0
             cold.append(seconds)
-            engine = load_llama_engine(LlamaOptions(**{**_fields(base), **disk}))
+            engine = load_llama_engine(loads["disk"])
             seconds, cached = trio.run(first_token_s, engine, prompt)
             engine.close()
             assert cached >= len(prefix) - 1, cached
             warm.append(seconds)
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
+    path = loads["first"].model_path
     print(f"model {path.name}, prefix {len(prefix)} tokens + turn {len(turn)}, threads {args.threads}")
     print(f"snapshot file {size / 1e6:.1f} MB; load average {os.getloadavg()[0]:.1f}")
     print(f"first token, cold read:        {cold_s * 1000:8.0f} ms  (rounds: {[round(s, 2) for s in cold]})")
@@ -86,10 +101,6 @@ def main() -> None:
         f"first token, restored from disk: {warm_s * 1000:6.0f} ms  (rounds: {[round(s, 2) for s in warm]})"
     )
     print(f"ratio: {warm_s / cold_s:.3f}")
-
-
-def _fields(options: LlamaOptions) -> dict[str, object]:
-    return {name: getattr(options, name) for name in ("model_path", "n_ctx", "n_threads")}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ interleaved round by round so a load spike on the machine hits them alike:
 - ``always``: the draft model drafts whenever a request is alone, as llama-server does;
 - ``measured``: the draft model drafts only where the policy finds it pays (the default).
 
-Run: ``python bench/draft_model.py [--tokens 128] [--rounds 3]``; it prints a Markdown table.
+Run: ``python bench/draft_model.py [--tokens 128] [--rounds 3] [--model PATH]``; it prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 import trio
+from bench_options import bench_options
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.domain.sampling import SamplingParams
@@ -41,15 +42,16 @@ def smollm2_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def engines(path: Path) -> dict[str, LlamaEngine]:
-    common = {"model_path": path, "n_ctx": 1024, "n_threads": 2, "n_parallel": 1}
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """The three engines (no drafting, the draft model always, the draft model where it pays), by name."""
+    path = args.model or smollm2_path()
     return {
-        "none": load_llama_engine(LlamaOptions(**common, drafting=DraftOptions(draft_max=0))),  # type: ignore[arg-type]
-        "always": load_llama_engine(
-            LlamaOptions(**common, drafting=DraftOptions(draft_max=16, mode="always"), draft_model_path=path)  # type: ignore[arg-type]
+        "none": bench_options(path, n_ctx=1024, drafting=DraftOptions(draft_max=0)),
+        "always": bench_options(
+            path, n_ctx=1024, drafting=DraftOptions(draft_max=16, mode="always"), draft_model_path=path
         ),
-        "measured": load_llama_engine(
-            LlamaOptions(**common, drafting=DraftOptions(draft_max=16), draft_model_path=path)  # type: ignore[arg-type]
+        "measured": bench_options(
+            path, n_ctx=1024, drafting=DraftOptions(draft_max=16), draft_model_path=path
         ),
     }
 
@@ -68,16 +70,26 @@ async def generate(engine: LlamaEngine, prompt: tuple[int, ...], n_tokens: int) 
     raise RuntimeError("the generation did not finish")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    path = smollm2_path()
-    loaded = engines(path)
-    rates: dict[str, list[float]] = {name: [] for name in loaded}
-    drafted: dict[str, list[tuple[int, int]]] = {name: [] for name in loaded}
+    parser.add_argument(
+        "--model", type=Path, default=None, help="drafting for itself (default: SmolLM2-135M)"
+    )
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
+    loads = engine_options(args)
+    path = loads["none"].model_path
+    rates: dict[str, list[float]] = {name: [] for name in loads}
+    drafted: dict[str, list[tuple[int, int]]] = {name: [] for name in loads}
+    loaded: dict[str, LlamaEngine] = {}
     try:
+        for name, options in loads.items():
+            loaded[name] = load_llama_engine(options)
         vocab = LlamaVocabTokenizer(path)
         prompts = [
             tuple(vocab.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import trio
+from bench_options import bench_options
 from prefill_chunk import tokens_of
 
 from bubo.config import default_model_path
@@ -41,11 +42,8 @@ async def read_s(engine: LlamaEngine, prompt: tuple[int, ...]) -> float:
     raise RuntimeError("no token")
 
 
-async def one_run(args: argparse.Namespace, model: Path, *, park: bool, round_: int) -> None:
-    engine = load_llama_engine(
-        LlamaOptions(model_path=model, n_ctx=args.ctx, n_threads=2, n_parallel=4, cache_idle_slots=park)
-    )
-    label = "parked" if park else "kept"
+async def one_run(args: argparse.Namespace, options: LlamaOptions, label: str, *, round_: int) -> None:
+    engine = load_llama_engine(options)
     try:
 
         async def read(name: str, n: int, seed: int) -> None:
@@ -61,18 +59,31 @@ async def one_run(args: argparse.Namespace, model: Path, *, park: bool, round_: 
         engine.close()
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--prompt", type=int, default=2000)
     parser.add_argument("--held", type=int, default=3000)
     parser.add_argument("--ctx", type=int, default=16384)
     parser.add_argument("--rounds", type=int, default=1)
-    args = parser.parse_args()
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """The engine with idle slots kept in the cache, and with them parked in host RAM."""
     model = args.model or default_model_path()
+    return {
+        label: bench_options(model, n_ctx=args.ctx, n_parallel=4, cache_idle_slots=park)
+        for label, park in (("kept", False), ("parked", True))
+    }
+
+
+async def main() -> None:
+    args = parser().parse_args()
+    loads = engine_options(args)
     for round_ in range(args.rounds):
-        for park in (False, True) if round_ % 2 == 0 else (True, False):
-            await one_run(args, model, park=park, round_=round_)
+        for label in ("kept", "parked") if round_ % 2 == 0 else ("parked", "kept"):
+            await one_run(args, loads[label], label, round_=round_)
 
 
 if __name__ == "__main__":

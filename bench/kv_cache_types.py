@@ -15,14 +15,15 @@ import argparse
 import statistics
 from pathlib import Path
 
+from bench_options import bench_options
 from repack import speed
 
 from bubo.config import default_model_path
-from bubo.engine.llama import DraftOptions, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaOptions, load_llama_engine
 from bubo.model import KvCacheSize, read_metadata
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--ctx", type=int, default=2048)
@@ -31,28 +32,39 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--types", default="f16,q8_0,q4_0")
-    args = parser.parse_args()
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """One engine per KV cache type (K and V alike), by type."""
     path = args.model or default_model_path()
-    metadata = read_metadata(path)
-    for cache_type in args.types.split(","):
-        engine = load_llama_engine(
-            LlamaOptions(
-                model_path=path,
-                n_ctx=args.ctx,
-                n_threads=args.threads,
-                n_parallel=1,
-                cache_ram_mib=0,
-                drafting=DraftOptions(draft_max=0),
-                cache_type_k=cache_type,
-                cache_type_v=cache_type,
-            )
+    return {
+        cache_type: bench_options(
+            path,
+            n_ctx=args.ctx,
+            n_threads=args.threads,
+            cache_ram_mib=0,
+            cache_type_k=cache_type,
+            cache_type_v=cache_type,
         )
+        for cache_type in args.types.split(",")
+    }
+
+
+def main() -> None:
+    args = parser().parse_args()
+    loads = engine_options(args)
+    metadata = read_metadata(args.model or default_model_path())
+    for cache_type, options in loads.items():
+        engine = load_llama_engine(options)
         try:
             n_cells = engine.statistics().kv_cache_capacity
             runs = [speed(engine, args.prompt, args.tokens) for _ in range(args.rounds)]
         finally:
             engine.close()
-        size = KvCacheSize.of(metadata, type_k=cache_type, type_v=cache_type, n_ctx=n_cells)
+        size = KvCacheSize.of(
+            metadata, type_k=options.cache_type_k, type_v=options.cache_type_v, n_ctx=n_cells
+        )
         prefill = statistics.median(r[0] for r in runs)
         decode = statistics.median(r[1] for r in runs)
         print(

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import trio
+from bench_options import bench_options
 
 from bubo.config import default_model_path
 from bubo.domain.generation import GenerationRequest, TokenGenerated
@@ -30,7 +31,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def tokens_of(engine: LlamaEngine, n: int, seed: int) -> tuple[int, ...]:
     text = " ".join(f"item {seed}-{i} is listed here." for i in range(n))
-    return tuple(engine._context.tokenize(text)[:n])  # noqa: SLF001 - a benchmark of the engine itself
+    return engine.current.context.tokenize(text)[:n]
 
 
 async def first_token(engine: LlamaEngine, prompt: tuple[int, ...]) -> float:
@@ -73,30 +74,33 @@ async def beside(engine: LlamaEngine, prompt: tuple[int, ...]) -> tuple[float, f
     return gaps[-1], gaps[int(0.95 * (len(gaps) - 1))], ttft
 
 
-def load(model: Path, chunk: str) -> LlamaEngine:
-    return load_llama_engine(
-        LlamaOptions(
-            model_path=model,
-            n_ctx=8192,
-            n_threads=2,
-            n_parallel=4,
-            prefill_chunk=0 if chunk == "auto" else int(chunk),
-        )
-    )
-
-
-async def main() -> None:
-    parser = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--chunks", default="auto,256")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=1500)
-    args = parser.parse_args()
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """One engine per prompt chunk setting (``auto``: sized by the streams' gap), by setting."""
+    model = args.model or default_model_path()
+    return {
+        chunk: bench_options(
+            model, n_ctx=8192, n_parallel=4, prefill_chunk=0 if chunk == "auto" else int(chunk)
+        )
+        for chunk in args.chunks.split(",")
+    }
+
+
+async def main() -> None:
+    args = parser().parse_args()
     model = args.model or default_model_path()
     chunks = args.chunks.split(",")
     lone: dict[str, list[float]] = {c: [] for c in chunks}
     side: dict[str, list[tuple[float, float, float]]] = {c: [] for c in chunks}
-    engines = {c: load(model, c) for c in chunks}
+    engines = {c: load_llama_engine(options) for c, options in engine_options(args).items()}
     try:
         for round_ in range(args.rounds):
             for chunk, engine in engines.items():

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import attrs
+from bench_options import bench_options
 
 from bubo.config import default_model_path
 from bubo.engine import RepackDecision
-from bubo.engine.llama import DraftOptions, LlamaEngine, LlamaOptions, load_llama_engine
+from bubo.engine.llama import LlamaEngine, LlamaOptions, load_llama_engine
 from bubo.engine.probe import VerdictCache, decide_repack
 
 
@@ -45,7 +46,7 @@ def startup(options: LlamaOptions) -> None:
 
 def speed(engine: LlamaEngine, prompt_tokens: int, tokens: int) -> tuple[float, float]:
     """Prefill and decode tokens per second (cache cleared first)."""
-    context = engine._context  # noqa: SLF001 - a benchmark times the context itself
+    context = engine.current.context  # a benchmark times the context itself
     text = "The quick brown fox jumps over the lazy dog. " * prompt_tokens
     prompt = context.tokenize(text)[:prompt_tokens]
     context.caches[0].clear()
@@ -60,34 +61,43 @@ def speed(engine: LlamaEngine, prompt_tokens: int, tokens: int) -> tuple[float, 
     return len(prompt) / prefill, tokens / decode
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    options = LlamaOptions(
-        model_path=args.model or default_model_path(),
-        n_ctx=2048,
-        n_threads=args.threads,
-        cache_ram_mib=0,
-        drafting=DraftOptions(draft_max=0),
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """The start-up probe's options (repacking as the probe decides), then repacking on and off."""
+    probed = bench_options(
+        args.model or default_model_path(), n_ctx=2048, n_threads=args.threads, cache_ram_mib=0
     )
-    startup(options)
-    for enabled in (True, False):
-        engine = load_llama_engine(
-            attrs.evolve(options, repack=RepackDecision(enabled=enabled, reason="bench"))
-        )
+    return {
+        "probe": probed,
+        **{
+            state: attrs.evolve(probed, repack=RepackDecision(enabled=enabled, reason="bench"))
+            for state, enabled in (("on", True), ("off", False))
+        },
+    }
+
+
+def main() -> None:
+    args = parser().parse_args()
+    options = engine_options(args)
+    startup(options.pop("probe"))
+    for state, chosen in options.items():
+        engine = load_llama_engine(chosen)
         try:
             runs = [speed(engine, args.prompt, args.tokens) for _ in range(args.rounds)]
         finally:
             engine.close()
         prefill = statistics.median(r[0] for r in runs)
         decode = statistics.median(r[1] for r in runs)
-        state = "on " if enabled else "off"
-        print(f"repacking {state}: prefill {prefill:7.1f} tok/s, decode {decode:6.1f} tok/s")
+        print(f"repacking {state:3}: prefill {prefill:7.1f} tok/s, decode {decode:6.1f} tok/s")
 
 
 if __name__ == "__main__":

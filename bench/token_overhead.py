@@ -32,21 +32,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-import attrs
 import llama_cpp
 import trio
 
-from bubo.config import Settings, default_model_path
+from bubo.config import default_model_path
 from bubo.domain.generation import GenerationFinished, GenerationRequest
 from bubo.domain.sampling import SamplingParams
-from bubo.engine.llama import DraftOptions, load_llama_engine
-from bubo.loader import llama_options
+from bubo.engine.llama import LlamaOptions, load_llama_engine
 from bubo.model.gguf import read_metadata
 from bubo.tokenizer.hf import build_hf_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import timing
+from bench_options import bench_options
 
 SLOTS = 4
 PHASES = ("python", "sample", "decode")  # per step, pooled over the rounds
@@ -133,13 +132,8 @@ async def one_round(
     }
 
 
-async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], threads: int) -> None:
-    tokenizer = build_hf_tokenizer(read_metadata(model))
-    # what `bubo serve` with no flags loads (LlamaOptions has no defaults of its own), then this run's choices
-    served = llama_options(Settings(), model, cache_ram_mib=1024, lora=())
-    options = attrs.evolve(
-        served, n_ctx=4096, n_threads=threads, n_parallel=SLOTS, drafting=DraftOptions(draft_max=0)
-    )
+async def main_async(options: LlamaOptions, tokens: int, rounds: int, streams: list[int]) -> None:
+    tokenizer = build_hf_tokenizer(read_metadata(options.model_path))
     engine = await trio.to_thread.run_sync(load_llama_engine, options)
     try:
         for n in streams:
@@ -160,7 +154,7 @@ async def main_async(model: Path, tokens: int, rounds: int, streams: list[int], 
         engine.close()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -169,11 +163,22 @@ def main() -> None:
     parser.add_argument("--streams", default="1,4", help="comma-separated numbers of concurrent streams")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
-    args = parser.parse_args()
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
+    """The one engine: :data:`SLOTS` slots, a 4096-token context, drafting off."""
+    model = args.model or default_model_path()
+    return {"engine": bench_options(model, n_ctx=4096, n_threads=args.threads, n_parallel=SLOTS)}
+
+
+def main() -> None:
+    arguments = parser()
+    args = arguments.parse_args()
     streams = [int(n) for n in args.streams.split(",")]
     if any(n < 1 or n > SLOTS for n in streams):
-        parser.error(f"--streams: each between 1 and {SLOTS}")
-    trio.run(main_async, args.model or default_model_path(), args.tokens, args.rounds, streams, args.threads)
+        arguments.error(f"--streams: each between 1 and {SLOTS}")
+    trio.run(main_async, engine_options(args)["engine"], args.tokens, args.rounds, streams)
 
 
 if __name__ == "__main__":

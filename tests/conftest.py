@@ -7,9 +7,11 @@ scripted :class:`~bubo.engine.fake.FakeEngine`; ``tests/engine`` and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import hypothesis
@@ -105,13 +107,20 @@ async def wait_until_ready(app: QuartTrio) -> None:
         await app.extensions[EXTENSION_KEY].state.first_load_settled.wait()
 
 
+@contextlib.asynccontextmanager
+async def serving_app(settings: Settings, runtime: Runtime) -> AsyncIterator[Any]:
+    """The real app over *runtime* (its test app), lifespan running and the model loaded, for the block."""
+    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
+    async with app.test_app() as test_app:
+        await wait_until_ready(app)
+        yield test_app
+
+
 @pytest.fixture(name="app")
 async def _app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
     """The real app over the fake engine, lifespan running, model loaded."""
-    app = create_app(settings, load=lambda _settings, _progress: make_runtime(), on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, make_runtime()) as test_app:
+        yield test_app
 
 
 QWEN3_STYLE = Path(__file__).parent / "fixtures" / "qwen3_style.jinja"
@@ -122,10 +131,8 @@ async def _thinking_app(settings: Settings, make_runtime: RuntimeFactory) -> Asy
     """The app over the fake engine with a Qwen3-style template (tools, <think>)."""
     template = ChatTemplate(QWEN3_STYLE.read_text(), bos_token="", eos_token="<|im_end|>", origin="test")
     runtime = attrs.evolve(make_runtime(), template=template)
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app
 
 
 @pytest.fixture(name="minilm_path", scope="session")

@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 from quart_trio import QuartTrio
-from tests.conftest import RuntimeFactory, wait_until_ready
+from tests.conftest import RuntimeFactory, serving_app
 
 from bubo.config import Settings
 from bubo.engine.fake import FakeEngine, FakeScript, FakeVision
-from bubo.server import create_app
 
 
 @pytest.fixture(name="vision")
@@ -31,7 +30,5 @@ async def _vision_app(
 ) -> AsyncIterator[QuartTrio]:
     """The real app over a fake engine that takes images (as with ``--mmproj``)."""
     runtime = attrs.evolve(make_runtime(), engine=vision_engine)
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app

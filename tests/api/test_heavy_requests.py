@@ -23,18 +23,14 @@ from bubo.api.ollama import translate as ollama_translate
 from bubo.api.responses import translate as responses_translate
 from bubo.config import Settings
 from bubo.errors import InsufficientMemory, QueueFull
-from bubo.server import create_app
 from bubo.service import chat as service_chat
 from bubo.service import generation as service_generation
-from bubo.service.memory import MemoryGuard, MemoryReading
 from bubo.service.slot_store import SlotFileStore
 from bubo.service.work import Workers
 from bubo.tokenizer import HFTokenizer
 
-from ..conftest import RuntimeFactory, wait_until_ready
-
-MIB = 1024 * 1024
-
+from ..conftest import RuntimeFactory, serving_app
+from ._memory import MIB, guard_with, with_memory
 
 HEAVY = "Heavy"  # the text whose tokenizing is held
 
@@ -89,10 +85,8 @@ async def _held_app(
     settings: Settings, make_runtime: RuntimeFactory, held: HeldTokenizer
 ) -> AsyncIterator[QuartTrio]:
     runtime = attrs.evolve(make_runtime(), tokenizer=held)
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app
 
 
 CHAT = {"model": "bubo", "messages": [{"role": "user", "content": f"{HEAVY} lifting"}], "max_tokens": 2}
@@ -181,10 +175,8 @@ class TestEveryBodyOffTheEventLoop:
                 directory=tmp_path, max_bytes=1 << 30, max_files=16, fingerprint="b" * 64
             ),
         )
-        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-        async with app.test_app() as test_app:
-            await wait_until_ready(app)
-            yield test_app  # type: ignore[misc]
+        async with serving_app(settings, runtime) as test_app:
+            yield test_app
 
     @pytest.fixture(name="threads")
     def _threads(self, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -268,9 +260,7 @@ class TestWorkers:
 
     async def test_memory_is_admitted_against_what_running_jobs_hold(self) -> None:
         """A job's memory need counts the jobs already running: 60 + 60 MiB do not fit in 100 MiB."""
-        probe = _Probe(available=100 * MIB, limit=1024 * MIB)
-        guard = MemoryGuard(probe=probe, kv_bytes_per_token=1, step_bytes=0, low_water_bytes=0)
-        workers = Workers(max_jobs=2, guard=guard)
+        workers = Workers(max_jobs=2, guard=guard_with(100 * MIB))
         release = threading.Event()
         outcomes: list[str] = []
 
@@ -290,15 +280,6 @@ class TestWorkers:
         assert outcomes == ["first ran"]
         assert workers.reserved_bytes == 0
         await workers.run(lambda: None, need_bytes=60 * MIB)  # fits once the first is done
-
-
-@attrs.frozen
-class _Probe:
-    available: int
-    limit: int
-
-    def read(self) -> MemoryReading:
-        return MemoryReading(available_bytes=self.available, limit_bytes=self.limit)
 
 
 class TestSizeLimits:
@@ -371,17 +352,8 @@ class TestWorkingMemory:
     @pytest.fixture(name="short_app")
     async def _short_app(self, settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
         """The app on a machine with 8 MiB available (the guard's probe says so)."""
-        guard = MemoryGuard(
-            probe=_Probe(available=8 * MIB, limit=1024 * MIB),
-            kv_bytes_per_token=1,
-            step_bytes=0,
-            low_water_bytes=0,
-        )
-        runtime = attrs.evolve(make_runtime(), memory_guard=guard, workers=Workers(guard=guard))
-        app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-        async with app.test_app() as test_app:
-            await wait_until_ready(app)
-            yield test_app  # type: ignore[misc]
+        async with serving_app(settings, with_memory(make_runtime(), 8 * MIB)) as test_app:
+            yield test_app
 
     async def test_parsing_and_tokenizing_are_admitted_against_memory(self, short_app) -> None:
         """A 3 MiB body needs more than 8 MiB to parse and tokenize: 503 insufficient_memory, not a try."""

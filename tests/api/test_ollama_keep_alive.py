@@ -21,11 +21,10 @@ from bubo.api.ollama.options import FOREVER_S, keep_alive_seconds
 from bubo.domain.modes import KeepAlivePolicy
 from bubo.engine.fake import FakeEngine
 from bubo.errors import InvalidRequest
-from bubo.server import create_app
 from bubo.service.idle import IdleSleeper
 
 from .._linear import assert_linear
-from ..conftest import RuntimeFactory, wait_until_ready
+from ..conftest import RuntimeFactory, serving_app
 
 MODEL = "smollm2-135m-instruct-q4-1"
 FROZE_MAIN = "11s" * 28 + " x"  # issue 36: the duration regex backtracked on this for minutes
@@ -111,10 +110,8 @@ async def _policy_app(
     """The app over the fake engine with ``--sleep-idle-seconds`` and ``--ollama-keep-alive`` as the param."""
     idle_s, policy = request.param
     runtime = attrs.evolve(make_runtime(), sleeper=IdleSleeper(idle_s=idle_s, policy=policy))
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app
 
 
 class TestOperatorPolicy:

@@ -9,43 +9,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import attrs
 import pytest
 from quart_trio import QuartTrio
 
 from bubo.config import Settings
-from bubo.server import create_app
-from bubo.service.memory import MemoryGuard, MemoryReading
-from bubo.service.work import Workers
 
-from ..conftest import RuntimeFactory, wait_until_ready
-
-MIB = 1024 * 1024
-
-
-@attrs.frozen
-class _Probe:
-    available: int
-    limit: int
-
-    def read(self) -> MemoryReading:
-        return MemoryReading(available_bytes=self.available, limit_bytes=self.limit)
+from ..conftest import RuntimeFactory, serving_app
+from ._memory import MIB, with_memory
 
 
 @pytest.fixture(name="short_app")
 async def _short_app(settings: Settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
     """The app (a 2,048-token context, no context shift) on a machine with 24 MiB available."""
-    guard = MemoryGuard(
-        probe=_Probe(available=24 * MIB, limit=1024 * MIB),
-        kv_bytes_per_token=1,
-        step_bytes=0,
-        low_water_bytes=0,
-    )
-    runtime = attrs.evolve(make_runtime(), memory_guard=guard, workers=Workers(guard=guard))
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, with_memory(make_runtime(), 24 * MIB)) as test_app:
+        yield test_app
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 import trio
 
-from bubo.domain.sampling import GenerationDefaults
 from bubo.engine import EngineStatistics
 from bubo.engine.fake import FakeEngine, FakeScript
-from bubo.service.runtime import Runtime
 
+from ..conftest import RuntimeFactory
 from .test_cancellation import CHAT, body, wait_for
 
 
@@ -33,32 +35,34 @@ def _max_queue() -> int:
     return 1
 
 
-@pytest.fixture(name="make_runtime")
-def _make_runtime(fake_engine: FakeEngine, tokenizer, template, max_queue: int):
-    def make() -> Runtime:
-        return Runtime(
-            model_id="smollm2-135m-instruct-q4-1",
-            created=1_800_000_000,
-            engine=fake_engine,
-            tokenizer=tokenizer,
-            template=template,
-            defaults=GenerationDefaults(),
-            max_queue=max_queue,
-        )
-
-    return make
-
-
-async def test_two_run_one_waits_the_next_is_refused(
-    app, script: FakeScript, fake_engine: FakeEngine
-) -> None:
+@pytest.fixture(name="slow_replies", autouse=True)
+def _slow_replies(script: FakeScript) -> None:
+    """Each request takes about a second: long enough for the slots and the queue to fill."""
     script.piece_delay = 0.05
-    script.reply = "word " * 20  # a second a request: long enough for the queue to fill
-    client = app.test_client()
-    statuses: list[int] = []
+    script.reply = "word " * 20
 
-    async def ask() -> None:
-        statuses.append((await client.post(CHAT, data=body(stream=False))).status_code)
+
+@attrs.define
+class Asker:
+    """Sends non-streaming chat requests and notes each one's status as it ends."""
+
+    client: Any
+    statuses: list[int] = attrs.Factory(list)
+
+    async def ask(self) -> None:
+        self.statuses.append((await self.client.post(CHAT, data=body(stream=False))).status_code)
+
+
+@pytest.fixture(name="make_runtime")
+def _make_runtime(make_runtime: RuntimeFactory, max_queue: int) -> RuntimeFactory:
+    """conftest's runtimes, with ``--max-queue`` *max_queue*."""
+    return lambda: attrs.evolve(make_runtime(), max_queue=max_queue)
+
+
+async def test_two_run_one_waits_the_next_is_refused(app, fake_engine: FakeEngine) -> None:
+    client = app.test_client()
+    asker = Asker(client)
+    ask, statuses = asker.ask, asker.statuses
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
@@ -76,17 +80,11 @@ async def test_two_run_one_waits_the_next_is_refused(
 
 
 @pytest.mark.parametrize("max_queue", [0])
-async def test_with_no_queue_a_free_slot_still_takes_a_request(
-    app, script: FakeScript, fake_engine: FakeEngine
-) -> None:
+async def test_with_no_queue_a_free_slot_still_takes_a_request(app, fake_engine: FakeEngine) -> None:
     """--max-queue 0 refuses only what would wait: while one slot is free, a request runs in it."""
-    script.piece_delay = 0.05
-    script.reply = "word " * 20
     client = app.test_client()
-    statuses: list[int] = []
-
-    async def ask() -> None:
-        statuses.append((await client.post(CHAT, data=body(stream=False))).status_code)
+    asker = Asker(client)
+    ask, statuses = asker.ask, asker.statuses
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
@@ -99,16 +97,10 @@ async def test_with_no_queue_a_free_slot_still_takes_a_request(
     assert statuses == [200, 200]
 
 
-async def test_admission_and_slot_checks_read_cheap_counts_not_a_snapshot(
-    app, script: FakeScript, fake_engine: Counted
-) -> None:
+async def test_admission_and_slot_checks_read_cheap_counts_not_a_snapshot(app, fake_engine: Counted) -> None:
     """Admitting, refusing, checking an id_slot and /props count slots without copying every slot's state."""
-    script.piece_delay = 0.05
-    script.reply = "word " * 20
     client = app.test_client()
-
-    async def ask() -> None:
-        await client.post(CHAT, data=body(stream=False))
+    ask = Asker(client).ask
 
     async with trio.open_nursery() as nursery:
         for _ in range(3):  # two run, one waits

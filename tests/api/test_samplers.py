@@ -14,9 +14,8 @@ from bubo.api._numbers import MAX_DRY_SEQUENCE_BREAKERS, MAX_SAMPLERS
 from bubo.config import Settings, load_settings
 from bubo.domain.sampling import SamplingParams
 from bubo.engine.fake import FakeEngine
-from bubo.server import create_app
 
-from ..conftest import RuntimeFactory, wait_until_ready
+from ..conftest import RuntimeFactory, serving_app
 
 # every new field, set to a value other than its default
 FIELDS: dict[str, Any] = {
@@ -184,7 +183,5 @@ async def _flagged_app(make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]
     """The app over the fake engine, started with every sampler flag."""
     settings: Settings = load_settings(FLAGS, environ={})
     runtime = attrs.evolve(make_runtime(), defaults=settings.generation)
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app

@@ -12,10 +12,9 @@ from quart_trio import QuartTrio
 from bubo.config import Settings
 from bubo.engine.fake import FakeEngine
 from bubo.grammar.schema import LIMITS
-from bubo.server import create_app
 from bubo.templates import ChatTemplate
 
-from ..conftest import RuntimeFactory, wait_until_ready
+from ..conftest import RuntimeFactory, serving_app
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -151,10 +150,8 @@ async def _unrenderable_app(settings: Settings, make_runtime: RuntimeFactory) ->
     """The app over a template that fails whenever it is rendered."""
     template = ChatTemplate('{{ raise_exception("rendered") }}', bos_token="", eos_token="", origin="test")
     runtime = attrs.evolve(make_runtime(), template=template)
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app
 
 
 @pytest.mark.parametrize("field", ["chat forced tool", "chat response_format"])

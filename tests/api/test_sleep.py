@@ -15,10 +15,9 @@ import trio
 from quart_trio import QuartTrio
 
 from bubo.engine.fake import FakeEngine
-from bubo.server import create_app
 from bubo.service.idle import IdleSleeper
 
-from ..conftest import RuntimeFactory, wait_until_ready
+from ..conftest import RuntimeFactory, serving_app
 
 MODEL = "smollm2-135m-instruct-q4-1"
 
@@ -32,10 +31,8 @@ async def until(condition: object, timeout_s: float = 10) -> None:
 @pytest.fixture(name="sleepy")
 async def _sleepy(settings, make_runtime: RuntimeFactory) -> AsyncIterator[QuartTrio]:
     runtime = attrs.evolve(make_runtime(), sleeper=IdleSleeper(idle_s=0.3))
-    app = create_app(settings, load=lambda _settings, _progress: runtime, on_load_failure=lambda: None)
-    async with app.test_app() as test_app:
-        await wait_until_ready(app)
-        yield test_app  # type: ignore[misc]
+    async with serving_app(settings, runtime) as test_app:
+        yield test_app
 
 
 class TestSleepIdleSeconds:

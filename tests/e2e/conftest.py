@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import anthropic
@@ -88,19 +88,19 @@ def serving(
     *flags: str,
     env: dict[str, str] | None = None,
     api_key: str | None = None,
-    hypercorn: bool = False,
+    command: Callable[[int], list[str]] | None = None,
     clean_exit: bool = True,
 ) -> Iterator[Server]:
     """`bubo serve --port P *flags` on a free port, writing *log*, ready within the block and stopped after it.
 
-    *hypercorn*: `hypercorn bubo.app:app --worker-class trio` instead, configured by *env*'s BUBO_*
-    variables alone (no *flags*).  *clean_exit*: the server must exit with 0 when SIGTERM stops it (a
-    drain that fails or hangs fails the test using it).
+    *command*: another server for the port instead (:func:`hypercorn_command`, :func:`harness_command`),
+    configured by *env*'s BUBO_* variables alone (no *flags*).  *clean_exit*: the server must exit
+    with 0 when SIGTERM stops it (a drain that fails or hangs fails the test using it).
     """
-    assert not (hypercorn and flags), "hypercorn takes its settings from BUBO_* variables"
+    assert not (command and flags), "another command takes its settings from BUBO_* variables"
     port = free_port()
-    command = hypercorn_command(port) if hypercorn else [bubo_command(), "serve", "--port", str(port), *flags]
-    server = start_server(command, port, log, env=env, api_key=api_key)
+    argv = command(port) if command else [bubo_command(), "serve", "--port", str(port), *flags]
+    server = start_server(argv, port, log, env=env, api_key=api_key)
     try:
         yield server
     finally:
@@ -143,6 +143,14 @@ def hypercorn_command(port: int) -> list[str]:
         "--bind",
         f"127.0.0.1:{port}",
     ]
+
+
+HARNESS = Path(__file__).with_name("harness_server.py")
+
+
+def harness_command(control: Path) -> Callable[[int], list[str]]:
+    """harness_server.py (the real app, with test switches read from files in *control*) on a port."""
+    return lambda port: [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)]
 
 
 NODE_PROJECT = Path(__file__).parent / "node"

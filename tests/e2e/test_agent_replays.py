@@ -32,7 +32,7 @@ from anthropic.types import RawMessageStreamEvent
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -51,15 +51,9 @@ def fixture(name: str) -> dict[str, Any]:
 
 @pytest.fixture(name="server", scope="module")
 def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    server = start_server(
-        [bubo_command(), "serve", "--port", str(port)],
-        port,
-        tmp_path_factory.mktemp("agents") / "bubo.log",
-        env={"BUBO_CTX_SIZE": "16384", "BUBO_SSE_KEEPALIVE": "1", "BUBO_MODEL_NAMES": "any"},
-    )
-    yield server
-    stop_server(server)
+    env = {"BUBO_CTX_SIZE": "16384", "BUBO_SSE_KEEPALIVE": "1", "BUBO_MODEL_NAMES": "any"}
+    with serving(tmp_path_factory.mktemp("agents") / "bubo.log", env=env) as server:
+        yield server
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ import pytest
 from tests._models import qwen25_coder_path
 
 from .._sse import payloads
-from .conftest import Server, openai_client, serving
+from .conftest import Server, hypercorn_command, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -32,7 +32,7 @@ def _coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "BUBO_POOLING": "mean",
         "BUBO_SLOT_SAVE_PATH": str(folder / "slots"),
     }
-    with serving(folder / "hypercorn.log", env=env, hypercorn=True) as server:
+    with serving(folder / "hypercorn.log", env=env, command=hypercorn_command) as server:
         yield server
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ import ollama
 import openai
 import pytest
 
-from .conftest import Server, bubo_command, free_port, openai_client, start_server, stop_server
+from .conftest import Server, openai_client, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -55,25 +56,21 @@ LLAMA_PROBES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def serve(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Server:
-    port = free_port()
-    log = tmp_path_factory.mktemp("generative-embeddings") / "bubo.log"
-    return start_server([bubo_command(), "serve", "--port", str(port), *flags], port, log)
+def serve(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> contextlib.AbstractContextManager[Server]:
+    return serving(tmp_path_factory.mktemp("generative-embeddings") / "bubo.log", *flags)
 
 
 @pytest.fixture(name="embedding", scope="module")
 def _embedding(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The default model with ``--embeddings`` and no ``--pooling``: the model's own, ``none``."""
-    server = serve(tmp_path_factory, "--embeddings")
-    yield server
-    assert stop_server(server) == 0
+    with serve(tmp_path_factory, "--embeddings") as server:
+        yield server
 
 
 @pytest.fixture(name="plain", scope="module")
 def _plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = serve(tmp_path_factory)
-    yield server
-    assert stop_server(server) == 0
+    with serve(tmp_path_factory) as server:
+        yield server
 
 
 def ollama_client(server: Server) -> ollama.Client:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,11 +28,16 @@ import ollama
 import openai
 import pytest
 
-from .conftest import NODE_PROJECT, Server, free_port, openai_client, start_server, stop_server
+from .conftest import (
+    NODE_PROJECT,
+    Server,
+    harness_command,
+    openai_client,
+    serving,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
-HARNESS = Path(__file__).with_name("harness_server.py")
 PREFILL_DELAY_S = 2.0  # per prompt chunk: ten 0.2 s keep-alive intervals
 GREEDY = {"temperature": 0, "top_k": 1}
 
@@ -57,15 +61,9 @@ class Harness:
 @pytest.fixture(name="harness", scope="module")
 def _harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     control = tmp_path_factory.mktemp("keepalive-control")
-    port = free_port()
-    server = start_server(
-        [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
-        port,
-        tmp_path_factory.mktemp("keepalive") / "harness.log",
-        env={"BUBO_SSE_KEEPALIVE": "0.2"},
-    )
-    yield Harness(server=server, control=control)
-    assert stop_server(server) == 0
+    log = tmp_path_factory.mktemp("keepalive") / "harness.log"
+    with serving(log, env={"BUBO_SSE_KEEPALIVE": "0.2"}, command=harness_command(control)) as server:
+        yield Harness(server=server, control=control)
 
 
 class Tap(httpx.HTTPTransport):

@@ -15,6 +15,7 @@ from .conftest import (
     Server,
     bubo_command,
     free_port,
+    hypercorn_command,
     openai_client,
     serving,
 )
@@ -34,7 +35,7 @@ def _lora_server(tmp_path_factory: pytest.TempPathFactory, adapter: Path) -> Ite
     """Hypercorn with the adapter loaded at scale 0 (``--lora-init-without-apply`` as variables)."""
     log = tmp_path_factory.mktemp("lora-server") / "hypercorn.log"
     env = {"BUBO_LORA": str(adapter), "BUBO_LORA_INIT_WITHOUT_APPLY": "on", "BUBO_PARALLEL": "2"}
-    with serving(log, env=env, hypercorn=True) as server:
+    with serving(log, env=env, command=hypercorn_command) as server:
         yield server
 
 

@@ -26,7 +26,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 from tests._models import qwen25_coder_path
 
-from .conftest import Server, bubo_command, free_port, hypercorn_command, start_server, stop_server
+from .conftest import Server, bubo_command, free_port, hypercorn_command, serving, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -202,14 +202,12 @@ class TestDefaultModel:
 @pytest.fixture(name="coder", scope="module")
 def _coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Qwen2.5-Coder-0.5B: a tools template, fill-in-the-middle tokens, embeddings."""
-    port = free_port()
-    server = start_server(
-        hypercorn_command(port), port, tmp_path_factory.mktemp("coder") / "hypercorn.log",
-        env={"BUBO_MODEL": str(qwen25_coder_path()), "BUBO_CTX_SIZE": "4096", "BUBO_EMBEDDINGS": "on",
-             "BUBO_POOLING": "mean"},
-    )  # fmt: skip
-    yield server
-    stop_server(server)
+    env = {"BUBO_MODEL": str(qwen25_coder_path()), "BUBO_CTX_SIZE": "4096", "BUBO_EMBEDDINGS": "on",
+           "BUBO_POOLING": "mean"}  # fmt: skip
+    with serving(
+        tmp_path_factory.mktemp("coder") / "hypercorn.log", env=env, command=hypercorn_command
+    ) as server:
+        yield server
 
 
 class TestCoder:

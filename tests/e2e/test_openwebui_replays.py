@@ -27,7 +27,7 @@ import pytest
 from openai.types import Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
@@ -50,15 +50,8 @@ REQUESTS = [
 
 @pytest.fixture(name="server", scope="module")
 def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    server = start_server(
-        [bubo_command(), "serve", "--port", str(port)],
-        port,
-        tmp_path_factory.mktemp("openwebui") / "bubo.log",
-        env={"BUBO_CTX_SIZE": "8192"},
-    )
-    yield server
-    stop_server(server)
+    with serving(tmp_path_factory.mktemp("openwebui") / "bubo.log", env={"BUBO_CTX_SIZE": "8192"}) as server:
+        yield server
 
 
 def capped(request: dict[str, Any]) -> dict[str, Any] | None:

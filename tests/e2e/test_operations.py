@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +17,10 @@ import attrs
 import httpx
 import pytest
 
-from .conftest import Server, bubo_command, free_port, start_server, stop_server
+from .conftest import Server, bubo_command, free_port, harness_command, serving, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
-HARNESS = Path(__file__).with_name("harness_server.py")
 MIB = 1024 * 1024
 CHAT = {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
 MESSAGE = {"model": "bubo", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
@@ -48,15 +46,10 @@ class Harness:
 @pytest.fixture(name="harness", scope="module")
 def _harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     control = tmp_path_factory.mktemp("harness-control")
-    port = free_port()
-    server = start_server(
-        [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
-        port,
-        tmp_path_factory.mktemp("harness") / "harness.log",
-        env={"BUBO_DEVICE_RECOVERY": "on", "BUBO_MEMORY_LOW_WATER_MIB": "16", "BUBO_CTX_SIZE": "1024"},
-    )
-    yield Harness(server=server, control=control)
-    assert stop_server(server) == 0
+    log = tmp_path_factory.mktemp("harness") / "harness.log"
+    env = {"BUBO_DEVICE_RECOVERY": "on", "BUBO_MEMORY_LOW_WATER_MIB": "16", "BUBO_CTX_SIZE": "1024"}
+    with serving(log, env=env, command=harness_command(control)) as server:
+        yield Harness(server=server, control=control)
 
 
 class TestMemoryGuard:

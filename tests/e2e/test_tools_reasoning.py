@@ -18,6 +18,7 @@ from .conftest import (
     Server,
     anthropic_client,
     free_port,
+    hypercorn_command,
     openai_client,
     serving,
     start_server,
@@ -216,7 +217,9 @@ def _thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
         "BUBO_CHAT_TEMPLATE_FILE": str(FIXTURES / "qwen3_style.jinja"),
         "BUBO_GRAMMAR_FILE": str(FIXTURES / "think.gbnf"),
     }
-    with serving(tmp_path_factory.mktemp("thinking") / "server.log", env=env, hypercorn=True) as server:
+    with serving(
+        tmp_path_factory.mktemp("thinking") / "server.log", env=env, command=hypercorn_command
+    ) as server:
         yield server
 
 

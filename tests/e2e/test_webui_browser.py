@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +39,19 @@ from ._webui import (  # noqa: F401 - the shared fixtures
     store_conversations,
     wait_until_idle,
 )
-from .conftest import Server, bubo_command, free_port, hypercorn_command, start_server, stop_server
+from .conftest import (
+    Server,
+    bubo_command,
+    free_port,
+    harness_command,
+    hypercorn_command,
+    serving,
+    start_server,
+    stop_server,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]
 
-HARNESS = Path(__file__).with_name("harness_server.py")
 KEY = "webui-test-key"
 # Records each distinct text of the newest assistant message, as the page shows it while streaming,
 # and whether the messages were marked busy meanwhile.
@@ -340,20 +347,15 @@ def test_a_server_with_a_key_asks_for_it(page: Page, keyed_server: Server, artif
 def _busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
     """The harness (harness_server.py) with one slot and no queue; its memory reading comes from a file."""
     control = tmp_path_factory.mktemp("webui-control")
-    port = free_port()
-    server = start_server(
-        [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)],
-        port,
-        tmp_path_factory.mktemp("webui-harness") / "harness.log",
-        env={
-            "BUBO_PARALLEL": "1",
-            "BUBO_MAX_QUEUE": "0",
-            "BUBO_MEMORY_LOW_WATER_MIB": "16",
-            "BUBO_DEVICE_RECOVERY": "on",
-        },
-    )
-    yield server, control
-    stop_server(server)
+    log = tmp_path_factory.mktemp("webui-harness") / "harness.log"
+    env = {
+        "BUBO_PARALLEL": "1",
+        "BUBO_MAX_QUEUE": "0",
+        "BUBO_MEMORY_LOW_WATER_MIB": "16",
+        "BUBO_DEVICE_RECOVERY": "on",
+    }
+    with serving(log, env=env, command=harness_command(control)) as server:
+        yield server, control
 
 
 def test_a_full_queue_is_shown_as_a_message(

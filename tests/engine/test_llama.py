@@ -24,14 +24,14 @@ from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import GrammarRejected
 from bubo.engine._grammar import MAX_GBNF_NESTING
 from bubo.engine._sampler import Sampler
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.grammar import check_schema
 from bubo.grammar.freeform import input_rules
 from bubo.grammar.schema import LIMITS
 from bubo.parsers.registry import tool_format
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options
+from .._llama_options import loaded_engine
 from ..grammar.test_freeform import APPLY_PATCH, codex_exec_grammar
 from ..grammar.test_pattern import SUPPORTED
 from ._generation import GREEDY, generate
@@ -43,11 +43,8 @@ QUESTION = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_sta
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(model_path=model_path, n_ctx=1024, n_threads=2, prefill_chunk=64)
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(model_path=model_path, n_ctx=1024, n_threads=2, prefill_chunk=64) as engine:
+        yield engine
 
 
 async def run(

@@ -23,10 +23,10 @@ from bubo.domain.generation import (
 from bubo.domain.sampling import SamplingParams
 from bubo.engine import StreamNotRead
 from bubo.engine._backlog import MIN_BACKLOG_EVENTS
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options
+from .._llama_options import loaded_engine
 
 pytestmark = pytest.mark.llama
 
@@ -35,10 +35,9 @@ STORY = "<|im_start|>user\nWrite a long story.<|im_end|>\n<|im_start|>assistant\
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(engine_options(model_path=model_path, n_ctx=1024, n_threads=2))
-    engine.backlog_bytes = 1  # the floor: MIN_BACKLOG_EVENTS events
-    yield engine
-    engine.close()
+    with loaded_engine(model_path=model_path, n_ctx=1024, n_threads=2) as engine:
+        engine.backlog_bytes = 1  # the floor: MIN_BACKLOG_EVENTS events
+        yield engine
 
 
 async def test_a_stream_left_unread_is_ended_past_its_bound(

@@ -32,12 +32,12 @@ from bubo.domain.generation import (
 from bubo.engine import EngineFailure, _context, _generation, _kv, _producer
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine.errors import Cause, Lost
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.errors import ServiceUnavailable
 from bubo.loader import load_runtime
 from bubo.server import create_app
 
-from .._llama_options import engine_options
+from .._llama_options import loaded_engine
 from ..conftest import wait_until_ready
 from ._generation import GREEDY
 from ._hang import HangingCall
@@ -49,11 +49,10 @@ pytestmark = pytest.mark.llama
 @pytest.fixture(name="engine")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
     """A fresh engine per test: a fatal failure leaves it unusable."""
-    engine = load_llama_engine(
-        engine_options(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=1, prefill_chunk=64)
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path, n_ctx=512, n_threads=2, n_parallel=1, prefill_chunk=64
+    ) as engine:
+        yield engine
 
 
 @pytest.fixture(name="request_")
@@ -168,11 +167,10 @@ def bug(*_args: object, **_kwargs: object) -> None:
 
 @pytest.fixture(name="two_slots")
 def _two_slots(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=2, prefill_chunk=64)
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=2, prefill_chunk=64
+    ) as engine:
+        yield engine
 
 
 async def closes_cleanly(engine: LlamaEngine) -> None:

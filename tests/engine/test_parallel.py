@@ -29,7 +29,7 @@ from bubo.domain.generation import (
 from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options
+from .._llama_options import engine_options, loaded_engine
 from ._generation import GREEDY
 
 pytestmark = pytest.mark.llama
@@ -44,13 +44,10 @@ def question(tokenizer: HFTokenizer, topic: str, repeat: int = 1) -> tuple[int, 
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(
-            model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=4, prefill_chunk=64, kv_unified=False
-        )
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path, n_ctx=1024, n_threads=2, n_parallel=4, prefill_chunk=64, kv_unified=False
+    ) as engine:
+        yield engine
 
 
 async def collect(

@@ -18,9 +18,9 @@ import trio
 
 from bubo.domain.generation import GenerationFinished, GenerationRequest, TokenGenerated
 from bubo.engine._protocols import BatchEntry
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 
-from .._llama_options import engine_options
+from .._llama_options import loaded_engine
 from ._generation import GREEDY
 
 pytestmark = pytest.mark.llama
@@ -31,19 +31,16 @@ Step = dict[int, int]  # slot -> tokens it put in the step
 
 @pytest.fixture(name="engine")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(
-            model_path=model_path,
-            n_ctx=4096,
-            n_threads=2,
-            n_parallel=4,
-            n_batch=512,
-            n_ubatch=UBATCH,
-            prefill_gap_ms=200,
-        )
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path,
+        n_ctx=4096,
+        n_threads=2,
+        n_parallel=4,
+        n_batch=512,
+        n_ubatch=UBATCH,
+        prefill_gap_ms=200,
+    ) as engine:
+        yield engine
 
 
 @pytest.fixture(name="steps")

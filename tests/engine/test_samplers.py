@@ -15,10 +15,10 @@ from bubo.domain.generation import GenerationRequest, TokenGenerated
 from bubo.domain.sampling import SamplingParams
 from bubo.engine._dry_stages import DryKey, DryStages, look_back, new_dry_stage
 from bubo.engine.errors import EngineFailure
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options
+from .._llama_options import loaded_engine
 from ._generation import GREEDY
 from .test_llama import run
 
@@ -33,9 +33,8 @@ SEEDS = (1, 2, 3)
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(engine_options(model_path=model_path, n_ctx=512, n_threads=2))
-    yield engine
-    engine.close()
+    with loaded_engine(model_path=model_path, n_ctx=512, n_threads=2) as engine:
+        yield engine
 
 
 async def tokens(

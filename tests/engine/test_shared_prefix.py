@@ -25,7 +25,7 @@ from bubo.domain.generation import GenerationRequest, GenerationStats, TokenGene
 from bubo.engine.llama import LlamaEngine, load_llama_engine
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options
+from .._llama_options import engine_options, loaded_engine
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -57,11 +57,10 @@ async def run(
 
 @pytest.fixture(name="engine")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=3, cache_ram_mib=0)
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=3, cache_ram_mib=0
+    ) as engine:
+        yield engine
 
 
 async def cold(engine: LlamaEngine, tokens: tuple[int, ...]) -> list[int]:
@@ -171,13 +170,10 @@ def stats_shared(statistics) -> int:
 class TestCellsMovedByCacheReuse:
     @pytest.fixture(name="reusing")
     def _reusing(self, model_path: Path) -> Iterator[LlamaEngine]:
-        engine = load_llama_engine(
-            engine_options(
-                model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=2, cache_ram_mib=0, cache_reuse=16
-            )
-        )
-        yield engine
-        engine.close()
+        with loaded_engine(
+            model_path=model_path, n_ctx=2048, n_threads=2, n_parallel=2, cache_ram_mib=0, cache_reuse=16
+        ) as engine:
+            yield engine
 
     async def test_are_never_shared_as_an_exact_prefix(
         self, reusing: LlamaEngine, tokenizer: HFTokenizer

@@ -17,7 +17,7 @@ from bubo.engine import EngineFailure, SlotBusy, SlotFileNoRoom
 from bubo.engine.errors import Cause
 from bubo.engine.llama import LlamaEngine, load_llama_engine
 
-from .._llama_options import engine_options
+from .._llama_options import engine_options, loaded_engine
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -27,11 +27,10 @@ TEXT = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end
 
 @pytest.fixture(name="engine", scope="module")
 def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    engine = load_llama_engine(
-        engine_options(model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, kv_unified=False)
-    )
-    yield engine
-    engine.close()
+    with loaded_engine(
+        model_path=model_path, n_ctx=512, n_threads=2, n_parallel=2, kv_unified=False
+    ) as engine:
+        yield engine
 
 
 async def run(engine: LlamaEngine, request: GenerationRequest) -> tuple[tuple[int, ...], GenerationFinished]:

@@ -82,18 +82,21 @@ async def test_a_finished_request(runtime: Runtime, recorder: Recorder, autojump
     assert recorder.requests == [(pytest.approx(1.0 + 2.0 + 4 * 0.5), Outcome.FINISHED)]
 
 
+async def holding_the_slot(
+    runtime: Runtime, recorder: Recorder, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A whole generation in the (one) slot; started once it holds the slot."""
+    async with open_output(runtime, PREPARED, arrival(recorder)) as output:
+        task_status.started()
+        await collect(output)
+
+
 async def test_queue_wait_is_the_time_until_the_slot_is_free(
     runtime: Runtime, recorder: Recorder, autojump_clock: trio.abc.Clock
 ):
     """A request that arrives while the slot is held waits for the whole generation ahead of it."""
-
-    async def first(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with open_output(runtime, PREPARED, arrival(recorder)) as output:
-            task_status.started()
-            await collect(output)
-
     async with trio.open_nursery() as nursery:
-        await nursery.start(first)
+        await nursery.start(holding_the_slot, runtime, recorder)
         async with open_output(runtime, PREPARED, arrival(recorder)) as output:
             await collect(output)
     generation = 2.0 + 4 * 0.5
@@ -136,14 +139,8 @@ async def test_a_client_that_leaves_the_queue(
     runtime: Runtime, recorder: Recorder, autojump_clock: trio.abc.Clock
 ):
     """A request that never got the slot has no queue wait, only a cancelled duration."""
-
-    async def first(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with open_output(runtime, PREPARED, arrival(recorder)) as output:
-            task_status.started()
-            await collect(output)
-
     async with trio.open_nursery() as nursery:
-        await nursery.start(first)
+        await nursery.start(holding_the_slot, runtime, recorder)
         with trio.move_on_after(1.0):
             async with open_output(runtime, PREPARED, arrival(recorder)):
                 pytest.fail("the slot was busy")

@@ -518,21 +518,21 @@ def build_hooks(converter: cattrs.Converter, model: Any) -> None:
 
     """
     seen: set[Any] = set()
-    todo = [model]
-    while todo:
-        tp = todo.pop()
+    pending = [model]
+    while pending:
+        tp = pending.pop()
         if tp in seen or tp is _NONE:  # None is a member of a union, structured by the union's hook
             continue
         seen.add(tp)
         converter.get_structure_hook(tp)
         if attrs.has(tp):
-            todo += [field.type for field in attrs.fields(attrs.resolve_types(tp))]
+            pending += [field.type for field in attrs.fields(attrs.resolve_types(tp))]
         elif not _is_literal(tp):  # a Literal's arguments are its values, not types
-            todo += get_args(tp)
+            pending += get_args(tp)
         if _is_union(tp):  # the union passthrough hands what it does not take to the rest's own hook
             rest = [m for m in get_args(tp) if m not in _PASSED_THROUGH and not _is_literal(m)]
             if 1 < len(rest) < len(get_args(tp)):
-                todo.append(typing.Union[tuple(rest)])  # noqa: UP007 - a union built at run time
+                pending.append(typing.Union[tuple(rest)])  # noqa: UP007 - a union built at run time
 
 
 # ---- errors -------------------------------------------------------------------------------------

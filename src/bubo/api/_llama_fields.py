@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from bubo.domain.requests import LoraScale
-from bubo.domain.samplers import KNOBS, Knob
+from bubo.domain.samplers import KNOBS, Knob, with_knob_fields
 
 from ._converter import wire_name
 
@@ -65,11 +65,7 @@ def llama_server_fields(knobs: Iterable[Knob]) -> type[_LlamaServerFields]:
     fields = {
         knob.name: attrs.field(type=knob.optional_type, default=None) for knob in knobs if not knob.openai
     }
-    made = attrs.make_class(
-        "LlamaServerFields", fields, bases=(_LlamaServerFields,), frozen=True, kw_only=True
-    )
-    made.__doc__, made.__module__ = _LlamaServerFields.__doc__, __name__
-    return made
+    return with_knob_fields(_LlamaServerFields, fields)
 
 
 if TYPE_CHECKING:

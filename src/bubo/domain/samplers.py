@@ -31,7 +31,7 @@ are declared beside the table, in ``domain.sampling``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -46,7 +46,10 @@ __all__ = [
     "knob_named",
     "override",
     "setting",
+    "with_knob_fields",
 ]
+
+T = TypeVar("T")
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
@@ -225,6 +228,17 @@ def setting(name: str) -> Any:
     """
     row = knob_named(name)
     return attrs.field(default=row.default, validator=row.validator(optional=False), metadata={KNOB: name})
+
+
+def with_knob_fields(base: type[T], fields: dict[str, Any]) -> type[T]:
+    """*base* (a frozen, keyword-only attrs class) with *fields* added, under its own name, module and doc.
+
+    A wire model with one field per row of :data:`KNOBS`: made from the table, so a row added there
+    is a field here with no other declaration.
+    """
+    made = attrs.make_class(base.__name__.lstrip("_"), fields, bases=(base,), frozen=True, kw_only=True)
+    made.__doc__, made.__module__ = base.__doc__, base.__module__
+    return made
 
 
 def override(name: str) -> Any:

@@ -17,6 +17,7 @@ was still queued (:meth:`Inbox.fail`).
 from __future__ import annotations
 
 import collections
+import enum
 import threading
 from collections.abc import Callable
 
@@ -26,9 +27,17 @@ from ._crossing import Job
 from ._roster import Member
 from .errors import EngineFailure
 
-__all__ = ["LOOP_FAILED", "Inbox", "Turn"]
+__all__ = ["LOOP_FAILED", "Inbox", "InboxState", "Turn"]
 
 LOOP_FAILED = "the engine failed on its decode thread and cannot serve requests"
+
+
+class InboxState(enum.Enum):
+    """Whether the inbox takes work: open, stopping (the loop ends next turn), or failed (the guard ran)."""
+
+    OPEN = "open"
+    STOPPING = "stopping"
+    FAILED = "failed"
 
 
 @attrs.frozen
@@ -50,8 +59,7 @@ class Inbox:
         self._arrivals: list[Member] = []  # guarded by _wakeup
         self._calls: list[Job] = []  # guarded by _wakeup
         self._idle_jobs: collections.deque[Job] = collections.deque()  # guarded by _wakeup
-        self._stopping = False  # guarded by _wakeup
-        self._failed = False  # guarded by _wakeup: the guard ended the loop; new work is refused
+        self._state = InboxState.OPEN  # guarded by _wakeup; FAILED is final
         self.taken = Turn()  # the decode thread's own: the turn take() handed out last
 
     # ---- the trio side -----------------------------------------------------------------------
@@ -90,14 +98,15 @@ class Inbox:
     def stop(self) -> None:
         """Refuse new work and make the thread stop at its next turn."""
         with self._wakeup:
-            self._stopping = True
+            if self._state is InboxState.OPEN:
+                self._state = InboxState.STOPPING
             self._wakeup.notify_all()
 
     def _refusal(self) -> EngineFailure | None:
         """Why no new work is taken, or None (call with ``_wakeup`` held)."""
-        if self._failed:
+        if self._state is InboxState.FAILED:
             return EngineFailure(LOOP_FAILED, fatal=True)
-        if self._stopping:
+        if self._state is InboxState.STOPPING:
             return EngineFailure("the engine is closed")
         return None
 
@@ -106,9 +115,11 @@ class Inbox:
     def take(self, *, busy: bool) -> Turn | None:
         """Wait for work (none needed while *busy*: generations are active) and take it; None once stopped."""
         with self._wakeup:
-            while not (self._arrivals or busy or self._idle_jobs or self._calls or self._stopping):
+            while not (
+                self._arrivals or busy or self._idle_jobs or self._calls or self._state is not InboxState.OPEN
+            ):
                 self._wakeup.wait()
-            if self._stopping:
+            if self._state is not InboxState.OPEN:
                 return None
             calls, self._calls = self._calls, []
             arrivals, self._arrivals = self._arrivals, []
@@ -130,7 +141,7 @@ class Inbox:
         """The guard: refuse new work from now on; the jobs and arrivals taken or queued (some ended)."""
         taken = self.taken
         with self._wakeup:
-            self._failed = True
+            self._state = InboxState.FAILED
             jobs = [*taken.calls, *self._calls, *self._idle_jobs]
             if taken.idle_job is not None:
                 jobs.append(taken.idle_job)

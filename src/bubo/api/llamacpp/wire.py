@@ -14,7 +14,7 @@ from bubo.api._converter import wire_name
 from bubo.api._llama_fields import LlamaServerFields
 from bubo.api._progress import Progress
 from bubo.api._usage import Timings, Usage
-from bubo.domain.samplers import KNOBS, Knob
+from bubo.domain.samplers import KNOBS, Knob, with_knob_fields
 
 # ---- requests ------------------------------------------------------------------------------
 
@@ -124,9 +124,7 @@ def sampler_settings_class(knobs: Iterable[Knob]) -> type[_SamplerSettings]:
         "dry_sequence_breakers": attrs.field(type=list[str]),
         "samplers": attrs.field(type=list[str]),
     }
-    made = attrs.make_class("SamplerSettings", fields, bases=(_SamplerSettings,), frozen=True, kw_only=True)
-    made.__doc__, made.__module__ = _SamplerSettings.__doc__, __name__
-    return made
+    return with_knob_fields(_SamplerSettings, fields)
 
 
 if TYPE_CHECKING:
