@@ -24,6 +24,7 @@ import cattrs
 
 from bubo.domain.addresses import is_loopback, parse_authority
 from bubo.domain.modes import (
+    CourierMode,
     DraftMode,
     FlashAttention,
     KeepAlivePolicy,
@@ -197,6 +198,7 @@ class LoadSettings:
     n_gpu_layers_draft: int = -1
     repack: RepackMode = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
+    courier: CourierMode = "auto"  # a thread hands tokens to the event loop; auto: where a CPU is free
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: Pooling | None = None  # embeddings: None: the model's own
     mmproj: Path | None = None  # the image projector; None: the model reads text only
@@ -831,6 +833,10 @@ OPTIONS: tuple[Option, ...] = (
            off_flags=("-nr", "--no-repack")),
     Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
            "seconds the repack probe may take before repacking is turned off ({default})", "S"),
+    Option(("--courier",), ("model", "courier"), _choice_of(CourierMode),
+           "a thread hands each token from the decode thread to the event loop, whose work for it then "
+           "runs beside the next llama_decode: auto uses one where a CPU is free for it (--threads below "
+           "the CPUs, or layers on a GPU) ({default})", "MODE"),
     Option(("--spm-infill",), ("serving", "spm_infill"), _switch,
            "/infill sends the suffix before the prefix (Suffix/Prefix/Middle), for models trained that "
            "way ({default}: Prefix/Suffix/Middle)", "on|off"),

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from bubo.domain.modes import CourierMode
 from bubo.engine import _courier
 from bubo.engine._courier import Courier
 
@@ -229,3 +230,37 @@ async def test_a_hold_wakes_the_courier_once_as_it_ends_and_only_for_its_own_thr
     finally:
         assert courier.stop(WAIT_S)
     assert heard == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("mode", "n_threads", "cpus", "gpu_layers", "enabled"),
+    [
+        ("auto", 2, 2, False, False),  # llama.cpp computes on every CPU: trio's work would slow it
+        ("auto", 4, 2, False, False),  # more threads than CPUs: none free either
+        ("auto", 1, 2, False, True),  # a CPU free beside llama.cpp's thread
+        ("auto", 8, 8, True, True),  # the layers on a GPU: llama.cpp's threads mostly wait
+        ("on", 2, 2, False, True),
+        ("off", 1, 16, True, False),
+    ],
+)
+def test_a_courier_is_used_where_a_cpu_is_free_for_it_or_as_told(
+    mode: CourierMode, n_threads: int, cpus: int, gpu_layers: bool, enabled: bool
+) -> None:
+    decision = _courier.decide_courier(mode, n_threads=n_threads, cpus=cpus, gpu_layers=gpu_layers)
+    assert decision.enabled is enabled
+    assert decision.reason  # the log says why
+
+
+async def test_direct_posts_reach_trio_in_order_and_hold_nothing() -> None:
+    heard: list[int] = []
+    done = trio.Event()
+    direct = _courier.DirectPost()
+    direct.start()
+    token = trio.lowlevel.current_trio_token()
+    with direct.holding():
+        await trio.to_thread.run_sync(lambda: [direct.post(token, heard.append, i) for i in range(3)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert heard == [0, 1, 2]  # posted as they came, the hold notwithstanding
+    direct.post(token, done.set)
+    await done.wait()
+    assert direct.stop(0)

@@ -18,6 +18,7 @@ import pytest
 
 from bubo.domain.generation import StopCause
 from bubo.domain.media import PromptImage
+from bubo.engine._courier import Courier
 from bubo.engine._crossing import Job
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
@@ -202,6 +203,7 @@ class Run:
             self.context,
             prefill=prefill or PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
             drafting=None,
+            to_trio=Courier(),
             park_idle=park_idle,
             on_lost=self.lost.append,
         )  # type: ignore[arg-type]

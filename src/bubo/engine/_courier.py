@@ -27,26 +27,108 @@ end).  Nothing is lost or run twice:
 
 Callbacks must not block; one that raises still lets the rest of its batch
 run, then crashes the trio run, as a raising ``run_sync_soon`` callback does.
+
+The courier pays where a CPU is free for trio's work beside ``llama_decode``:
+llama.cpp's threads fewer than the CPUs, or the model's layers on a GPU.
+Where llama.cpp computes on every CPU, trio's work beside ``llama_decode``
+takes its time from llama.cpp's threads (docs/performance.md, "Cadence"), and
+:class:`DirectPost` posts each callback to trio from the decode thread, as it
+comes.  :func:`decide_courier` chooses (``--courier``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
+import attrs
 import trio
+
+from bubo.domain.modes import CourierMode
 
 from ._crossing import post_to_trio
 
-__all__ = ["Courier"]
+__all__ = ["Courier", "CourierDecision", "DirectPost", "Poster", "decide_courier", "usable_cpus"]
 
 logger = logging.getLogger(__name__)
 
 Call = tuple[Callable[..., object], tuple[object, ...]]
 Post = tuple[trio.lowlevel.TrioToken, Callable[..., object], tuple[object, ...]]
 Run = tuple[trio.lowlevel.TrioToken, list[Call]]
+
+
+class Poster(Protocol):
+    """How the decode loop's callbacks reach trio: a :class:`Courier`, or :class:`DirectPost`."""
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
+        ...
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """While in it, this thread's posts may wait, to go together as it leaves."""
+        ...
+
+    def start(self) -> None:
+        """Be ready to post (before the decode thread starts)."""
+        ...
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Post what is still held and end; whether it ended within *timeout_s*."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class CourierDecision:
+    """Whether the decode loop posts through a courier thread, and why (one phrase for the log)."""
+
+    enabled: bool
+    reason: str
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: bool) -> CourierDecision:
+    """Whether a courier pays: *mode* on or off says; auto, where a CPU is free beside llama.cpp's threads.
+
+    *gpu_layers*: some of the model's layers run on a GPU (llama.cpp's threads
+    then mostly wait for it).
+    """
+    if mode != "auto":
+        return CourierDecision(enabled=mode == "on", reason=f"--courier {mode}")
+    if gpu_layers:
+        return CourierDecision(enabled=True, reason="the model's layers are on a GPU")
+    if n_threads < cpus:
+        return CourierDecision(enabled=True, reason=f"{n_threads} llama.cpp threads on {cpus} CPUs")
+    return CourierDecision(enabled=False, reason=f"llama.cpp's {n_threads} threads on all {cpus} CPUs")
+
+
+class DirectPost:
+    """The decode thread posts each callback to trio itself, as it comes (trio's ``run_sync_soon``)."""
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon; trio keeps the order of its posts."""
+        post_to_trio(token, function, *args)
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing waits: each post goes as it is made."""
+        return contextlib.nullcontext()
+
+    def start(self) -> None:
+        """Nothing to start: posts go from the poster's own thread."""
+
+    def stop(self, timeout_s: float | None = None) -> bool:  # noqa: ARG002 - the Poster's signature
+        """Nothing is held, so nothing is left to post: ended at once."""
+        return True
 
 
 class Courier:
