@@ -5,8 +5,8 @@ Usage: python bench/traced_serve.py TRACE.json serve -m MODEL ... (every ``bubo 
 The server is the real one, in this process, with timers wrapped around what
 it calls (nothing in ``src/`` changes): ``llama_cpp.llama_decode`` and
 ``llama_cpp.llama_sampler_sample`` (the decode thread), the decode thread's
-hand-over of each generated token to trio (``Courier.post``, which the
-producer calls on the decode thread) and the moment trio runs it, every
+hand-over of each generated token to trio (``Courier.post`` or
+``DirectPost.post``, which the producer calls on the decode thread) and the moment trio runs it, every
 ``trio.SocketStream.send_all`` (the bytes as they leave), and the garbage
 collector's passes (``gc.callbacks``, with the thread that ran each).  Every
 time is ``time.perf_counter()``, the monotonic clock the benchmark's client
@@ -152,41 +152,49 @@ def _time_llama_cpp(trace: Trace, held: HeldPosts) -> Undo:
 
 
 def _time_hand_over(trace: Trace, held: HeldPosts) -> Undo:
-    """Each generated token's hand-over: when the decode thread queues it for trio, when trio runs it."""
-    from bubo.domain.generation import EngineEvent, TokenGenerated  # noqa: PLC0415
-    from bubo.engine._courier import Courier  # noqa: PLC0415
+    """Each generated token's hand-over: when the decode thread queues it for trio, when trio runs it.
 
-    queue_it = Courier.post
+    Both ways the loop may post (``--courier``): the courier's queue and the decode thread's direct post.
+    """
+    from bubo.domain.generation import EngineEvent, TokenGenerated  # noqa: PLC0415
+    from bubo.engine._courier import Courier, DirectPost  # noqa: PLC0415
+
     streams = Serials()  # the decode thread's own
     counters: dict[int, itertools.count[int]] = {}  # each stream's tokens
+    originals = {poster: poster.post for poster in (Courier, DirectPost)}
 
-    def timed_post(courier: Courier, token: Any, function: Callable[..., object], *args: object) -> None:
-        post = functools.partial(queue_it, courier)
-        event = args[0] if args else None
-        if not isinstance(event, EngineEvent):  # a generation's end: after everything held
-            held.release()
-            post(token, function, *args)
-            return
-        if not isinstance(event, TokenGenerated):
-            held.post(post, token, function, *args)
-            return
-        stream = streams.of(getattr(function, "__self__", function))  # the generation's event backlog
-        seq = next(counters.setdefault(stream, itertools.count()))
-        trace.emit.append((CLOCK(), stream, seq, event.text))
+    def timed(queue_it: Callable[..., None]) -> Callable[..., None]:
+        def timed_post(poster: object, token: Any, function: Callable[..., object], *args: object) -> None:
+            post = functools.partial(queue_it, poster)
+            event = args[0] if args else None
+            if not isinstance(event, EngineEvent):  # a generation's end: after everything held
+                held.release()
+                post(token, function, *args)
+                return
+            if not isinstance(event, TokenGenerated):
+                held.post(post, token, function, *args)
+                return
+            stream = streams.of(getattr(function, "__self__", function))  # the generation's event backlog
+            seq = next(counters.setdefault(stream, itertools.count()))
+            trace.emit.append((CLOCK(), stream, seq, event.text))
 
-        def delivered(*given: object) -> object:
-            started = CLOCK()
-            try:
-                return function(*given)
-            finally:
-                trace.deliver.append((started, CLOCK(), stream, seq))
+            def delivered(*given: object) -> object:
+                started = CLOCK()
+                try:
+                    return function(*given)
+                finally:
+                    trace.deliver.append((started, CLOCK(), stream, seq))
 
-        held.post(post, token, delivered, *args)
+            held.post(post, token, delivered, *args)
 
-    Courier.post = timed_post  # type: ignore[method-assign]
+        return timed_post
+
+    for poster, post in originals.items():
+        poster.post = timed(post)  # type: ignore[method-assign]
 
     def undo() -> None:
-        Courier.post = queue_it  # type: ignore[method-assign]
+        for poster, post in originals.items():
+            poster.post = post  # type: ignore[method-assign]
 
     return undo
 
