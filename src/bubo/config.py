@@ -46,6 +46,7 @@ from bubo.parsers import available_tool_parsers
 __all__ = [
     "ANY_HOST",
     "CACHE_RAM_MAX_MIB",
+    "CPU_TOPOLOGY",
     "DEFAULT",
     "LOOPBACK_ORIGINS",
     "OPTIONS",
@@ -64,6 +65,7 @@ __all__ = [
     "flag_values",
     "load_settings",
     "options_table",
+    "physical_cores",
     "serve_flag_values",
 ]
 
