@@ -2,7 +2,8 @@
 
 Usage:
     python bench/timeline.py [--tokens 128] [--rounds 2] [--streams 1,4] [--threads 2] [--ctx 4096]
-                             [--model PATH] [--llama-server PATH | --no-llama-server] [--json out.json]
+                             [--courier auto[,on,off]] [--model PATH]
+                             [--llama-server PATH | --no-llama-server] [--json out.json]
 
 Four servers start at once and stay loaded; only one works at a time: llama-server
 ``-np 1`` (the reference for one stream) and ``-np 4 -kvu`` (for several), a plain
@@ -17,8 +18,10 @@ runs the traced Bubo with that ``sys.setswitchinterval`` (Python's default is
 5 ms), against the plain one in the same run; ``--post-at-decode`` makes its
 decode thread hand a step's events to trio only as it calls the next
 ``llama_decode`` (bench/traced_serve.py's ``HeldPosts``): the gain of handing
-them over while llama.cpp computes; ``--courier`` has another thread post
-them (``Courier``), so that the decode thread makes no system call to wake trio.
+them over while llama.cpp computes.  ``--courier on,off`` starts a plain Bubo
+for each ``--courier`` mode (``bubo-courier-on``, ``bubo-courier-off``; the
+first is the one compared with llama-server and the traced one's mode): the
+courier's cost or gain in one run.
 
 Printed: each server's inter-token gaps as the client saw them (p50, p95, p99,
 pooled over streams and rounds) and Bubo / llama-server; then, from the traced
@@ -52,7 +55,7 @@ import scenarios
 import servers
 import timing
 import token_timeline
-from traced_serve import COURIER, POST_AT_DECODE, SWITCH_INTERVAL
+from traced_serve import POST_AT_DECODE, SWITCH_INTERVAL
 
 SLOTS = 4
 HERE = Path(__file__).resolve().parent
@@ -90,18 +93,25 @@ def specs(
     trace: Path,
     switch_interval_ms: float | None,
     post_at_decode: bool,
-    courier: bool,
+    couriers: list[str],
 ) -> list[servers.ServerSpec]:
     common = {"model": model, "threads": threads, "ctx": ctx}
-    plain = servers.bubo(**common, parallel=SLOTS)
+    plain = [
+        servers.bubo(
+            **common,
+            parallel=SLOTS,
+            extra=("--courier", mode),
+            name="bubo" if index == 0 else f"bubo-courier-{mode}",
+        )
+        for index, mode in enumerate(couriers)
+    ]
     traced = servers.ServerSpec(
         name="bubo-traced",
-        command=(sys.executable, str(HERE / "traced_serve.py"), str(trace), *plain.command[3:]),
+        command=(sys.executable, str(HERE / "traced_serve.py"), str(trace), *plain[0].command[3:]),
         ready_path="/ready",
         env={
             **({SWITCH_INTERVAL: str(switch_interval_ms)} if switch_interval_ms else {}),
             **({POST_AT_DECODE: "1"} if post_at_decode else {}),
-            **({COURIER: "1"} if courier else {}),
         },
     )
     reference = []
@@ -110,7 +120,7 @@ def specs(
             servers.llama_server(binary, **common),
             servers.llama_server(binary, **common, parallel=SLOTS, name="llama-server-np4"),
         ]
-    return [*reference, plain, traced]
+    return [*reference, *plain, traced]
 
 
 def measure(
@@ -165,7 +175,12 @@ def report_gaps(seen: dict[str, dict[int, list[Arrivals]]], counts: list[int]) -
     for n in counts:
         reference = "llama-server" if n == 1 else "llama-server-np4"
         print(f"\ninter-token gaps at the client, {n} stream(s), ms (p50 / p95 / p99 / mean)")
-        for name in (reference, "bubo", "bubo-traced"):
+        for name in (
+            reference,
+            "bubo",
+            *sorted(k for k in seen if k.startswith("bubo-courier-")),
+            "bubo-traced",
+        ):
             if seen.get(name, {}).get(n):
                 gaps[f"{name}, {n}"] = summary = gap_summary(seen[name][n])
                 print(f"  {name:18} {_shown(summary, places=2)}")
@@ -226,10 +241,19 @@ def main() -> None:
         "--post-at-decode", action="store_true", help="the traced Bubo hands events over at each llama_decode"
     )
     parser.add_argument(
-        "--courier", action="store_true", help="the traced Bubo's events posted to trio by another thread"
+        "--courier",
+        default="auto",
+        help="comma-separated --courier modes, a plain Bubo each (the first: the one compared and traced)",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    couriers = args.courier.split(",")
+    if (
+        not couriers
+        or any(mode not in ("auto", "on", "off") for mode in couriers)
+        or len(set(couriers)) < len(couriers)
+    ):
+        parser.error("--courier: distinct modes among auto, on, off")
     counts = [int(n) for n in args.streams.split(",")]
     if any(n < 1 or n > SLOTS for n in counts):
         parser.error(f"--streams: each between 1 and {SLOTS}")
@@ -252,7 +276,7 @@ def main() -> None:
                     trace_path,
                     args.switch_interval_ms,
                     args.post_at_decode,
-                    args.courier,
+                    couriers,
                 )
             ]
             for server in running:  # warm up
@@ -260,14 +284,13 @@ def main() -> None:
             seen = measure(running, counts, args.tokens, args.rounds)
         trace = json.loads(trace_path.read_text())  # written as the traced server stopped
     print(
-        f"\nmodel {Path(model).name}, ctx {args.ctx}, threads {args.threads}, {args.tokens} tokens a stream"
+        f"\nmodel {Path(model).name}, ctx {args.ctx}, threads {args.threads}, {args.tokens} tokens a stream, "
+        f"bubo --courier {couriers[0]}"
     )
     if args.switch_interval_ms:
         print(f"the traced Bubo ran with sys.setswitchinterval({args.switch_interval_ms} ms)")
     if args.post_at_decode:
         print("the traced Bubo handed its events over as it called each llama_decode (--post-at-decode)")
-    if args.courier:
-        print("the traced Bubo's events were posted to trio by a courier thread (--courier)")
     tables = report(seen, trace, counts)
     if args.json:
         args.json.write_text(json.dumps({"tables": tables, "arrivals": seen}, indent=1))

@@ -1,6 +1,7 @@
 """Per-token Python overhead of Bubo's engine: the decode thread's time outside llama.cpp.
 
-Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--streams 1,4] [--threads 2] [--model PATH]
+Usage: python bench/token_overhead.py [--tokens 256] [--rounds 5] [--streams 1,4] [--threads 2]
+                                     [--courier auto|on|off] [--model PATH]
 
 Runs the real engine in-process with 4 slots (``--parallel 4``, the server's
 default), as the server does: one decode thread, each generation's events
@@ -14,7 +15,8 @@ events, the hand-over to trio (and waiting for the GIL while trio runs).
 Divided by *n* it is the overhead per token per sequence.  Only steps where
 every stream is generating count (not the prompts' steps, nor the last
 stream's end).  Drafting is off so that every step decodes one token per
-stream.
+stream.  ``--courier`` is the server's flag (the engine's events to trio
+through a courier thread, or posted by the decode thread itself).
 
 Besides each round's means, every step of every round is pooled and shown as
 p50, p95, p99 and mean per token: the Python work between two ``llama_decode``
@@ -162,6 +164,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--streams", default="1,4", help="comma-separated numbers of concurrent streams")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--courier", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--model", type=Path, default=None)
     return parser
 
@@ -169,7 +172,11 @@ def parser() -> argparse.ArgumentParser:
 def engine_options(args: argparse.Namespace) -> dict[str, LlamaOptions]:
     """The one engine: :data:`SLOTS` slots, a 4096-token context, drafting off."""
     model = args.model or default_model_path()
-    return {"engine": bench_options(model, n_ctx=4096, n_threads=args.threads, n_parallel=SLOTS)}
+    return {
+        "engine": bench_options(
+            model, n_ctx=4096, n_threads=args.threads, n_parallel=SLOTS, courier=args.courier
+        )
+    }
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ and the arrival times a client saw, so that they are tested on synthetic data
 
 - ``llama_decode`` of the step that computed its logits begins and ends;
 - its sampling (``llama_sampler_sample``) begins and ends, on the decode thread;
-- the decode thread hands it to trio (``post_to_trio``), trio runs the hand-over;
+- the decode thread queues it for trio (``Courier.post``), trio runs the hand-over;
 - the frame carrying its text is written to the socket (``send_all`` begins, ends);
 - the client reads it.
 

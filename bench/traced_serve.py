@@ -5,8 +5,8 @@ Usage: python bench/traced_serve.py TRACE.json serve -m MODEL ... (every ``bubo 
 The server is the real one, in this process, with timers wrapped around what
 it calls (nothing in ``src/`` changes): ``llama_cpp.llama_decode`` and
 ``llama_cpp.llama_sampler_sample`` (the decode thread), the decode thread's
-hand-over of each generated token to trio (``post_to_trio`` as
-``bubo.engine._producer`` calls it) and the moment trio runs it, every
+hand-over of each generated token to trio (``Courier.post`` or
+``DirectPost.post``, which the producer calls on the decode thread) and the moment trio runs it, every
 ``trio.SocketStream.send_all`` (the bytes as they leave), and the garbage
 collector's passes (``gc.callbacks``, with the thread that ran each).  Every
 time is ``time.perf_counter()``, the monotonic clock the benchmark's client
@@ -21,7 +21,7 @@ decode thread and the event loop; ``bubo serve`` itself keeps Python's 5 ms).
 ``BUBO_BENCH_POST_AT_DECODE=1`` holds the decode thread's events until it
 calls the next ``llama_decode`` (:class:`HeldPosts`): what handing a step's
 events over while llama.cpp computes, instead of between two steps, would give.
-``BUBO_BENCH_COURIER=1`` has another thread post them (:class:`Courier`).
+(The courier experiment this tool ran is now the engine's own ``Courier``.)
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import gc
 import itertools
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -74,42 +73,8 @@ SWITCH_INTERVAL = "BUBO_BENCH_SWITCH_INTERVAL_MS"
 POST_AT_DECODE = "BUBO_BENCH_POST_AT_DECODE"
 """Set to 1: the decode thread's events reach trio only as it calls ``llama_decode`` (an experiment)."""
 
-COURIER = "BUBO_BENCH_COURIER"
-"""Set to 1: a courier thread, not the decode thread, posts each event to trio (an experiment)."""
-
 Undo = Callable[[], None]
 CLOCK = time.perf_counter
-
-
-class Courier:
-    """The experiment of ``BUBO_BENCH_COURIER``: the decode thread's posts to trio, made by another thread.
-
-    Posting wakes trio with a write to its wake-up socket; the write lets go of
-    the GIL, and trio, woken, takes it and runs the token's whole way out while
-    the decode thread waits for it back.  Handed to this thread through a queue
-    (no system call on the decode thread), the post happens when the decode
-    thread next lets go of the GIL: in ``llama_decode``.  One thread, one
-    queue: trio hears everything in the order it was posted.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._run, name="bench-courier", daemon=True)
-        self._thread.start()
-
-    def post(self, send: Callable[..., None], *args: object) -> None:
-        self._queue.put((send, args))
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            send, args = item
-            send(*args)
 
 
 @attrs.define
@@ -137,16 +102,15 @@ class HeldPosts:
             send(*args)
 
 
-def install(trace: Trace, held: HeldPosts | None = None, courier: Courier | None = None) -> Undo:
+def install(trace: Trace, held: HeldPosts | None = None) -> Undo:
     """Wrap the timers around the server's calls; returns what takes them off again.
 
-    *held*: the decode thread's event posts go through it (the ``BUBO_BENCH_POST_AT_DECODE`` experiment);
-    *courier*: every post of the decode thread does (``BUBO_BENCH_COURIER``).
+    *held*: the decode thread's event posts go through it (the ``BUBO_BENCH_POST_AT_DECODE`` experiment).
     """
     held = held or HeldPosts()
     undo = [
         _time_llama_cpp(trace, held),
-        _time_hand_over(trace, held, courier),
+        _time_hand_over(trace, held),
         _time_writes(trace),
         _time_collections(trace),
     ]
@@ -187,44 +151,50 @@ def _time_llama_cpp(trace: Trace, held: HeldPosts) -> Undo:
     return undo
 
 
-def _time_hand_over(trace: Trace, held: HeldPosts, courier: Courier | None) -> Undo:
-    """Each generated token's hand-over: when the decode thread posts it, when trio runs it."""
-    from bubo.domain.generation import EngineEvent, TokenGenerated  # noqa: PLC0415
-    from bubo.engine import _producer  # noqa: PLC0415
+def _time_hand_over(trace: Trace, held: HeldPosts) -> Undo:
+    """Each generated token's hand-over: when the decode thread queues it for trio, when trio runs it.
 
-    direct = _producer.post_to_trio
-    post = direct if courier is None else functools.partial(courier.post, direct)
+    Both ways the loop may post (``--courier``): the courier's queue and the decode thread's direct post.
+    """
+    from bubo.domain.generation import EngineEvent, TokenGenerated  # noqa: PLC0415
+    from bubo.engine._courier import Courier, DirectPost  # noqa: PLC0415
+
     streams = Serials()  # the decode thread's own
     counters: dict[int, itertools.count[int]] = {}  # each stream's tokens
+    originals = {poster: poster.post for poster in (Courier, DirectPost)}
 
-    def timed_post(token: Any, function: Callable[..., object], *args: object) -> None:
-        event = args[0] if args else None
-        if not isinstance(event, EngineEvent):  # a generation's end: after everything held
-            held.release()
-            post(token, function, *args)
-            return
-        if not isinstance(event, TokenGenerated):
-            held.post(post, token, function, *args)
-            return
-        stream = streams.of(getattr(function, "__self__", function))  # the generation's event backlog
-        seq = next(counters.setdefault(stream, itertools.count()))
-        trace.emit.append((CLOCK(), stream, seq, event.text))
+    def timed(queue_it: Callable[..., None]) -> Callable[..., None]:
+        def timed_post(poster: object, token: Any, function: Callable[..., object], *args: object) -> None:
+            post = functools.partial(queue_it, poster)
+            event = args[0] if args else None
+            if not isinstance(event, EngineEvent):  # a generation's end: after everything held
+                held.release()
+                post(token, function, *args)
+                return
+            if not isinstance(event, TokenGenerated):
+                held.post(post, token, function, *args)
+                return
+            stream = streams.of(getattr(function, "__self__", function))  # the generation's event backlog
+            seq = next(counters.setdefault(stream, itertools.count()))
+            trace.emit.append((CLOCK(), stream, seq, event.text))
 
-        def delivered(*given: object) -> object:
-            started = CLOCK()
-            try:
-                return function(*given)
-            finally:
-                trace.deliver.append((started, CLOCK(), stream, seq))
+            def delivered(*given: object) -> object:
+                started = CLOCK()
+                try:
+                    return function(*given)
+                finally:
+                    trace.deliver.append((started, CLOCK(), stream, seq))
 
-        held.post(post, token, delivered, *args)
+            held.post(post, token, delivered, *args)
 
-    _producer.post_to_trio = timed_post  # type: ignore[assignment]
+        return timed_post
+
+    for poster, post in originals.items():
+        poster.post = timed(post)  # type: ignore[method-assign]
 
     def undo() -> None:
-        _producer.post_to_trio = direct
-        if courier is not None:
-            courier.close()
+        for poster, post in originals.items():
+            poster.post = post  # type: ignore[method-assign]
 
     return undo
 
@@ -276,7 +246,7 @@ def main() -> int:
         sys.setswitchinterval(float(interval_ms) / 1000)
     trace = Trace()
     held = HeldPosts(hold=os.environ.get(POST_AT_DECODE) == "1")
-    uninstall = install(trace, held, Courier() if os.environ.get(COURIER) == "1" else None)
+    uninstall = install(trace, held)
     try:
         return bubo_main(sys.argv[2:])
     finally:

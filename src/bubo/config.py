@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,6 +24,7 @@ import cattrs
 
 from bubo.domain.addresses import is_loopback, parse_authority
 from bubo.domain.modes import (
+    CourierMode,
     DraftMode,
     FlashAttention,
     KeepAlivePolicy,
@@ -45,6 +46,7 @@ from bubo.parsers import available_tool_parsers
 __all__ = [
     "ANY_HOST",
     "CACHE_RAM_MAX_MIB",
+    "CPU_TOPOLOGY",
     "DEFAULT",
     "LOOPBACK_ORIGINS",
     "OPTIONS",
@@ -63,6 +65,7 @@ __all__ = [
     "flag_values",
     "load_settings",
     "options_table",
+    "physical_cores",
     "serve_flag_values",
 ]
 
@@ -112,11 +115,36 @@ def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
 
 
+CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
+
+
+def physical_cores(cpus: Iterable[int], topology: Path = CPU_TOPOLOGY) -> int | None:
+    """The cores *cpus* (logical CPU numbers) are on: their distinct sets of hyperthread siblings.
+
+    As llama.cpp counts them (``thread_siblings`` in Linux's sysfs), over the CPUs
+    given rather than all; None where the topology cannot be read.
+    """
+    siblings = set()
+    for cpu in cpus:
+        try:
+            siblings.add((topology / f"cpu{cpu}" / "topology" / "thread_siblings").read_text().strip())
+        except OSError:
+            return None
+    return len(siblings) or None
+
+
 def _default_threads() -> int:
+    """One thread per physical core this process may use, as llama-server's ``-t``.
+
+    Two hyperthreads of a core share its vector units: llama.cpp gains little from
+    the second, and leaves it to the rest of the process (the event loop's work
+    for each token, engine/_courier.py).
+    """
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+    return max(1, physical_cores(cpus) or len(cpus))
 
 
 @attrs.frozen(kw_only=True)
@@ -197,6 +225,7 @@ class LoadSettings:
     n_gpu_layers_draft: int = -1
     repack: RepackMode = "auto"  # llama.cpp's CPU weight repacking: auto (probed), on, off
     repack_probe_timeout: float = attrs.field(default=120.0, validator=_above_zero)
+    courier: CourierMode = "auto"  # a thread hands tokens to the event loop; auto: where a CPU is free
     embeddings: bool = False  # serve /v1/embeddings and /embedding from a second context
     pooling: Pooling | None = None  # embeddings: None: the model's own
     mmproj: Path | None = None  # the image projector; None: the model reads text only
@@ -733,7 +762,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
            "context size in tokens (default {default}: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
-           "threads for generation (default: the CPUs this process may use)", "N"),
+           "threads for generation (default: the physical cores this process may use, one a core, "
+           "as llama-server)", "N"),
     Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
            "threads for prompt processing (default: --threads)", "N"),
     Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default {default})",
@@ -831,6 +861,10 @@ OPTIONS: tuple[Option, ...] = (
            off_flags=("-nr", "--no-repack")),
     Option(("--repack-probe-timeout",), ("model", "repack_probe_timeout"), _float,
            "seconds the repack probe may take before repacking is turned off ({default})", "S"),
+    Option(("--courier",), ("model", "courier"), _choice_of(CourierMode),
+           "a thread hands each token from the decode thread to the event loop, whose work for it then "
+           "runs beside the next llama_decode: auto uses one where a CPU is free for it (--threads below "
+           "the CPUs, or layers on a GPU) ({default})", "MODE"),
     Option(("--spm-infill",), ("serving", "spm_infill"), _switch,
            "/infill sends the suffix before the prefix (Suffix/Prefix/Middle), for models trained that "
            "way ({default}: Prefix/Suffix/Middle)", "on|off"),

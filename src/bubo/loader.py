@@ -281,6 +281,7 @@ def llama_options(
         max_unread_mib=model.max_unread_mib,
         # as llama-server: moving cached runs would move an image's cells, encoded where they stood
         cache_reuse=0 if model.mmproj is not None else model.cache_reuse,
+        courier=model.courier,
         lora=lora,
     )
 

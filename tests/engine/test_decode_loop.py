@@ -18,6 +18,7 @@ import pytest
 
 from bubo.domain.generation import StopCause
 from bubo.domain.media import PromptImage
+from bubo.engine._courier import Courier
 from bubo.engine._crossing import Job
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
@@ -202,6 +203,7 @@ class Run:
             self.context,
             prefill=prefill or PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
             drafting=None,
+            to_trio=Courier(),
             park_idle=park_idle,
             on_lost=self.lost.append,
         )  # type: ignore[arg-type]
@@ -758,3 +760,26 @@ class TestAStuckThread:
         assert run.loop.stop(WAIT_S)
         run.wait()
         assert isinstance(run.ended[0], EngineFailure)  # closed while generating
+
+    def test_its_courier_runs_until_the_thread_has_stopped(self) -> None:
+        """The courier starts with the thread and stops after it (it carries the ends the thread delivers)."""
+        before = set(threading.enumerate())
+        run = Run()
+        run.context.wedged = threading.Event()
+        run.submit(run.sequence(0, prompt=2, generate=3))
+        assert run.context.stuck.wait(WAIT_S)
+        (courier,) = (t for t in set(threading.enumerate()) - before if t.name == "bubo-courier")
+        try:
+            assert not run.loop.stop(0.2)
+            assert courier.is_alive()  # the stuck thread may still post
+        finally:
+            run.context.wedged.set()
+        assert run.loop.stop(WAIT_S)
+        assert not courier.is_alive()
+
+
+def test_a_loop_never_started_starts_no_courier() -> None:
+    before = set(threading.enumerate())
+    run = Run()
+    assert run.loop.stop(0)
+    assert set(threading.enumerate()) == before

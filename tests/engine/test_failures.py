@@ -9,6 +9,7 @@ import pytest
 
 from bubo.domain.generation import GenerationFailed, GenerationFinished, GenerationRequest
 from bubo.engine import EngineFailure
+from bubo.engine._courier import DirectPost
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget
 from bubo.engine.errors import Lost, Unexpected
@@ -70,7 +71,11 @@ def test_idle_work_failures(fatal: bool) -> None:
     lost: list[EngineFailure] = []
     context = SimpleNamespace(n_batch=8, caches=())
     loop = DecodeLoop(
-        context, prefill=PrefillBudget(fixed=8, n_batch=context.n_batch), drafting=None, on_lost=lost.append
+        context,
+        prefill=PrefillBudget(fixed=8, n_batch=context.n_batch),
+        drafting=None,
+        to_trio=DirectPost(),
+        on_lost=lost.append,
     )  # type: ignore[arg-type]
     failure = EngineFailure("warm-up decode failed", fatal=fatal)
     ran_after = threading.Event()

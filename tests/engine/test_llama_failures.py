@@ -46,11 +46,11 @@ from .test_llama import QUESTION, prompt
 pytestmark = pytest.mark.llama
 
 
-@pytest.fixture(name="engine")
-def _engine(model_path: Path) -> Iterator[LlamaEngine]:
-    """A fresh engine per test: a fatal failure leaves it unusable."""
+@pytest.fixture(name="engine", params=["on", "off"], ids=["courier", "direct"])
+def _engine(model_path: Path, request: pytest.FixtureRequest) -> Iterator[LlamaEngine]:
+    """A fresh engine per test (a fatal failure leaves it unusable), its events posted each way."""
     with loaded_engine(
-        model_path=model_path, n_ctx=512, n_threads=2, n_parallel=1, prefill_chunk=64
+        model_path=model_path, n_ctx=512, n_threads=2, n_parallel=1, prefill_chunk=64, courier=request.param
     ) as engine:
         yield engine
 
@@ -267,6 +267,7 @@ class TestABugOnTheDecodeThread:
         monkeypatch.setattr(DecodeLoop, "_step_failed", bug)
         _, last = await outcome(engine, request_)
         failed_with_a_500(last)
+        assert engine.lost  # trio heard of the loss (posted directly) before the end (by the courier or not)
         await is_lost(engine, request_)
         await closes_cleanly(engine)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "CourierMode",
     "DraftMode",
     "FlashAttention",
     "KeepAlivePolicy",
@@ -36,6 +37,10 @@ Pooling = Literal["none", "mean", "cls", "last", "rank"]
 
 DraftMode = Literal["measured", "always"]
 """``--draft-policy``: draft only where it is measured to pay, or whenever a generation is alone."""
+
+CourierMode = Literal["auto", "on", "off"]
+"""``--courier``: a thread hands the decode thread's events to the event loop: where a CPU is free (auto),
+always, or never (the decode thread posts them itself)."""
 
 RepackMode = Literal["auto", "on", "off"]
 """``--repack``: llama.cpp's CPU weight repacking, probed (auto), forced on, or off."""

@@ -40,6 +40,11 @@ place, held by them.
 
 The thread is the only one that touches the context once it runs; it is
 started with the first generation and stopped by :meth:`DecodeLoop.stop`.
+What its callbacks hand to trio goes through the loop's
+:attr:`DecodeLoop.to_trio`: a :class:`~._courier.Courier`, a thread started
+with it and stopped after it, so that the decode thread never wakes trio itself,
+or :class:`~._courier.DirectPost` where no CPU is free for trio's work beside
+``llama_decode`` (:func:`~._courier.decide_courier`).
 
 Whatever the thread holds always ends.  A failure of one generation's step
 ends that generation (its request gets the error); a bug in a step ends the
@@ -59,9 +64,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from ._batch_planner import BatchPlanner
+from ._courier import Poster
 from ._crossing import Job
 from ._draft_policy import DraftPolicy
 from ._inbox import LOOP_FAILED, Inbox
@@ -92,11 +99,13 @@ class DecodeLoop:
         *,
         prefill: PrefillBudget,
         drafting: DraftPolicy | None,
+        to_trio: Poster,
         park_idle: bool = False,
         on_lost: Callable[[EngineFailure], None] = _ignore_loss,
     ) -> None:
         """*on_lost* is called once, on the decode thread, when the loop can serve nothing more.
 
+        *to_trio*: how the thread's callbacks reach trio (a courier, or directly).
         *park_idle*: move idle slots' sequences out of the cache as generations are admitted.
         """
         self._context = context
@@ -106,6 +115,7 @@ class DecodeLoop:
         self._planner = BatchPlanner(context, prefill)  # the loop thread's own
         self._runner = StepRunner(context, self._roster, prefill=prefill, drafting=drafting)
         self._thread: threading.Thread | None = None  # set under the inbox's condition
+        self.to_trio = to_trio  # what the thread's callbacks post to trio goes through it
 
     # ---- the trio side -----------------------------------------------------------------------
 
@@ -141,20 +151,26 @@ class DecodeLoop:
         self._inbox.post(job, idle=True)
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the thread and wait for it (at most *timeout_s*); whether it stopped.
+        """Stop the thread, then its courier, and wait (at most *timeout_s* in all); whether both stopped.
 
-        Generations still active end with an error.  A thread that does not stop
-        in time is inside llama.cpp and may still touch the context.
+        Generations still active end with an error, and a courier posts their
+        ends to trio before it stops.  A thread that does not stop in time is
+        inside llama.cpp and may still touch the context, and post: its courier
+        keeps running (a later stop stops both).
         """
         self._inbox.stop()
         thread = self._thread  # no thread starts once the inbox is stopping
         if thread is None:
             return True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            return False
+        return self.to_trio.stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _start_thread(self) -> None:
         if self._thread is None:
+            self.to_trio.start()  # before the thread that posts to it
             self._thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
             self._thread.start()
 
@@ -180,7 +196,8 @@ class DecodeLoop:
                 self._run_idle(turn.idle_job)
                 continue
             try:
-                self._step()
+                with self.to_trio.holding():  # the step's events wake trio once, as the step ends
+                    self._step()
             except Exception as error:  # noqa: BLE001 - a bug in a step: end what it held, keep serving
                 self._step_failed(error)
 

@@ -36,6 +36,7 @@ from bubo.domain.generation import GenerationRequest
 from bubo.domain.modes import FlashAttention, KvCacheType
 
 from ._context import LlamaContext
+from ._courier import Courier, DirectPost, decide_courier, usable_cpus
 from ._decode_loop import DecodeLoop
 from ._draft_model import DraftModel
 from ._embedder import Embedder
@@ -227,6 +228,7 @@ def load(
                 min_chunk=options.n_ubatch // 2,
             ),
             drafting=drafting,
+            to_trio=_to_trio(options),
             park_idle=(
                 options.cache_idle_slots
                 and options.kv_unified
@@ -245,6 +247,20 @@ def load(
             setup=setup,
             resources=resources.pop_all(),
         )
+
+
+def _to_trio(options: LlamaOptions) -> Courier | DirectPost:
+    """How the decode thread's events reach trio: through a courier thread where one pays (``--courier``)."""
+    courier = decide_courier(
+        options.courier,
+        n_threads=options.n_threads,
+        cpus=usable_cpus(),
+        gpu_layers=options.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
+    )
+    logger.info(
+        "events to the event loop: %s (%s)", "courier" if courier.enabled else "direct", courier.reason
+    )
+    return Courier() if courier.enabled else DirectPost()
 
 
 def _load_weights(options: LlamaOptions, on_progress: Callable[[float], None] | None) -> object:

@@ -51,6 +51,7 @@ _BARE: dict[str, Any] = {
     "context_shift": False,
     "max_unread_mib": 1,
     "cache_reuse": 0,
+    "courier": "off",
     "lora": (),
 }
 """The rest of the probe's load, the least that decodes: one small slot, no caches, drafting,

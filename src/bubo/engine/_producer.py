@@ -2,10 +2,11 @@
 
 The trio task submits the request's :class:`~._generation.Generation` to the
 current load's decode loop and waits for its end; the decode thread hands
-each event to trio with ``TrioToken.run_sync_soon`` (the request's own run),
-in order and before the end.  A client that leaves marks the generation
-cancelled and waits, bounded, for the thread to let go of it (*released*,
-the engine's: past its bound the engine is lost).  As the generation ends
+each event to the request's own trio run through the loop's courier, or
+directly (:attr:`~._decode_loop.DecodeLoop.to_trio`), in order and before the
+end.  A client that leaves marks the generation cancelled and waits,
+bounded, for the thread to let go of it (*released*, the engine's: past its
+bound the engine is lost).  As the generation ends
 well, the decode thread queues the next turn's warm-up and the sequence's
 trip to the disk tier as idle work.
 """
@@ -21,7 +22,6 @@ import trio
 from bubo.domain.generation import EngineEvent, GenerationRequest
 
 from ._backlog import EventBacklog, backlog_limit
-from ._crossing import post_to_trio
 from ._disk_cache import DiskTier
 from ._generation import Generation, Outcome
 from ._kv_plan import DiskOffer
@@ -55,6 +55,7 @@ async def produce(
 
     """
     loop = loaded.loop
+    to_trio = loop.to_trio
     trio_token = trio.lowlevel.current_trio_token()  # this request's run hears its events
 
     def let_go() -> None:  # on the trio thread: the client left too many events unread
@@ -64,7 +65,7 @@ async def produce(
     backlog = EventBacklog(send, limit=backlog_limit(request.n_probs, backlog_bytes), end=let_go)
 
     def emit(event: EngineEvent) -> None:  # on the decode thread
-        post_to_trio(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
+        to_trio.post(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
     offer = await _read_from_disk(loaded, disk, slot, request)
     make = functools.partial(Generation, loaded.setup, slot, request, emit=emit, offer=offer)
@@ -82,7 +83,7 @@ async def produce(
                 if disk is not None:
                     loop.schedule_idle(loaded.context.caches[slot.id].persist)
         finally:
-            post_to_trio(trio_token, ended.set)  # whatever happened above: the producer must hear
+            to_trio.post(trio_token, ended.set)  # whatever happened above: the producer must hear
 
     loop.submit(generation, on_end)
     try:

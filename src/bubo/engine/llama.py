@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from bubo.domain.generation import EngineEvent, GenerationRequest, GrammarSpec
-from bubo.domain.modes import FlashAttention, KvCacheType, Pooling
+from bubo.domain.modes import CourierMode, FlashAttention, KvCacheType, Pooling
 from bubo.domain.sampling import SamplingParams
 
 from ._backlog import MIB
@@ -115,6 +115,7 @@ class LlamaOptions:
     context_shift: bool  # go on past the end of the context by dropping old tokens (llama-server's)
     max_unread_mib: int  # what a request's unread events may hold before it is ended
     cache_reuse: int  # after a changed middle, move cached runs of at least this many tokens (0: off)
+    courier: CourierMode  # the decode thread's events reach trio through a courier thread (engine/_courier)
     # LoRA adapters, by id, with their first global scales; each was checked against the model before
     # (bubo.model.check_lora_adapter: llama.cpp must never see one that does not fit)
     lora: tuple[LoraFile, ...]

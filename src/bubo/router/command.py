@@ -69,7 +69,7 @@ EXTRA_ARGS_FLAGS = frozenset(
         *("--ctx-size", "--parallel", "--kv-unified", "--slot-prompt-similarity", "--context-shift"),
         *("--cache-type-k", "--cache-type-v", "--flash-attn", "--cache-reuse", "--cache-idle-slots"),
         *("--batch-size", "--ubatch-size", "--prefill-chunk", "--prefill-gap-ms"),
-        *("--threads", "--threads-batch", "--n-gpu-layers"),
+        *("--threads", "--threads-batch", "--n-gpu-layers", "--courier"),
     }
 )
 

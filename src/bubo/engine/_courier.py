@@ -1,0 +1,251 @@
+"""The decode thread's way out to trio: a courier thread posts what it queues, so it never wakes trio itself.
+
+``TrioToken.run_sync_soon`` writes to trio's wake-up socket, and that write
+lets go of the GIL: trio, woken, takes it and runs the token's whole way out
+(the service, the encoder, the SSE frame, the socket write) while the decode
+thread waits for the GIL back, between two ``llama_decode`` calls
+(docs/performance.md, "Cadence").  The decode thread instead appends each
+callback to the :class:`Courier`'s queue, which makes no system call that
+lets go of the GIL; the courier thread takes everything queued at once and
+posts it to trio in one ``run_sync_soon`` call a trio run, which runs it in
+order.  Trio then runs while the decode thread is inside ``llama_decode``
+(which holds a step's posts, :meth:`Courier.holding`, so that they wake the
+courier once, as the step ends).
+
+Order: one queue, one thread, one post a batch, and trio's own FIFO: trio runs
+the callbacks in the order they were queued (a generation's events before its
+end).  Nothing is lost or run twice:
+
+- :meth:`Courier.stop` queues its end after everything queued before it, so
+  that is still posted; a trio run that has ended hears nothing, as with any
+  post (``trio.RunFinishedError``);
+- a post that fails for another reason is logged, and the courier goes on with
+  the next (nothing else could reach that run from another thread);
+- a post made before the courier starts, after it stopped, or once it failed
+  (anything else escaping its loop, which then posts what it still held, but
+  the batch whose post failed, directly) goes to trio directly.
+
+Callbacks must not block; one that raises still lets the rest of its batch
+run, then crashes the trio run, as a raising ``run_sync_soon`` callback does.
+
+The courier pays where a CPU is free for trio's work beside ``llama_decode``:
+llama.cpp's threads fewer than the CPUs, or the model's layers on a GPU.
+Where llama.cpp computes on every CPU, trio's work beside ``llama_decode``
+takes its time from llama.cpp's threads (docs/performance.md, "Cadence"), and
+:class:`DirectPost` posts each callback to trio from the decode thread, as it
+comes.  :func:`decide_courier` chooses (``--courier``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import attrs
+import trio
+
+from bubo.domain.modes import CourierMode
+
+from ._crossing import post_to_trio
+
+__all__ = ["Courier", "CourierDecision", "DirectPost", "Poster", "decide_courier", "usable_cpus"]
+
+logger = logging.getLogger(__name__)
+
+Call = tuple[Callable[..., object], tuple[object, ...]]
+Post = tuple[trio.lowlevel.TrioToken, Callable[..., object], tuple[object, ...]]
+Run = tuple[trio.lowlevel.TrioToken, list[Call]]
+
+
+class Poster(Protocol):
+    """How the decode loop's callbacks reach trio: a :class:`Courier`, or :class:`DirectPost`."""
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
+        ...
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """While in it, this thread's posts may wait, to go together as it leaves."""
+        ...
+
+    def start(self) -> None:
+        """Be ready to post (before the decode thread starts)."""
+        ...
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Post what is still held and end; whether it ended within *timeout_s*."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class CourierDecision:
+    """Whether the decode loop posts through a courier thread, and why (one phrase for the log)."""
+
+    enabled: bool
+    reason: str
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: bool) -> CourierDecision:
+    """Whether a courier pays: *mode* on or off says; auto, where a CPU is free beside llama.cpp's threads.
+
+    *gpu_layers*: some of the model's layers run on a GPU (llama.cpp's threads
+    then mostly wait for it).
+    """
+    if mode != "auto":
+        return CourierDecision(enabled=mode == "on", reason=f"--courier {mode}")
+    if gpu_layers:
+        return CourierDecision(enabled=True, reason="the model's layers are on a GPU")
+    if n_threads < cpus:
+        return CourierDecision(enabled=True, reason=f"{n_threads} llama.cpp threads on {cpus} CPUs")
+    return CourierDecision(enabled=False, reason=f"llama.cpp's {n_threads} threads on all {cpus} CPUs")
+
+
+class DirectPost:
+    """The decode thread posts each callback to trio itself, as it comes (trio's ``run_sync_soon``)."""
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon; trio keeps the order of its posts."""
+        post_to_trio(token, function, *args)
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing waits: each post goes as it is made."""
+        return contextlib.nullcontext()
+
+    def start(self) -> None:
+        """Nothing to start: posts go from the poster's own thread."""
+
+    def stop(self, timeout_s: float | None = None) -> bool:  # noqa: ARG002 - the Poster's signature
+        """Nothing is held, so nothing is left to post: ended at once."""
+        return True
+
+
+class Courier:
+    """A thread that posts queued callbacks to their trio runs, in order, all queued at once in one post."""
+
+    def __init__(self, name: str = "bubo-courier") -> None:
+        """The thread (named *name*) starts with :meth:`start`."""
+        self._name = name
+        self._ready = threading.Condition()
+        self._queued: list[Post] = []  # guarded by _ready
+        self._running = False  # guarded by _ready: started, neither stopped nor failed
+        self._stopping = False  # guarded by _ready
+        self._thread: threading.Thread | None = None
+        self._holder: int | None = None  # the thread whose posts wait for the end of its hold
+
+    def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
+        """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
+        with self._ready:
+            if self._running:
+                self._queued.append((token, function, args))
+                if self._holder != threading.get_ident():
+                    self._ready.notify()
+                return
+        post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While in it, this thread's posts wait, and go together as it leaves (however it leaves).
+
+        The decode thread holds its posts for a step: each ``llama_sampler_sample``
+        lets go of the GIL, and a courier woken by the first stream's event would
+        take it there and wake trio in the middle of the step.  Other threads'
+        posts do not wait.
+        """
+        with self._ready:
+            self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._ready:
+                self._holder = None
+                self._ready.notify()
+
+    def start(self) -> None:
+        """Start the thread (once; a stopped courier stays stopped)."""
+        with self._ready:
+            if self._thread is not None:
+                return
+            self._running = True
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        left: list[Run] = []  # the runs of the batch in hand not posted yet
+        try:
+            while batch := self._take():
+                left = _by_run(batch)
+                while left:
+                    token, calls = left.pop(0)
+                    _post_batch(token, calls)
+        except BaseException:  # the guard: what it held and what comes next still go to trio
+            logger.critical("the courier to trio failed; the decode thread now posts directly", exc_info=True)
+            with self._ready:
+                self._running = False
+                queued, self._queued = self._queued, []
+            for token, calls in [*left, *_by_run(queued)]:
+                post_to_trio(token, _run_in_order, calls)
+
+    def _take(self) -> list[Post]:
+        """Everything queued, once there is some; empty once stopping with nothing left."""
+        with self._ready:
+            while not (self._queued or self._stopping):
+                self._ready.wait()
+            batch, self._queued = self._queued, []
+            if not batch:
+                self._running = False
+            return batch
+
+
+def _by_run(batch: list[Post]) -> list[Run]:
+    """*batch* in order, cut into runs of consecutive calls for the same trio run."""
+    runs: list[Run] = []
+    for token, function, args in batch:
+        if not runs or runs[-1][0] is not token:
+            runs.append((token, []))
+        runs[-1][1].append((function, args))
+    return runs
+
+
+def _post_batch(token: trio.lowlevel.TrioToken, calls: list[Call]) -> None:
+    """Post *calls* to *token*'s run as one callback; a run that has ended, or refuses, hears nothing."""
+    try:
+        post_to_trio(token, _run_in_order, calls)
+    except Exception:
+        logger.exception(
+            "%d callbacks could not be posted to trio; that trio run does not hear them", len(calls)
+        )
+
+
+def _run_in_order(calls: list[Call]) -> None:
+    """On the trio thread: run every call in order; the first failure is raised once all have run."""
+    failure: BaseException | None = None
+    for function, args in calls:
+        try:
+            function(*args)
+        except BaseException as error:  # noqa: BLE001 - the others still run; raised below
+            failure = failure or error
+    if failure is not None:
+        raise failure

@@ -1,0 +1,80 @@
+"""``--courier``: the events' way to the event loop changes when trio works, never what a client reads.
+
+Two real servers, one with a courier thread (``--courier on``) and one whose
+decode thread posts each event itself (``off``), answer the same greedy
+requests through the OpenAI SDK: the same texts, streamed or not, with two
+streams side by side and a client that leaves in the middle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import Server, openai_client, serving
+
+PROMPTS = ("Name three rivers.", "Describe a thunderstorm.")
+
+
+@pytest.fixture(name="servers", scope="module")
+def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    logs = tmp_path_factory.mktemp("courier")
+    flags = ("--parallel", "2", "--ctx-size", "2048")
+    with (
+        serving(logs / "courier.log", "--courier", "on", *flags) as courier,
+        serving(logs / "direct.log", "--courier", "off", *flags) as direct,
+    ):
+        yield {"courier": courier, "direct": direct}
+
+
+def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None) -> str:
+    """The text of one greedy stream; *leave_after*: close it after that many chunks."""
+    with openai_client(server) as client:
+        chunks = client.chat.completions.create(
+            model="bubo",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+        text = ""
+        with contextlib.closing(chunks):
+            for received, chunk in enumerate(chunks):
+                if received == leave_after:
+                    break
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+        return text
+
+
+def test_each_server_says_how_its_events_travel(servers: dict[str, Server]) -> None:
+    assert "events to the event loop: courier (--courier on)" in servers["courier"].output()
+    assert "events to the event loop: direct (--courier off)" in servers["direct"].output()
+
+
+def test_one_stream_reads_the_same_either_way(servers: dict[str, Server]) -> None:
+    texts = {name: [greedy_stream(server, prompt) for prompt in PROMPTS] for name, server in servers.items()}
+    assert all(texts["courier"])
+    assert texts["courier"] == texts["direct"]
+
+
+def test_two_streams_side_by_side_and_a_client_that_leaves(servers: dict[str, Server]) -> None:
+    """Both streams end whole beside a client that left; the server serves the next request after."""
+    server = servers["courier"]
+    alone = [greedy_stream(server, prompt) for prompt in PROMPTS]
+    together: dict[int, str] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: together.__setitem__(i, greedy_stream(server, PROMPTS[i])))
+        for i in range(2)
+    ]
+    leaver = threading.Thread(target=greedy_stream, args=(server, PROMPTS[0]), kwargs={"leave_after": 3})
+    for thread in (*threads, leaver):
+        thread.start()
+    for thread in (*threads, leaver):
+        thread.join(timeout=120)
+    assert sorted(together) == [0, 1]
+    assert all(together.values())
+    assert greedy_stream(server, PROMPTS[1]) == alone[1]  # served after as before
