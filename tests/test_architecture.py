@@ -22,10 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     "templates": {"domain", "errors"},
     "grammar": {"domain", "errors"},
     "parsers": {"domain", "errors", "grammar"},
-    "engine": {"domain", "errors", "grammar"},
+    "machine": set(),
+    "engine": {"domain", "errors", "grammar", "machine"},
     "service": {"domain", "errors", "engine", "grammar", "model", "tokenizer", "templates", "parsers"},
     "api": {"domain", "errors", "engine", "model", "service"},
-    "config": {"domain", "errors", "model", "parsers"},
+    "config": {"domain", "errors", "machine", "model", "parsers"},
     "loader": {
         "config",
         "domain",

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,13 +40,13 @@ from bubo.domain.modes import (
 from bubo.domain.requests import ChatDefaults
 from bubo.domain.samplers import KNOBS, Knob
 from bubo.domain.sampling import SAMPLER_ALIASES, SAMPLER_LETTERS, SAMPLER_NAMES, GenerationDefaults
+from bubo.machine import cpu_quota, default_threads
 from bubo.model import is_quantized
 from bubo.parsers import available_tool_parsers
 
 __all__ = [
     "ANY_HOST",
     "CACHE_RAM_MAX_MIB",
-    "CPU_TOPOLOGY",
     "DEFAULT",
     "LOOPBACK_ORIGINS",
     "OPTIONS",
@@ -65,7 +65,6 @@ __all__ = [
     "flag_values",
     "load_settings",
     "options_table",
-    "physical_cores",
     "serve_flag_values",
 ]
 
@@ -115,36 +114,9 @@ def _share(_instance: object, attribute: attrs.Attribute[float], value: float) -
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value}")
 
 
-CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
-
-
-def physical_cores(cpus: Iterable[int], topology: Path = CPU_TOPOLOGY) -> int | None:
-    """The cores *cpus* (logical CPU numbers) are on: their distinct sets of hyperthread siblings.
-
-    As llama.cpp counts them (``thread_siblings`` in Linux's sysfs), over the CPUs
-    given rather than all; None where the topology cannot be read.
-    """
-    siblings = set()
-    for cpu in cpus:
-        try:
-            siblings.add((topology / f"cpu{cpu}" / "topology" / "thread_siblings").read_text().strip())
-        except OSError:
-            return None
-    return len(siblings) or None
-
-
 def _default_threads() -> int:
-    """One thread per physical core this process may use, as llama-server's ``-t``.
-
-    Two hyperthreads of a core share its vector units: llama.cpp gains little from
-    the second, and leaves it to the rest of the process (the event loop's work
-    for each token, engine/_courier.py).
-    """
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-    return max(1, physical_cores(cpus) or len(cpus))
+    """One thread a core this process may use, as llama-server's ``-t`` (``bubo.machine``)."""
+    return default_threads(quota=cpu_quota())
 
 
 @attrs.frozen(kw_only=True)
@@ -762,8 +734,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-c", "--ctx-size"), ("model", "ctx_size"), _int,
            "context size in tokens (default {default}: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
-           "threads for generation (default: the physical cores this process may use, one a core, "
-           "as llama-server)", "N"),
+           "threads for generation (default: one a core of the CPUs this process may use, "
+           "efficiency cores left out, as llama-server)", "N"),
     Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
            "threads for prompt processing (default: --threads)", "N"),
     Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default {default})",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +15,9 @@ from bubo.config import (
     ServerSettings,
     Settings,
     load_settings,
-    physical_cores,
     serve_flag_values,
 )
+from bubo.machine import cpu_quota, default_threads
 
 
 class TestLoading:
@@ -276,30 +275,5 @@ class TestSamplerFlags:
         assert settings.requests.json_schema == {"type": "object"}
 
 
-class TestDefaultThreads:
-    """``--threads`` defaults to one thread per physical core, counted as llama.cpp counts them."""
-
-    @staticmethod
-    def topology(root: Path, siblings: dict[int, str]) -> Path:
-        for cpu, mask in siblings.items():
-            (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
-            (root / f"cpu{cpu}" / "topology" / "thread_siblings").write_text(f"{mask}\n")
-        return root
-
-    def test_two_hyperthreads_of_a_core_count_once(self, tmp_path: Path) -> None:
-        root = self.topology(tmp_path, {0: "05", 1: "0a", 2: "05", 3: "0a"})  # cores {0, 2} and {1, 3}
-        assert physical_cores(range(4), root) == 2
-
-    def test_only_the_cpus_given_count(self, tmp_path: Path) -> None:
-        root = self.topology(tmp_path, {0: "05", 1: "0a", 2: "05", 3: "0a"})
-        assert physical_cores([0, 2], root) == 1  # a process pinned to one core's two hyperthreads
-
-    def test_one_thread_a_core_is_every_cpu(self, tmp_path: Path) -> None:
-        root = self.topology(tmp_path, {0: "1", 1: "2"})
-        assert physical_cores([0, 1], root) == 2
-
-    def test_an_unreadable_topology_says_nothing(self, tmp_path: Path) -> None:
-        assert physical_cores([0, 1], tmp_path) is None
-
-    def test_the_default_is_at_least_one_and_at_most_the_cpus(self) -> None:
-        assert 1 <= Settings().model.threads <= (os.cpu_count() or 1)
+def test_threads_default_to_one_a_core_of_this_machine() -> None:
+    assert Settings().model.threads == default_threads(quota=cpu_quota())

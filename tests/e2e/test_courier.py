@@ -2,8 +2,8 @@
 
 Two real servers, one with a courier thread (``--courier on``) and one whose
 decode thread posts each event itself (``off``), answer the same greedy
-requests through the OpenAI SDK: the same texts, streamed or not, with two
-streams side by side and a client that leaves in the middle.
+requests through the OpenAI SDK: the same streamed texts, and on each, two
+streams side by side ending whole beside a client that leaves in the middle.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         yield {"courier": courier, "direct": direct}
 
 
-def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None) -> str:
-    """The text of one greedy stream; *leave_after*: close it after that many chunks."""
+def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None) -> tuple[str, str | None]:
+    """The text and finish reason of one greedy stream; *leave_after*: close it after that many chunks."""
     with openai_client(server) as client:
         chunks = client.chat.completions.create(
             model="bubo",
@@ -40,14 +40,16 @@ def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None
             temperature=0,
             stream=True,
         )
-        text = ""
+        text, finish = "", None
         with contextlib.closing(chunks):
             for received, chunk in enumerate(chunks):
                 if received == leave_after:
                     break
                 if chunk.choices and chunk.choices[0].delta.content:
                     text += chunk.choices[0].delta.content
-        return text
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+        return text, finish
 
 
 def test_each_server_says_how_its_events_travel(servers: dict[str, Server]) -> None:
@@ -57,15 +59,16 @@ def test_each_server_says_how_its_events_travel(servers: dict[str, Server]) -> N
 
 def test_one_stream_reads_the_same_either_way(servers: dict[str, Server]) -> None:
     texts = {name: [greedy_stream(server, prompt) for prompt in PROMPTS] for name, server in servers.items()}
-    assert all(texts["courier"])
+    assert all(text for text, _ in texts["courier"])
     assert texts["courier"] == texts["direct"]
 
 
-def test_two_streams_side_by_side_and_a_client_that_leaves(servers: dict[str, Server]) -> None:
-    """Both streams end whole beside a client that left; the server serves the next request after."""
-    server = servers["courier"]
+@pytest.mark.parametrize("way", ["courier", "direct"])
+def test_two_streams_side_by_side_and_a_client_that_leaves(servers: dict[str, Server], way: str) -> None:
+    """Both streams end whole (a finish reason) beside a client that left; the next request is served as before."""
+    server = servers[way]
     alone = [greedy_stream(server, prompt) for prompt in PROMPTS]
-    together: dict[int, str] = {}
+    together: dict[int, tuple[str, str | None]] = {}
     threads = [
         threading.Thread(target=lambda i=i: together.__setitem__(i, greedy_stream(server, PROMPTS[i])))
         for i in range(2)
@@ -75,6 +78,7 @@ def test_two_streams_side_by_side_and_a_client_that_leaves(servers: dict[str, Se
         thread.start()
     for thread in (*threads, leaver):
         thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in (*threads, leaver))
     assert sorted(together) == [0, 1]
-    assert all(together.values())
+    assert all(text and finish in ("length", "stop") for text, finish in together.values())
     assert greedy_stream(server, PROMPTS[1]) == alone[1]  # served after as before

@@ -210,26 +210,50 @@ class CountedCondition(threading.Condition):
         super().notify(n)
 
 
-async def test_a_hold_wakes_the_courier_once_as_it_ends_and_only_for_its_own_thread() -> None:
+async def test_a_hold_keeps_everything_queued_until_it_ends_then_wakes_the_courier_once() -> None:
     token = Token(trio.lowlevel.current_trio_token())
     heard: list[int] = []
-    done = trio.Event()
     courier = Courier(name="test-courier")
     courier._ready = woken = CountedCondition()
     courier.start()
     try:
-        with courier.holding():  # held by the trio thread, as the decode thread holds a step's posts
+        with courier.holding():  # nothing queued: its end wakes nobody
+            pass
+        assert woken.notified == 0
+        with courier.holding():  # held by the trio thread, as the decode thread holds a step's results
             courier.post(token, heard.append, 0)
-            courier.post(token, heard.append, 1)
-            assert woken.notified == 0
-            await trio.to_thread.run_sync(courier.post, token, heard.append, 2)  # another thread's
-            assert woken.notified == 1
-        assert woken.notified == 2
-        courier.post(token, done.set)
-        await done.wait()
+            await trio.to_thread.run_sync(courier.post, token, heard.append, 1)  # another thread's waits too
+            await trio.sleep(0.05)  # time enough for a courier that took it to post it
+            assert (woken.notified, token.posts, heard) == (0, [], [])
+        assert woken.notified == 1
+        with trio.fail_after(WAIT_S):
+            while len(heard) < 2:
+                await trio.sleep(0.01)
     finally:
         assert courier.stop(WAIT_S)
-    assert heard == [0, 1, 2]
+    assert heard == [0, 1]
+    assert token.posts == [2]  # the hold's posts went in one
+
+
+def test_a_courier_whose_thread_cannot_start_posts_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    courier = Courier()
+
+    def refuse(_thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start"):
+            courier.start()
+    heard: list[int] = []
+
+    async def post_and_run() -> None:
+        courier.post(trio.lowlevel.current_trio_token(), heard.append, 0)
+        await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(post_and_run)
+    assert heard == [0]
+    assert courier.stop(0)
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 
 import attrs
 import pytest
+import trio
 
 from bubo.domain.generation import StopCause
 from bubo.domain.media import PromptImage
 from bubo.engine._courier import Courier
-from bubo.engine._crossing import Job
+from bubo.engine._crossing import Job, post_to_trio
 from bubo.engine._decode_loop import DecodeLoop
 from bubo.engine._prefill_budget import PrefillBudget, attended_cells
 from bubo.engine._protocols import BatchEntry, ContextFull
@@ -196,7 +197,9 @@ class Run:
         *,
         park_idle: bool = False,
         prefill: PrefillBudget | None = None,
+        on_lost: Callable[[EngineFailure], None] | None = None,
     ) -> None:
+        """*on_lost*: called with the loss too (after it is noted in ``lost``)."""
         self.context = ScriptedContext(tuple(ScriptedCache(i) for i in range(n_slots)))
         self.lost: list[EngineFailure] = []
         self.loop = DecodeLoop(
@@ -205,7 +208,7 @@ class Run:
             drafting=None,
             to_trio=Courier(),
             park_idle=park_idle,
-            on_lost=self.lost.append,
+            on_lost=lambda failure: (self.lost.append(failure), on_lost and on_lost(failure)),
         )  # type: ignore[arg-type]
         self.ended: dict[int, BaseException | None] = {}
         self._done: dict[int, threading.Event] = {}
@@ -783,3 +786,57 @@ def test_a_loop_never_started_starts_no_courier() -> None:
     run = Run()
     assert run.loop.stop(0)
     assert set(threading.enumerate()) == before
+
+
+class TestTheCourier:
+    """What the loop posts through its courier reaches trio in order, and never waits for a decode."""
+
+    async def test_the_loss_reaches_trio_before_the_ends_it_carries(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+        heard: list[str] = []
+        run = Run(
+            on_lost=lambda _failure: post_to_trio(token, heard.append, "lost")
+        )  # directly, as the engine
+        run.context.failures.append(EngineFailure("llama_decode failed with status -3", fatal=True))
+        sequence = run.sequence(0, prompt=2, generate=3)
+        run.loop.submit(sequence, lambda _error: run.loop.to_trio.post(token, heard.append, "ended"))  # type: ignore[arg-type]
+        with trio.fail_after(WAIT_S):
+            while len(heard) < 2:
+                await trio.sleep(0.01)
+        assert heard == ["lost", "ended"]
+
+    async def test_an_end_found_before_a_decode_reaches_trio_while_that_decode_hangs(self) -> None:
+        """A client that left is let go at the step's start: its end goes out though the step's decode hangs."""
+        token = trio.lowlevel.current_trio_token()
+        heard: list[str] = []
+        run = Run()
+        run.generating(0)
+        leaver = run.sequence(1, prompt=2, generate=10**9)
+        generated = threading.Event()
+        leaver.on_step = generated.set
+        run.loop.submit(leaver, lambda _error: run.loop.to_trio.post(token, heard.append, "let go"))  # type: ignore[arg-type]
+        assert await trio.to_thread.run_sync(generated.wait, WAIT_S)
+        paused, resume = threading.Event(), threading.Event()
+        run.post(lambda: (paused.set(), resume.wait(WAIT_S)))  # between two steps
+        assert await trio.to_thread.run_sync(paused.wait, WAIT_S)
+        leaver.cancelled = True  # let go at the next step's start,
+        run.context.wedged = threading.Event()  # whose decode hangs
+        resume.set()
+        try:
+            assert await trio.to_thread.run_sync(run.context.stuck.wait, WAIT_S)
+            with trio.fail_after(WAIT_S):
+                while not heard:
+                    await trio.sleep(0.01)
+            assert heard == ["let go"]
+        finally:
+            run.context.wedged.set()
+
+    def test_a_loop_whose_courier_cannot_start_still_serves(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def refuse(_courier: Courier) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(Courier, "start", refuse)
+        run = Run()
+        run.submit(run.sequence(0, prompt=2, generate=3))
+        run.wait()
+        assert run.ended == {0: None}

@@ -8,9 +8,10 @@ thread waits for the GIL back, between two ``llama_decode`` calls
 callback to the :class:`Courier`'s queue, which makes no system call that
 lets go of the GIL; the courier thread takes everything queued at once and
 posts it to trio in one ``run_sync_soon`` call a trio run, which runs it in
-order.  Trio then runs while the decode thread is inside ``llama_decode``
-(which holds a step's posts, :meth:`Courier.holding`, so that they wake the
-courier once, as the step ends).
+order.  Trio then runs while the decode thread is inside ``llama_decode``.
+While the decode thread takes a step's results (sampling each generation's
+token, which lets go of the GIL) it holds the queue (:meth:`Courier.holding`):
+the courier takes nothing until the hold ends, and is woken once, then.
 
 Order: one queue, one thread, one post a batch, and trio's own FIFO: trio runs
 the callbacks in the order they were queued (a generation's events before its
@@ -21,9 +22,10 @@ end).  Nothing is lost or run twice:
   post (``trio.RunFinishedError``);
 - a post that fails for another reason is logged, and the courier goes on with
   the next (nothing else could reach that run from another thread);
-- a post made before the courier starts, after it stopped, or once it failed
-  (anything else escaping its loop, which then posts what it still held, but
-  the batch whose post failed, directly) goes to trio directly.
+- a post made before the courier starts (or when its thread cannot start),
+  after it stopped, or once it failed (anything else escaping its loop, which
+  then posts what it still held, but the batch whose post failed, directly,
+  before any later post) goes to trio directly.
 
 Callbacks must not block; one that raises still lets the rest of its batch
 run, then crashes the trio run, as a raising ``run_sync_soon`` callback does.
@@ -40,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -52,7 +53,7 @@ from bubo.domain.modes import CourierMode
 
 from ._crossing import post_to_trio
 
-__all__ = ["Courier", "CourierDecision", "DirectPost", "Poster", "decide_courier", "usable_cpus"]
+__all__ = ["Courier", "CourierDecision", "DirectPost", "Poster", "decide_courier"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +90,6 @@ class CourierDecision:
     reason: str
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: bool) -> CourierDecision:
     """Whether a courier pays: *mode* on or off says; auto, where a CPU is free beside llama.cpp's threads.
 
@@ -108,8 +101,8 @@ def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: 
     if gpu_layers:
         return CourierDecision(enabled=True, reason="the model's layers are on a GPU")
     if n_threads < cpus:
-        return CourierDecision(enabled=True, reason=f"{n_threads} llama.cpp threads on {cpus} CPUs")
-    return CourierDecision(enabled=False, reason=f"llama.cpp's {n_threads} threads on all {cpus} CPUs")
+        return CourierDecision(enabled=True, reason=f"--threads {n_threads} leaves CPUs free of {cpus}")
+    return CourierDecision(enabled=False, reason=f"--threads {n_threads} keeps all {cpus} CPUs busy")
 
 
 class DirectPost:
@@ -142,44 +135,52 @@ class Courier:
         self._running = False  # guarded by _ready: started, neither stopped nor failed
         self._stopping = False  # guarded by _ready
         self._thread: threading.Thread | None = None
-        self._holder: int | None = None  # the thread whose posts wait for the end of its hold
+        self._holding = False  # guarded by _ready: a hold is open (the courier takes nothing)
 
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
         with self._ready:
             if self._running:
                 self._queued.append((token, function, args))
-                if self._holder != threading.get_ident():
+                if not self._holding:  # held posts go as the hold ends
                     self._ready.notify()
                 return
         post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
-        """While in it, this thread's posts wait, and go together as it leaves (however it leaves).
+        """While in it, the courier takes nothing queued; as it ends (however it ends), it takes it all.
 
-        The decode thread holds its posts for a step: each ``llama_sampler_sample``
-        lets go of the GIL, and a courier woken by the first stream's event would
-        take it there and wake trio in the middle of the step.  Other threads'
-        posts do not wait.
+        The decode thread holds the queue while it takes a step's results: each
+        ``llama_sampler_sample`` lets go of the GIL, and a courier woken by the
+        first stream's event would take it there and wake trio in the middle of
+        the step.  A hold must not wait on anything: it encloses Python work and
+        sampling only, never ``llama_decode`` (what is posted before that goes at
+        once).
         """
         with self._ready:
-            self._holder = threading.get_ident()
+            self._holding = True
         try:
             yield
         finally:
             with self._ready:
-                self._holder = None
-                self._ready.notify()
+                self._holding = False
+                if self._queued:
+                    self._ready.notify()
 
     def start(self) -> None:
-        """Start the thread (once; a stopped courier stays stopped)."""
-        with self._ready:
+        """Start the thread (once; a stopped courier stays stopped).
+
+        Raises:
+            RuntimeError: the thread could not start (posts then go to trio directly).
+
+        """
+        with self._ready:  # the thread waits for this lock: it finds the courier running
             if self._thread is not None:
                 return
-            self._running = True
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            thread.start()
+            self._thread, self._running = thread, True
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
@@ -193,25 +194,25 @@ class Courier:
         return not thread.is_alive()
 
     def _run(self) -> None:
-        left: list[Run] = []  # the runs of the batch in hand not posted yet
+        pending: list[Post] = []  # taken and not handed to a post yet
         try:
             while batch := self._take():
-                left = _by_run(batch)
-                while left:
-                    token, calls = left.pop(0)
+                pending = batch
+                for token, calls in _by_run(batch):
+                    del pending[: len(calls)]  # a post that fails is not made again
                     _post_batch(token, calls)
-        except BaseException:  # the guard: what it held and what comes next still go to trio
+        except BaseException:  # the guard: what it held and what comes next still go to trio, in order
             logger.critical("the courier to trio failed; the decode thread now posts directly", exc_info=True)
-            with self._ready:
+            with self._ready:  # posted under the lock: no later post, now direct, overtakes these
                 self._running = False
-                queued, self._queued = self._queued, []
-            for token, calls in [*left, *_by_run(queued)]:
-                post_to_trio(token, _run_in_order, calls)
+                rest, self._queued = [*pending, *self._queued], []
+                for token, calls in _by_run(rest):
+                    _post_batch(token, calls)
 
     def _take(self) -> list[Post]:
-        """Everything queued, once there is some; empty once stopping with nothing left."""
+        """Everything queued, once there is some and no hold; empty once stopping with nothing left."""
         with self._ready:
-            while not (self._queued or self._stopping):
+            while not (self._stopping or (self._queued and not self._holding)):
                 self._ready.wait()
             batch, self._queued = self._queued, []
             if not batch:
@@ -240,12 +241,18 @@ def _post_batch(token: trio.lowlevel.TrioToken, calls: list[Call]) -> None:
 
 
 def _run_in_order(calls: list[Call]) -> None:
-    """On the trio thread: run every call in order; the first failure is raised once all have run."""
+    """On the trio thread: run every call in order; the first failure is raised once all have run.
+
+    Later failures are logged (trio hears of one).
+    """
     failure: BaseException | None = None
     for function, args in calls:
         try:
             function(*args)
-        except BaseException as error:  # noqa: BLE001 - the others still run; raised below
-            failure = failure or error
+        except BaseException as error:  # the others still run; the first is raised below
+            if failure is None:
+                failure = error
+            else:
+                logger.exception("a callback posted to trio failed after another", exc_info=error)
     if failure is not None:
         raise failure

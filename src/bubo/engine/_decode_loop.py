@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from ._batch_planner import BatchPlanner
@@ -81,6 +80,8 @@ from .errors import EngineFailure
 __all__ = ["DecodeLoop", "IdleJob"]
 
 logger = logging.getLogger(__name__)
+
+COURIER_STOP_S = 2.0  # what the courier may take to post what the stopped thread left
 
 IdleJob = Callable[[], None]
 """Work for when no generation is active (a warm-up); what it raises costs only that work."""
@@ -113,7 +114,9 @@ class DecodeLoop:
         self._inbox = Inbox(self._start_thread)
         self._roster = Roster(on_lost)  # the loop thread's own
         self._planner = BatchPlanner(context, prefill)  # the loop thread's own
-        self._runner = StepRunner(context, self._roster, prefill=prefill, drafting=drafting)
+        self._runner = StepRunner(
+            context, self._roster, prefill=prefill, drafting=drafting, hold=to_trio.holding
+        )
         self._thread: threading.Thread | None = None  # set under the inbox's condition
         self.to_trio = to_trio  # what the thread's callbacks post to trio goes through it
 
@@ -151,26 +154,31 @@ class DecodeLoop:
         self._inbox.post(job, idle=True)
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the thread, then its courier, and wait (at most *timeout_s* in all); whether both stopped.
+        """Stop the thread and wait for it (at most *timeout_s*), then its courier; whether it stopped.
 
         Generations still active end with an error, and a courier posts their
-        ends to trio before it stops.  A thread that does not stop in time is
-        inside llama.cpp and may still touch the context, and post: its courier
-        keeps running (a later stop stops both).
+        ends to trio before it stops (within ``COURIER_STOP_S``; it never
+        touches the context, so it has no say in whether the context may be
+        freed).  A thread that does not stop in time is inside llama.cpp and may
+        still touch the context, and post: its courier keeps running.
         """
         self._inbox.stop()
         thread = self._thread  # no thread starts once the inbox is stopping
         if thread is None:
             return True
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         thread.join(timeout_s)
         if thread.is_alive():
             return False
-        return self.to_trio.stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not self.to_trio.stop(COURIER_STOP_S):
+            logger.warning("the courier to trio did not stop within %.0f s", COURIER_STOP_S)
+        return True
 
     def _start_thread(self) -> None:
         if self._thread is None:
-            self.to_trio.start()  # before the thread that posts to it
+            try:
+                self.to_trio.start()  # before the thread that posts to it
+            except RuntimeError:  # no thread to be had: the decode thread posts to trio itself
+                logger.warning("the courier to trio could not start; events go directly", exc_info=True)
             self._thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
             self._thread.start()
 
@@ -196,8 +204,7 @@ class DecodeLoop:
                 self._run_idle(turn.idle_job)
                 continue
             try:
-                with self.to_trio.holding():  # the step's events wake trio once, as the step ends
-                    self._step()
+                self._step()
             except Exception as error:  # noqa: BLE001 - a bug in a step: end what it held, keep serving
                 self._step_failed(error)
 

@@ -34,9 +34,10 @@ import llama_cpp
 
 from bubo.domain.generation import GenerationRequest
 from bubo.domain.modes import FlashAttention, KvCacheType
+from bubo.machine import cpu_quota, usable_cpus
 
 from ._context import LlamaContext
-from ._courier import Courier, DirectPost, decide_courier, usable_cpus
+from ._courier import Courier, DirectPost, decide_courier
 from ._decode_loop import DecodeLoop
 from ._draft_model import DraftModel
 from ._embedder import Embedder
@@ -254,7 +255,7 @@ def _to_trio(options: LlamaOptions) -> Courier | DirectPost:
     courier = decide_courier(
         options.courier,
         n_threads=options.n_threads,
-        cpus=usable_cpus(),
+        cpus=usable_cpus(quota=cpu_quota()),
         gpu_layers=options.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
     )
     logger.info(

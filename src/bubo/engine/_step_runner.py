@@ -16,8 +16,10 @@ Decode thread only; written against :mod:`._protocols`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from ._batch_planner import cells_attended
 from ._draft_policy import DraftPolicy
@@ -43,11 +45,14 @@ class StepRunner:
         *,
         prefill: PrefillBudget,
         drafting: DraftPolicy | None,
+        hold: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
+        """*hold*: what the generations take their results under (the courier's hold of its queue)."""
         self._context = context
         self._roster = roster
         self._prefill = prefill
         self._drafting = drafting
+        self._hold = hold
 
     def run(self, batch: Batch, *, step: int) -> None:
         """Evaluate *batch* (the *step*-th): its text in one decode, then each of its images alone."""
@@ -78,8 +83,9 @@ class StepRunner:
             self._log_step(batch, took, step)
         if timed and self._drafting is not None:  # the drafting policy models one generation's steps
             self._drafting.observe_decode(len(batch[0][1].tokens), took)
-        for (member, entry), start in zip(batch, starts, strict=True):
-            self._roster.evaluated(member, entry, start)
+        with self._hold():  # the step's events go to trio together, as the last generation is done
+            for (member, entry), start in zip(batch, starts, strict=True):
+                self._roster.evaluated(member, entry, start)
 
     def _decode_image(self, member: Member, entry: BatchEntry) -> None:
         """Encode and evaluate one prompt's image, alone (the projector decodes its own batches).
