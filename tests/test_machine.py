@@ -69,32 +69,61 @@ def test_cpu_lists_read_as_linux_writes_them(text: str, cpus: set[int]) -> None:
 
 class TestQuota:
     @staticmethod
-    def cgroup(root: Path, path: str, limits: dict[str, str]) -> Path:
-        """A cgroup v2 tree under *root* with ``cpu.max`` *limits* by directory, the process in *path*."""
-        for directory, limit in limits.items():
-            (root / directory).mkdir(parents=True, exist_ok=True)
-            (root / directory / "cpu.max").write_text(f"{limit}\n")
-        (root / path.strip("/")).mkdir(parents=True, exist_ok=True)
-        proc = root.parent / "proc-cgroup"
-        proc.write_text(f"0::{path}\n")
+    def proc(root: Path, *lines: str) -> Path:
+        """``/proc/self/cgroup`` with *lines*."""
+        proc = root / "proc-cgroup"
+        proc.write_text("".join(f"{line}\n" for line in lines))
         return proc
 
-    def test_a_quota_rounds_up_to_whole_cpus(self, tmp_path: Path) -> None:
-        proc = self.cgroup(tmp_path / "fs", "/", {"": "150000 100000"})
-        assert cpu_quota(tmp_path / "fs", proc) == 2
+    @staticmethod
+    def files(root: Path, files: dict[str, str]) -> Path:
+        """A cgroup tree under *root*: each file's path and content."""
+        for name, content in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(f"{content}\n")
+        return root
 
-    def test_the_tightest_quota_above_the_process_counts(self, tmp_path: Path) -> None:
-        proc = self.cgroup(tmp_path / "fs", "/box/app", {"": "max 100000", "box": "200000 100000"})
-        assert cpu_quota(tmp_path / "fs", proc) == 2
+    def test_a_v2_quota_rounds_up_to_whole_cpus(self, tmp_path: Path) -> None:
+        fs = self.files(tmp_path / "fs", {"cpu.max": "150000 100000"})
+        assert cpu_quota(fs, self.proc(tmp_path, "0::/")) == 2
 
-    def test_no_quota(self, tmp_path: Path) -> None:
-        proc = self.cgroup(tmp_path / "fs", "/box", {"box": "max 100000"})
-        assert cpu_quota(tmp_path / "fs", proc) is None
+    def test_the_tightest_v2_quota_above_the_process_counts(self, tmp_path: Path) -> None:
+        fs = self.files(
+            tmp_path / "fs",
+            {"cpu.max": "400000 100000", "box/cpu.max": "200000 100000", "box/app/cpu.max": "300000 100000"},
+        )
+        assert cpu_quota(fs, self.proc(tmp_path, "0::/box/app")) == 2
 
-    def test_no_cgroup_v2(self, tmp_path: Path) -> None:
-        proc = tmp_path / "proc-cgroup"
-        proc.write_text("4:cpu,cpuacct:/\n")
-        assert cpu_quota(tmp_path, proc) is None
+    def test_no_v2_quota(self, tmp_path: Path) -> None:
+        fs = self.files(tmp_path / "fs", {"box/cpu.max": "max 100000"})
+        assert cpu_quota(fs, self.proc(tmp_path, "0::/box")) is None
+
+    def test_a_v1_quota_in_the_process_cgroup(self, tmp_path: Path) -> None:
+        fs = self.files(
+            tmp_path / "fs",
+            {
+                "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000",
+                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000",
+            },
+        )
+        assert cpu_quota(fs, self.proc(tmp_path, "4:cpu,cpuacct:/docker/abc", "0::/")) == 3
+
+    def test_a_v1_quota_at_the_mount_root_when_the_path_is_not_in_the_mount(self, tmp_path: Path) -> None:
+        fs = self.files(
+            tmp_path / "fs", {"cpu/cpu.cfs_quota_us": "200000", "cpu/cpu.cfs_period_us": "100000"}
+        )
+        assert cpu_quota(fs, self.proc(tmp_path, "1:cpu:/docker/abc")) == 2
+
+    def test_no_v1_quota(self, tmp_path: Path) -> None:
+        fs = self.files(tmp_path / "fs", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"})
+        assert cpu_quota(fs, self.proc(tmp_path, "1:cpu:/", "2:cpuacct:/")) is None
+
+    def test_a_path_out_of_the_hierarchy_is_not_followed(self, tmp_path: Path) -> None:
+        self.files(tmp_path, {"x/cpu.max": "100000 100000"})  # beside the hierarchy, where "/../x" leads
+        fs = self.files(tmp_path / "fs", {"cpu.max": "max 100000"})
+        assert cpu_quota(fs, self.proc(tmp_path, "0::/../x")) is None
+
+    def test_no_cgroup_file(self, tmp_path: Path) -> None:
         assert cpu_quota(tmp_path, tmp_path / "absent") is None
 
     def test_usable_cpus_are_the_allowed_ones_within_the_quota(self) -> None:

@@ -735,7 +735,7 @@ OPTIONS: tuple[Option, ...] = (
            "context size in tokens (default {default}: the model's training context)", "N"),
     Option(("-t", "--threads"), ("model", "threads"), _int,
            "threads for generation (default: one a core of the CPUs this process may use, "
-           "efficiency cores left out, as llama-server)", "N"),
+           "efficiency cores left out, at most its cgroup's CPU quota; as llama-server)", "N"),
     Option(("-tb", "--threads-batch"), ("model", "threads_batch"), _int,
            "threads for prompt processing (default: --threads)", "N"),
     Option(("-b", "--batch-size"), ("model", "batch_size"), _int, "logical batch size (default {default})",

@@ -65,36 +65,64 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
 
 def cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:
-    """The CPUs a cgroup v2 ``cpu.max`` quota allows this process (rounded up); None without one.
+    """The CPUs a cgroup CPU quota allows this process (rounded up); None without one.
 
-    The tightest quota of the process's cgroup and each one above it (a
-    container's limit is usually at its root).
+    cgroup v2: the tightest ``cpu.max`` of the process's cgroup and each one
+    above it (a container's limit is usually at its root).  cgroup v1: the
+    ``cpu`` controller's ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, in
+    the process's cgroup or, where that path is not in the mount (a container
+    without a cgroup namespace), at the mount's root.
     """
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
-    path = next((line[3:] for line in lines if line.startswith("0::")), None)  # v2: "0::/path"
-    if path is None:
-        return None
-    group = cgroup_root / path.strip("/")
-    quotas = []
-    for directory in (group, *group.parents):
-        if not directory.is_relative_to(cgroup_root):
-            break
-        quota = _quota_of(directory / "cpu.max")
-        if quota is not None:
-            quotas.append(quota)
+    quotas: list[int] = []
+    for line in lines:
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        relative = _relative(path)
+        if relative is None:
+            continue
+        if number == "0" and not controllers:  # v2: "0::/path"
+            group = cgroup_root / relative
+            quotas += [q for d in (group, *group.parents) if _within(d, cgroup_root) for q in _v2_quota(d)]
+        elif "cpu" in controllers.split(","):  # v1: "4:cpu,cpuacct:/path", mounted by either name
+            mounts = (cgroup_root / controllers, cgroup_root / "cpu")
+            places = [place for mount in mounts for place in (mount / relative, mount)]
+            found = next((quota for place in places for quota in _v1_quota(place)), None)
+            if found is not None:
+                quotas.append(found)
     return min(quotas, default=None)
 
 
-def _quota_of(cpu_max: Path) -> int | None:
+def _relative(path: str) -> str | None:
+    """A cgroup path as a path below the hierarchy's root; None for one that climbs out of it."""
+    parts = [part for part in path.strip().split("/") if part]
+    return None if ".." in parts else "/".join(parts)
+
+
+def _within(directory: Path, root: Path) -> bool:
+    return directory == root or root in directory.parents
+
+
+def _v2_quota(directory: Path) -> list[int]:
     """``cpu.max`` is ``QUOTA PERIOD`` in microseconds, or ``max PERIOD`` for none."""
     try:
-        quota, period = cpu_max.read_text().split()
-        return max(1, math.ceil(int(quota) / int(period)))
+        quota, period = (directory / "cpu.max").read_text().split()
+        return [max(1, math.ceil(int(quota) / int(period)))]
     except (OSError, ValueError, ZeroDivisionError):  # absent, "max", or not what the kernel writes
-        return None
+        return []
+
+
+def _v1_quota(directory: Path) -> list[int]:
+    """``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``; a quota of -1 is none."""
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+        return [max(1, math.ceil(quota / period))] if quota > 0 else []
+    except (OSError, ValueError, ZeroDivisionError):
+        return []
 
 
 def usable_cpus(cpus: Iterable[int] | None = None, *, quota: int | None = None) -> int:

@@ -792,18 +792,23 @@ class TestTheCourier:
     """What the loop posts through its courier reaches trio in order, and never waits for a decode."""
 
     async def test_the_loss_reaches_trio_before_the_ends_it_carries(self) -> None:
+        """The loss is posted (directly, as the engine does) before any end is handed to the courier."""
         token = trio.lowlevel.current_trio_token()
-        heard: list[str] = []
-        run = Run(
-            on_lost=lambda _failure: post_to_trio(token, heard.append, "lost")
-        )  # directly, as the engine
+        posted: list[str] = []  # in the order the decode thread posted them
+        heard: list[str] = []  # in the order trio ran them
+
+        def post(label: str, send: Callable[..., None]) -> None:
+            posted.append(label)
+            send(token, heard.append, label)
+
+        run = Run(on_lost=lambda _failure: post("lost", post_to_trio))
         run.context.failures.append(EngineFailure("llama_decode failed with status -3", fatal=True))
         sequence = run.sequence(0, prompt=2, generate=3)
-        run.loop.submit(sequence, lambda _error: run.loop.to_trio.post(token, heard.append, "ended"))  # type: ignore[arg-type]
+        run.loop.submit(sequence, lambda _error: post("ended", run.loop.to_trio.post))  # type: ignore[arg-type]
         with trio.fail_after(WAIT_S):
             while len(heard) < 2:
                 await trio.sleep(0.01)
-        assert heard == ["lost", "ended"]
+        assert posted == heard == ["lost", "ended"]
 
     async def test_an_end_found_before_a_decode_reaches_trio_while_that_decode_hangs(self) -> None:
         """A client that left is let go at the step's start: its end goes out though the step's decode hangs."""
@@ -840,3 +845,25 @@ class TestTheCourier:
         run.submit(run.sequence(0, prompt=2, generate=3))
         run.wait()
         assert run.ended == {0: None}
+
+    def test_a_decode_thread_that_cannot_start_refuses_the_work_and_a_later_request_starts_it(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        start = threading.Thread.start
+
+        def refuse_the_decode_thread(thread: threading.Thread) -> None:
+            if thread.name == "bubo-decode":
+                raise RuntimeError("can't start new thread")
+            start(thread)
+
+        run = Run()
+        refused_ended: list[BaseException | None] = []
+        with monkeypatch.context() as patched:
+            patched.setattr(threading.Thread, "start", refuse_the_decode_thread)
+            with pytest.raises(EngineFailure, match="decode thread could not start"):
+                run.loop.submit(run.sequence(0, prompt=2, generate=3), refused_ended.append)  # type: ignore[arg-type]
+        run.submit(run.sequence(1, prompt=2, generate=3))
+        run.wait()
+        assert run.loop.stop(WAIT_S)
+        assert run.ended == {1: None}
+        assert refused_ended == []  # never queued: neither served nor ended by the stop

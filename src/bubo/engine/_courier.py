@@ -70,7 +70,7 @@ class Poster(Protocol):
         ...
 
     def holding(self) -> contextlib.AbstractContextManager[None]:
-        """While in it, this thread's posts may wait, to go together as it leaves."""
+        """While in it, posts may wait, to go together as it ends."""
         ...
 
     def start(self) -> None:

@@ -93,7 +93,7 @@ class CurrentLoad:
         return self.current
 
     def fall_asleep(self, timeout_s: float) -> None:
-        """Stop the decode thread (within *timeout_s*), then free everything the load made.
+        """Stop the decode thread (within *timeout_s*, its courier's stop aside), then free everything.
 
         Raises:
             EngineFailure: the decode thread did not stop (stuck in llama.cpp: nothing is freed).

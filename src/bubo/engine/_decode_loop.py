@@ -174,13 +174,24 @@ class DecodeLoop:
         return True
 
     def _start_thread(self) -> None:
-        if self._thread is None:
-            try:
-                self.to_trio.start()  # before the thread that posts to it
-            except RuntimeError:  # no thread to be had: the decode thread posts to trio itself
-                logger.warning("the courier to trio could not start; events go directly", exc_info=True)
-            self._thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
-            self._thread.start()
+        """Start the thread (and its courier) if it is not running (with the inbox's condition held).
+
+        Raises:
+            EngineFailure: no thread could be started (nothing is queued; a later request tries again).
+
+        """
+        if self._thread is not None:
+            return
+        try:
+            self.to_trio.start()  # before the thread that posts to it
+        except RuntimeError:  # no thread to be had: the decode thread posts to trio itself
+            logger.warning("the courier to trio could not start; events go directly", exc_info=True)
+        thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as error:
+            raise EngineFailure(f"the decode thread could not start: {error}") from error
+        self._thread = thread
 
     # ---- the decode thread -------------------------------------------------------------------
 

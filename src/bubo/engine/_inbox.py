@@ -53,7 +53,10 @@ class Inbox:
     """The decode loop's queues, its stop and failure flags, and the condition its thread waits on."""
 
     def __init__(self, start: Callable[[], None]) -> None:
-        """*start* is called (with the condition held) as work is queued: it starts the thread if needed."""
+        """*start* is called (with the condition held) as work is queued: it starts the thread if needed.
+
+        It raises ``EngineFailure`` when no thread can be started: the work is then refused.
+        """
         self._start = start
         self._wakeup = threading.Condition()
         self._arrivals: list[Member] = []  # guarded by _wakeup
@@ -68,15 +71,15 @@ class Inbox:
         """Queue *member* for the next step.
 
         Raises:
-            EngineFailure: the engine is closed, or lost (then fatal).
+            EngineFailure: the engine is closed, or lost (then fatal), or no thread could be started.
 
         """
         with self._wakeup:
             refusal = self._refusal()
             if refusal is not None:
                 raise refusal
+            self._start()  # first: a thread that cannot start leaves nothing queued
             self._arrivals.append(member)
-            self._start()
             self._wakeup.notify_all()
 
     def post(self, job: Job, *, idle: bool) -> None:
@@ -84,9 +87,13 @@ class Inbox:
         with self._wakeup:
             refusal = self._refusal()
             if refusal is None:
-                (self._idle_jobs if idle else self._calls).append(job)
-                self._start()
-                self._wakeup.notify_all()
+                try:
+                    self._start()  # first: a thread that cannot start leaves nothing queued
+                except EngineFailure as failure:
+                    refusal = failure
+                else:
+                    (self._idle_jobs if idle else self._calls).append(job)
+                    self._wakeup.notify_all()
         if refusal is not None:
             job.refuse(refusal)
 

@@ -118,6 +118,7 @@ class LoadedModel:
     def close(self, timeout_s: float) -> bool:
         """Stop the decode thread, then free everything (once); False, freeing nothing, if it is stuck.
 
+        (Its courier then has ``COURIER_STOP_S`` more to post what the thread left.)
         A thread that does not stop within *timeout_s* is inside llama.cpp and may
         still touch the context: freeing it under the thread would crash the
         process, so it is left allocated for the process's exit to free.
