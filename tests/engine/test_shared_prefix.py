@@ -224,18 +224,15 @@ async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
     model_path: Path, tokenizer: HFTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sub-agents whose prefix another slot holds share its cells; checking a file for it is wasted work."""
-    engine = load_llama_engine(
-        engine_options(
-            model_path=model_path,
-            n_ctx=2048,
-            n_threads=2,
-            n_parallel=2,
-            cache_ram_mib=0,
-            cache_disk_dir=tmp_path,
-            cache_disk_mib=64,
-        )
-    )
-    try:
+    with loaded_engine(
+        model_path=model_path,
+        n_ctx=2048,
+        n_threads=2,
+        n_parallel=2,
+        cache_ram_mib=0,
+        cache_disk_dir=tmp_path,
+        cache_disk_mib=64,
+    ) as engine:
         disk = engine.current_load.lasting.disk  # what the engine reads from disk is the point
         assert disk is not None
         await run(engine, prompt(tokenizer, system_prompt(12), "Name a colour."), slot=0)
@@ -250,5 +247,3 @@ async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
         _, stats = await run(engine, prompt(tokenizer, system_prompt(12), "Name a fruit."), slot=1)
         assert stats.cache.shared_tokens > 0
         assert reads == []
-    finally:
-        engine.close()
