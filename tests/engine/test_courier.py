@@ -214,7 +214,7 @@ async def test_a_hold_keeps_everything_queued_until_it_ends_then_wakes_the_couri
     token = Token(trio.lowlevel.current_trio_token())
     heard: list[int] = []
     courier = Courier(name="test-courier")
-    courier._ready = woken = CountedCondition()
+    courier._ready = woken = CountedCondition(courier._lock)  # the courier waits on its lock
     courier.start()
     try:
         with courier.holding():  # nothing queued: its end wakes nobody

@@ -127,6 +127,9 @@ class LlamaContext:
 
         """
         batch = self._batch
+        # each read of a ctypes structure's field makes a pointer object: once a step, not once a token
+        tokens, positions, seq_ids, logits = batch.token, batch.pos, batch.seq_id, batch.logits
+        n_seq_ids = batch.n_seq_id
         starts = []
         i = 0
         for entry in entries:
@@ -135,11 +138,11 @@ class LlamaContext:
             position = len(entry.cache.tokens)
             last = len(entry.tokens) - 1
             for offset, token in enumerate(entry.tokens):
-                batch.token[i] = token
-                batch.pos[i] = position + offset
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq_id
-                batch.logits[i] = entry.all_logits or (entry.last_logits and offset == last)
+                tokens[i] = token
+                positions[i] = position + offset
+                n_seq_ids[i] = 1
+                seq_ids[i][0] = seq_id
+                logits[i] = entry.all_logits or (entry.last_logits and offset == last)
                 i += 1
         if i > self.n_batch:
             raise EngineFailure(f"a batch of {i} tokens exceeds {self.n_batch}")

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -130,16 +130,18 @@ class Courier:
     def __init__(self, name: str = "bubo-courier") -> None:
         """The thread (named *name*) starts with :meth:`start`."""
         self._name = name
-        self._ready = threading.Condition()
+        self._lock = threading.RLock()  # entered directly where no waiting is done (a C call, not two)
+        self._ready = threading.Condition(self._lock)
         self._queued: list[Post] = []  # guarded by _ready
         self._running = False  # guarded by _ready: started, neither stopped nor failed
         self._stopping = False  # guarded by _ready
         self._thread: threading.Thread | None = None
         self._holding = False  # guarded by _ready: a hold is open (the courier takes nothing)
+        self._hold = _Hold(self._begin_hold, self._end_hold)
 
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
-        with self._ready:
+        with self._lock:
             if self._running:
                 self._queued.append((token, function, args))
                 if not self._holding:  # held posts go as the hold ends
@@ -147,8 +149,7 @@ class Courier:
                 return
         post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def holding(self) -> contextlib.AbstractContextManager[None]:
         """While in it, the courier takes nothing queued; as it ends (however it ends), it takes it all.
 
         The decode thread holds the queue while it takes a step's results: each
@@ -156,17 +157,19 @@ class Courier:
         first stream's event would take it there and wake trio in the middle of
         the step.  A hold must not wait on anything: it encloses Python work and
         sampling only, never ``llama_decode`` (what is posted before that goes at
-        once).
+        once).  One hold object serves every step (it runs once a token).
         """
-        with self._ready:
+        return self._hold
+
+    def _begin_hold(self) -> None:
+        with self._lock:
             self._holding = True
-        try:
-            yield
-        finally:
-            with self._ready:
-                self._holding = False
-                if self._queued:
-                    self._ready.notify()
+
+    def _end_hold(self) -> None:
+        with self._lock:
+            self._holding = False
+            if self._queued:
+                self._ready.notify()
 
     def start(self) -> None:
         """Start the thread (once; a stopped courier stays stopped).
@@ -218,6 +221,21 @@ class Courier:
             if not batch:
                 self._running = False
             return batch
+
+
+class _Hold:
+    """A :class:`Courier`'s hold as a context manager: *begin* as it opens, *end* as it closes."""
+
+    __slots__ = ("_begin", "_end")
+
+    def __init__(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        self._begin, self._end = begin, end
+
+    def __enter__(self) -> None:
+        self._begin()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._end()
 
 
 def _by_run(batch: list[Post]) -> list[Run]:
