@@ -130,13 +130,13 @@ class Courier:
     def __init__(self, name: str = "bubo-courier") -> None:
         """The thread (named *name*) starts with :meth:`start`."""
         self._name = name
-        self._lock = threading.RLock()  # entered directly where no waiting is done (a C call, not two)
+        self._lock = threading.RLock()  # entered as is where nothing waits: one C call
         self._ready = threading.Condition(self._lock)
-        self._queued: list[Post] = []  # guarded by _ready
-        self._running = False  # guarded by _ready: started, neither stopped nor failed
-        self._stopping = False  # guarded by _ready
+        self._queued: list[Post] = []  # guarded by _lock
+        self._running = False  # guarded by _lock: started, neither stopped nor failed
+        self._stopping = False  # guarded by _lock
         self._thread: threading.Thread | None = None
-        self._holding = False  # guarded by _ready: a hold is open (the courier takes nothing)
+        self._holding = False  # guarded by _lock: a hold is open (the courier takes nothing)
         self._hold = _Hold(self._begin_hold, self._end_hold)
 
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
