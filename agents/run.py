@@ -90,7 +90,7 @@ def main() -> int:
     parser.add_argument("--record", type=Path, help="write the first requests as fixtures here")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument(
-        "--courier", choices=("auto", "on", "off"), default="auto", help="the server's --courier (auto)"
+        "--courier", choices=("auto", "on", "off"), help="the server's --courier (default: its own)"
     )
     parser.add_argument("--slow-prefill", type=float, default=0.0, help="seconds each prompt chunk waits (0)")
     parser.add_argument("--guard", type=float, default=GUARD_S, help="with --slow-prefill: the idle guard, s")
@@ -136,7 +136,7 @@ class _BuboServer:
     """
 
     def __init__(
-        self, model: Path, scratch: Path, threads: int, courier: str, slow_prefill: float = 0.0
+        self, model: Path, scratch: Path, threads: int, courier: str | None, slow_prefill: float = 0.0
     ) -> None:
         self._model = model
         self._scratch = scratch
@@ -151,7 +151,7 @@ class _BuboServer:
             command = [
                 sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
                 "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
-                "--courier", self._courier,
+                *(("--courier", self._courier) if self._courier else ()),
             ]  # fmt: skip
             return command, None
         control = self._scratch / "control"
@@ -159,7 +159,8 @@ class _BuboServer:
         (control / "prefill-delay").write_text(str(self._slow_prefill))
         settings = {
             "BUBO_MODEL": str(self._model), "BUBO_CTX_SIZE": str(CONTEXT), "BUBO_MODEL_NAMES": "any",
-            "BUBO_THREADS": str(self._threads), "BUBO_DEBUG_HOOKS": "on", "BUBO_COURIER": self._courier,
+            "BUBO_THREADS": str(self._threads), "BUBO_DEBUG_HOOKS": "on",
+            **({"BUBO_COURIER": self._courier} if self._courier else {}),
         }  # fmt: skip
         command = [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)]
         return command, {**os.environ, **settings}

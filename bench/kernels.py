@@ -7,8 +7,9 @@ Usage:
 
 Bubo's llama.cpp is the one vendored in llama-cpp-python, which ships no
 llama-bench: the script builds one from the installed version's source
-distribution (``pip download llama-cpp-python==VERSION --no-binary :all:
---no-deps``, from the package registry) with llama-cpp-python's own defaults on
+distribution (``pip download llama-cpp-python==VERSION --no-binary
+llama-cpp-python --no-deps``, from the package registry; cmake and a C++
+compiler needed) with llama-cpp-python's own defaults on
 Linux (Release, the machine's native instructions, OpenMP), into
 ``--build-dir`` (kept: a later run reuses it; about 10 minutes on two cores the
 first time).  ``--vendored-bench`` names one built already.
@@ -32,6 +33,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,6 +49,7 @@ import servers
 from bubo.config import default_model_path
 
 PACKAGE = "llama-cpp-python"
+ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 3600
 RUN_TIMEOUT_S = 1800
 
@@ -97,17 +100,23 @@ def vendored_bench(build_dir: Path, jobs: int) -> Path:
     built = source / "build" / "bin" / "llama-bench"
     if built.exists():
         return built
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"building llama-bench needs {' and '.join(missing)}; or pass --vendored-bench PATH")
     build_dir.mkdir(parents=True, exist_ok=True)
     print(f"building llama-bench from {PACKAGE} {version}'s vendored llama.cpp in {build_dir}", flush=True)
     subprocess.run(
         [
             sys.executable, "-m", "pip", "download", f"{PACKAGE}=={version}",
-            "--no-binary", ":all:", "--no-deps", "-d", str(build_dir),
+            "--no-binary", PACKAGE, "--no-deps", "-d", str(build_dir),
         ],
         check=True, timeout=BUILD_TIMEOUT_S,
     )  # fmt: skip
     with tarfile.open(build_dir / f"llama_cpp_python-{version}.tar.gz") as archive:
-        archive.extractall(build_dir, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            archive.extractall(build_dir, filter="data")
+        else:
+            archive.extractall(build_dir)  # the registry's sdist of the installed version
     llama_cpp = source / "vendor" / "llama.cpp"
     options = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF")
     subprocess.run(
@@ -127,7 +136,8 @@ def reference_bench(explicit: Path | None) -> Path:
     """llama-server's llama-bench: *explicit*, or the one beside the benchmarks' llama-server."""
     if explicit is not None:
         return explicit
-    beside = Path(servers.llama_server_binary(None)).parent / "llama-bench"
+    server = servers.llama_server_binary(None)
+    beside = Path(shutil.which(server) or server).resolve().parent / "llama-bench"
     if not beside.exists():
         sys.exit(f"no llama-bench beside llama-server ({beside}); pass --reference-bench PATH")
     return beside
@@ -163,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--gen", type=int, default=128, help="tokens generated in the tg test")
     parser.add_argument("--flash-attn", default="0,1", help="llama-bench's -fa values")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--build-dir", type=Path, default=Path(".nox") / "kernels-build")
+    parser.add_argument("--build-dir", type=Path, default=ROOT / ".nox" / "kernels-build")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="build jobs")
     parser.add_argument("--vendored-bench", type=Path, help="a llama-bench built from the vendored llama.cpp")
     parser.add_argument("--reference-bench", type=Path, help="llama-server's llama-bench")

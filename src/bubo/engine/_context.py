@@ -126,6 +126,9 @@ class LlamaContext:
             EngineFailure: llama.cpp failed; fatal for a compute failure (the context is unusable).
 
         """
+        n_tokens = sum(len(entry.tokens) for entry in entries)
+        if n_tokens > self.n_batch:  # before writing: the batch's arrays hold n_batch tokens
+            raise EngineFailure(f"a batch of {n_tokens} tokens exceeds {self.n_batch}")
         batch = self._batch
         # each read of a ctypes structure's field makes a pointer object: once a step, not once a token
         tokens, positions, seq_ids, logits = batch.token, batch.pos, batch.seq_id, batch.logits
@@ -144,8 +147,6 @@ class LlamaContext:
                 seq_ids[i][0] = seq_id
                 logits[i] = entry.all_logits or (entry.last_logits and offset == last)
                 i += 1
-        if i > self.n_batch:
-            raise EngineFailure(f"a batch of {i} tokens exceeds {self.n_batch}")
         batch.n_tokens = i
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:

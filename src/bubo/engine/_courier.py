@@ -108,13 +108,16 @@ def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: 
 class DirectPost:
     """The decode thread posts each callback to trio itself, as it comes (trio's ``run_sync_soon``)."""
 
+    def __init__(self) -> None:
+        self._nothing_held = contextlib.nullcontext()  # one for every step: it holds nothing
+
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon; trio keeps the order of its posts."""
         post_to_trio(token, function, *args)
 
     def holding(self) -> contextlib.AbstractContextManager[None]:
         """Nothing waits: each post goes as it is made."""
-        return contextlib.nullcontext()
+        return self._nothing_held
 
     def start(self) -> None:
         """Nothing to start: posts go from the poster's own thread."""
@@ -178,7 +181,7 @@ class Courier:
             RuntimeError: the thread could not start (posts then go to trio directly).
 
         """
-        with self._ready:  # the thread waits for this lock: it finds the courier running
+        with self._lock:  # the thread waits for this lock: it finds the courier running
             if self._thread is not None:
                 return
             thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -187,7 +190,7 @@ class Courier:
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
-        with self._ready:
+        with self._lock:
             self._stopping = True
             self._ready.notify()
             thread = self._thread
@@ -206,7 +209,7 @@ class Courier:
                     _post_batch(token, calls)
         except BaseException:  # the guard: what it held and what comes next still go to trio, in order
             logger.critical("the courier to trio failed; the decode thread now posts directly", exc_info=True)
-            with self._ready:  # posted under the lock: no later post, now direct, overtakes these
+            with self._lock:  # posted under the lock: no later post, now direct, overtakes these
                 self._running = False
                 rest, self._queued = [*pending, *self._queued], []
                 for token, calls in _by_run(rest):
@@ -214,7 +217,7 @@ class Courier:
 
     def _take(self) -> list[Post]:
         """Everything queued, once there is some and no hold; empty once stopping with nothing left."""
-        with self._ready:
+        with self._lock:
             while not (self._stopping or (self._queued and not self._holding)):
                 self._ready.wait()
             batch, self._queued = self._queued, []

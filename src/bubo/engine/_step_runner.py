@@ -57,10 +57,9 @@ class StepRunner:
     def run(self, batch: Batch, *, step: int) -> None:
         """Evaluate *batch* (the *step*-th): its text in one decode, then each of its images alone."""
         images = [(member, entry) for member, entry in batch if entry.image is not None]
-        if not images:
-            self._decode_text(batch, step)
-        elif len(images) < len(batch):
-            self._decode_text([(member, entry) for member, entry in batch if entry.image is None], step)
+        if len(images) < len(batch):
+            text = [(member, entry) for member, entry in batch if entry.image is None] if images else batch
+            self._decode_text(text, step)
         for member, entry in images:
             if member in self._roster.members:  # a failure in the text batch may have ended it
                 self._decode_image(member, entry)
