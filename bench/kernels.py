@@ -11,7 +11,7 @@ distribution (``pip download llama-cpp-python==VERSION --no-binary
 llama-cpp-python --no-deps``, from the package registry; cmake and a C++
 compiler needed) with llama-cpp-python's own defaults on
 Linux (Release, the machine's native instructions, OpenMP), into
-``--build-dir`` (kept: a later run reuses it; about 10 minutes on two cores the
+``--build-dir`` (kept: a later run reuses it; about 5 minutes on two cores the
 first time).  ``--vendored-bench`` names one built already.
 
 llama-server's is the llama-bench beside the llama-server the other benchmarks
