@@ -1,6 +1,7 @@
 """Coding agents run whole sessions on Bubo: Claude Code, Codex CLI and opencode (``nox -s agents``).
 
     python agents/run.py [--only claude,codex] [--timeout 600] [--record tests/fixtures/agents]
+                         [--threads N] [--courier auto|on|off]
 
 Installs the agents from the npm registry into a cache folder (``--cache``),
 starts ``bubo serve`` with Qwen2.5-Coder-0.5B on a free loopback port, and runs
@@ -88,6 +89,9 @@ def main() -> int:
     parser.add_argument("--report", type=Path, default=ROOT / ".nox" / "agents-report.md")
     parser.add_argument("--record", type=Path, help="write the first requests as fixtures here")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--courier", choices=("auto", "on", "off"), help="the server's --courier (default: its own)"
+    )
     parser.add_argument("--slow-prefill", type=float, default=0.0, help="seconds each prompt chunk waits (0)")
     parser.add_argument("--guard", type=float, default=GUARD_S, help="with --slow-prefill: the idle guard, s")
     args = parser.parse_args()
@@ -101,7 +105,7 @@ def main() -> int:
     runs: list[AgentRun] = []
     with (
         tempfile.TemporaryDirectory(prefix="bubo-agents-") as scratch,
-        _BuboServer(model, Path(scratch), args.threads, args.slow_prefill) as url,
+        _BuboServer(model, Path(scratch), args.threads, args.courier, args.slow_prefill) as url,
     ):
         for agent in agents:
             slowed = args.slow_prefill > 0
@@ -131,11 +135,14 @@ class _BuboServer:
     settings from ``BUBO_*`` variables), each prompt chunk delayed that long.
     """
 
-    def __init__(self, model: Path, scratch: Path, threads: int, slow_prefill: float = 0.0) -> None:
+    def __init__(
+        self, model: Path, scratch: Path, threads: int, courier: str | None, slow_prefill: float = 0.0
+    ) -> None:
         self._model = model
         self._scratch = scratch
         self._log = scratch / "bubo.log"
         self._threads = threads
+        self._courier = courier
         self._slow_prefill = slow_prefill
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -144,6 +151,7 @@ class _BuboServer:
             command = [
                 sys.executable, "-m", "bubo", "serve", "-m", str(self._model), "-c", str(CONTEXT),
                 "--port", str(port), "--model-names", "any", "-t", str(self._threads), "--debug-hooks", "on",
+                *(("--courier", self._courier) if self._courier else ()),
             ]  # fmt: skip
             return command, None
         control = self._scratch / "control"
@@ -152,6 +160,7 @@ class _BuboServer:
         settings = {
             "BUBO_MODEL": str(self._model), "BUBO_CTX_SIZE": str(CONTEXT), "BUBO_MODEL_NAMES": "any",
             "BUBO_THREADS": str(self._threads), "BUBO_DEBUG_HOOKS": "on",
+            **({"BUBO_COURIER": self._courier} if self._courier else {}),
         }  # fmt: skip
         command = [sys.executable, str(HARNESS), "--port", str(port), "--control", str(control)]
         return command, {**os.environ, **settings}

@@ -214,7 +214,7 @@ async def test_a_hold_keeps_everything_queued_until_it_ends_then_wakes_the_couri
     token = Token(trio.lowlevel.current_trio_token())
     heard: list[int] = []
     courier = Courier(name="test-courier")
-    courier._ready = woken = CountedCondition()
+    courier._ready = woken = CountedCondition(courier._lock)  # the courier waits on its lock
     courier.start()
     try:
         with courier.holding():  # nothing queued: its end wakes nobody
@@ -233,6 +233,40 @@ async def test_a_hold_keeps_everything_queued_until_it_ends_then_wakes_the_couri
         assert courier.stop(WAIT_S)
     assert heard == [0, 1]
     assert token.posts == [2]  # the hold's posts went in one
+
+
+async def test_a_hold_left_by_an_exception_still_ends_and_its_posts_go() -> None:
+    token = Token(trio.lowlevel.current_trio_token())
+    heard: list[int] = []
+    courier = courier_started()
+    try:
+
+        def a_step_with_a_bug() -> None:
+            with courier.holding():  # a step's results, and a bug among them
+                courier.post(token, heard.append, 0)
+                raise KeyError
+
+        with pytest.raises(KeyError):
+            a_step_with_a_bug()
+        with courier.holding():  # the same hold again, for the next step
+            courier.post(token, heard.append, 1)
+        with trio.fail_after(WAIT_S):
+            while len(heard) < 2:
+                await trio.sleep(0.01)
+    finally:
+        assert courier.stop(WAIT_S)
+    assert heard == [0, 1]
+
+
+async def test_a_hold_on_a_courier_not_running_holds_nothing() -> None:
+    heard: list[int] = []
+    token = trio.lowlevel.current_trio_token()
+    for courier in (Courier(), courier_started()):  # never started; started, then stopped
+        courier.stop(WAIT_S)
+        with courier.holding():
+            courier.post(token, heard.append, len(heard))  # straight to trio: nobody would take it later
+        await trio.testing.wait_all_tasks_blocked()
+    assert heard == [0, 1]
 
 
 def test_a_courier_whose_thread_cannot_start_posts_directly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,9 @@ from bubo.domain.messages import InputGrammar, ToolSpec
 from bubo.domain.sampling import BANNED, SamplingParams
 from bubo.engine import GrammarRejected
 from bubo.engine._grammar import MAX_GBNF_NESTING
+from bubo.engine._protocols import BatchEntry
 from bubo.engine._sampler import Sampler
+from bubo.engine.errors import EngineFailure
 from bubo.engine.llama import LlamaEngine
 from bubo.grammar import check_schema
 from bubo.grammar.freeform import input_rules
@@ -253,6 +255,18 @@ class TestPromptCache:
             engine, GenerationRequest(prompt_tokens=prompt(tokenizer, "Zebra crossing"), max_new_tokens=1)
         )
         assert (finished.stats.cached_tokens, finished.stats.cache.miss_reason) == (0, "no_prefix")
+
+
+class TestTheBatchLimit:
+    def test_a_step_larger_than_the_batch_is_refused_its_sequence_as_it_was(self, engine) -> None:
+        """``llama_batch`` holds n_batch tokens: a larger step fails whole, its sequence as it was."""
+        context = engine.current.context
+        cache = context.caches[0]
+        before = tuple(cache.tokens)
+        too_many = context.n_batch + 1
+        with pytest.raises(EngineFailure, match=f"a batch of {too_many} tokens exceeds {context.n_batch}"):
+            context.decode_batch([BatchEntry(cache, (1,) * too_many)])
+        assert tuple(cache.tokens) == before
 
 
 class TestCancellation:

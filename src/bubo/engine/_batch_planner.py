@@ -37,14 +37,17 @@ class BatchPlanner:
         Only the requests under one LoRA adapter set: that of the one served longest ago.
         """
         alone = len(active) == 1
-        adapters = min(active, key=lambda member: member.served).generation.adapters
-        members = [member for member in active if member.generation.adapters == adapters]
-        batch = [
-            (member, member.generation.token_entry(alone=alone))
-            for member in members
-            if not member.generation.prefilling
-        ]
-        reading = [member for member in members if member.generation.prefilling]
+        adapters = (active[0] if alone else min(active, key=_served)).generation.adapters
+        batch: list[tuple[Member, BatchEntry]] = []
+        reading: list[Member] = []
+        for member in active:  # one pass: this runs every step
+            generation = member.generation
+            if generation.adapters != adapters:
+                continue
+            if generation.prefilling:
+                reading.append(member)
+            else:
+                batch.append((member, generation.token_entry(alone=alone)))
         if reading:
             batch.extend(self._prompt_chunks(reading, streams=[entry for _, entry in batch]))
         self.steps += 1
@@ -69,6 +72,10 @@ class BatchPlanner:
             for member, share in zip(reading, shares, strict=True)
             if share > 0
         ]
+
+
+def _served(member: Member) -> int:
+    return member.served
 
 
 def cells_attended(entries: Iterable[BatchEntry]) -> int:

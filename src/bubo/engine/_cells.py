@@ -50,7 +50,10 @@ class CellLedger:
         self._origins = itertools.count()
 
     def _of(self, seq_id: int) -> _Held:
-        return self._held.setdefault(seq_id, _Held())
+        held = self._held.get(seq_id)
+        if held is None:  # a sequence first written now (built only then: this runs every token)
+            held = self._held[seq_id] = _Held()
+        return held
 
     def length(self, seq_id: int) -> int:
         """Positions the sequence holds (``[0, length)``)."""
@@ -64,11 +67,12 @@ class CellLedger:
         held = self._of(seq_id)
         if held.origin < 0:
             held.origin = next(self._origins)
-        end = self.length(seq_id)
-        if held.runs and held.runs[-1].origin == held.origin and held.runs[-1].end == end:
-            held.runs[-1].end += n_tokens
+        runs = held.runs
+        if runs and runs[-1].origin == held.origin:  # the sequence's last run is its own newest: it grows
+            runs[-1].end += n_tokens
         else:
-            held.runs.append(_Run(end, end + n_tokens, held.origin))
+            end = runs[-1].end if runs else 0
+            runs.append(_Run(end, end + n_tokens, held.origin))
 
     def truncate(self, seq_id: int, keep: int) -> None:
         """The sequence dropped every cell at ``keep`` and after."""

@@ -126,7 +126,13 @@ class LlamaContext:
             EngineFailure: llama.cpp failed; fatal for a compute failure (the context is unusable).
 
         """
+        n_tokens = sum(len(entry.tokens) for entry in entries)
+        if n_tokens > self.n_batch:  # before writing: the batch's arrays hold n_batch tokens
+            raise EngineFailure(f"a batch of {n_tokens} tokens exceeds {self.n_batch}")
         batch = self._batch
+        # each read of a ctypes structure's field makes a pointer object: once a step, not once a token
+        tokens, positions, seq_ids, logits = batch.token, batch.pos, batch.seq_id, batch.logits
+        n_seq_ids = batch.n_seq_id
         starts = []
         i = 0
         for entry in entries:
@@ -135,14 +141,12 @@ class LlamaContext:
             position = len(entry.cache.tokens)
             last = len(entry.tokens) - 1
             for offset, token in enumerate(entry.tokens):
-                batch.token[i] = token
-                batch.pos[i] = position + offset
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq_id
-                batch.logits[i] = entry.all_logits or (entry.last_logits and offset == last)
+                tokens[i] = token
+                positions[i] = position + offset
+                n_seq_ids[i] = 1
+                seq_ids[i][0] = seq_id
+                logits[i] = entry.all_logits or (entry.last_logits and offset == last)
                 i += 1
-        if i > self.n_batch:
-            raise EngineFailure(f"a batch of {i} tokens exceeds {self.n_batch}")
         batch.n_tokens = i
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -108,13 +108,16 @@ def decide_courier(mode: CourierMode, *, n_threads: int, cpus: int, gpu_layers: 
 class DirectPost:
     """The decode thread posts each callback to trio itself, as it comes (trio's ``run_sync_soon``)."""
 
+    def __init__(self) -> None:
+        self._nothing_held = contextlib.nullcontext()  # one for every step: it holds nothing
+
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon; trio keeps the order of its posts."""
         post_to_trio(token, function, *args)
 
     def holding(self) -> contextlib.AbstractContextManager[None]:
         """Nothing waits: each post goes as it is made."""
-        return contextlib.nullcontext()
+        return self._nothing_held
 
     def start(self) -> None:
         """Nothing to start: posts go from the poster's own thread."""
@@ -130,16 +133,18 @@ class Courier:
     def __init__(self, name: str = "bubo-courier") -> None:
         """The thread (named *name*) starts with :meth:`start`."""
         self._name = name
-        self._ready = threading.Condition()
-        self._queued: list[Post] = []  # guarded by _ready
-        self._running = False  # guarded by _ready: started, neither stopped nor failed
-        self._stopping = False  # guarded by _ready
+        self._lock = threading.RLock()  # entered as is where nothing waits: one C call
+        self._ready = threading.Condition(self._lock)
+        self._queued: list[Post] = []  # guarded by _lock
+        self._running = False  # guarded by _lock: started, neither stopped nor failed
+        self._stopping = False  # guarded by _lock
         self._thread: threading.Thread | None = None
-        self._holding = False  # guarded by _ready: a hold is open (the courier takes nothing)
+        self._holding = False  # guarded by _lock: a hold is open (the courier takes nothing)
+        self._hold = _Hold(self._begin_hold, self._end_hold)
 
     def post(self, token: trio.lowlevel.TrioToken, function: Callable[..., object], *args: object) -> None:
         """Run *function(*args)* on *token*'s trio thread soon, after everything posted before it."""
-        with self._ready:
+        with self._lock:
             if self._running:
                 self._queued.append((token, function, args))
                 if not self._holding:  # held posts go as the hold ends
@@ -147,8 +152,7 @@ class Courier:
                 return
         post_to_trio(token, function, *args)  # not started, stopped or failed: straight to trio
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def holding(self) -> contextlib.AbstractContextManager[None]:
         """While in it, the courier takes nothing queued; as it ends (however it ends), it takes it all.
 
         The decode thread holds the queue while it takes a step's results: each
@@ -156,17 +160,19 @@ class Courier:
         first stream's event would take it there and wake trio in the middle of
         the step.  A hold must not wait on anything: it encloses Python work and
         sampling only, never ``llama_decode`` (what is posted before that goes at
-        once).
+        once).  One hold object serves every step (it runs once a token).
         """
-        with self._ready:
+        return self._hold
+
+    def _begin_hold(self) -> None:
+        with self._lock:
             self._holding = True
-        try:
-            yield
-        finally:
-            with self._ready:
-                self._holding = False
-                if self._queued:
-                    self._ready.notify()
+
+    def _end_hold(self) -> None:
+        with self._lock:
+            self._holding = False
+            if self._queued:
+                self._ready.notify()
 
     def start(self) -> None:
         """Start the thread (once; a stopped courier stays stopped).
@@ -175,7 +181,7 @@ class Courier:
             RuntimeError: the thread could not start (posts then go to trio directly).
 
         """
-        with self._ready:  # the thread waits for this lock: it finds the courier running
+        with self._lock:  # the thread waits for this lock: it finds the courier running
             if self._thread is not None:
                 return
             thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -184,7 +190,7 @@ class Courier:
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
-        with self._ready:
+        with self._lock:
             self._stopping = True
             self._ready.notify()
             thread = self._thread
@@ -203,7 +209,7 @@ class Courier:
                     _post_batch(token, calls)
         except BaseException:  # the guard: what it held and what comes next still go to trio, in order
             logger.critical("the courier to trio failed; the decode thread now posts directly", exc_info=True)
-            with self._ready:  # posted under the lock: no later post, now direct, overtakes these
+            with self._lock:  # posted under the lock: no later post, now direct, overtakes these
                 self._running = False
                 rest, self._queued = [*pending, *self._queued], []
                 for token, calls in _by_run(rest):
@@ -211,13 +217,28 @@ class Courier:
 
     def _take(self) -> list[Post]:
         """Everything queued, once there is some and no hold; empty once stopping with nothing left."""
-        with self._ready:
+        with self._lock:
             while not (self._stopping or (self._queued and not self._holding)):
                 self._ready.wait()
             batch, self._queued = self._queued, []
             if not batch:
                 self._running = False
             return batch
+
+
+class _Hold:
+    """A :class:`Courier`'s hold as a context manager: *begin* as it opens, *end* as it closes."""
+
+    __slots__ = ("_begin", "_end")
+
+    def __init__(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        self._begin, self._end = begin, end
+
+    def __enter__(self) -> None:
+        self._begin()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._end()
 
 
 def _by_run(batch: list[Post]) -> list[Run]:

@@ -145,10 +145,13 @@ class PrefillBudget:
             return
         weight = 1.0 / (seconds * seconds)
         x = (1.0, float(n_tokens), float(cells))
-        for i in range(3):
-            self._xt[i] = self._xt[i] * FORGETTING + weight * x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = self._xx[i][j] * FORGETTING + weight * x[i] * x[j]
+        xt = self._xt
+        for i, row in enumerate(self._xx):  # the inner loop written out: this runs every step
+            weighted = weight * x[i]
+            xt[i] = xt[i] * FORGETTING + weighted * seconds
+            row[0] = row[0] * FORGETTING + weighted
+            row[1] = row[1] * FORGETTING + weighted * x[1]
+            row[2] = row[2] * FORGETTING + weighted * x[2]
         self._largest = max(self._largest, n_tokens)
 
     def step_cost(self) -> StepCost | None:

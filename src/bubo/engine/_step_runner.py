@@ -58,7 +58,8 @@ class StepRunner:
         """Evaluate *batch* (the *step*-th): its text in one decode, then each of its images alone."""
         images = [(member, entry) for member, entry in batch if entry.image is not None]
         if len(images) < len(batch):
-            self._decode_text([(member, entry) for member, entry in batch if entry.image is None], step)
+            text = [(member, entry) for member, entry in batch if entry.image is None] if images else batch
+            self._decode_text(text, step)
         for member, entry in images:
             if member in self._roster.members:  # a failure in the text batch may have ended it
                 self._decode_image(member, entry)
