@@ -45,6 +45,13 @@ class Token:
         self.token.run_sync_soon(function, *args)
 
 
+async def until_heard(heard: list[int], n: int) -> None:
+    """Wait (at most ``WAIT_S``) until trio has run *n* of the calls posted."""
+    with trio.fail_after(WAIT_S):
+        while len(heard) < n:
+            await trio.sleep(0.01)
+
+
 def courier_started() -> Courier:
     courier = Courier(name="test-courier")
     courier.start()
@@ -226,9 +233,7 @@ async def test_a_hold_keeps_everything_queued_until_it_ends_then_wakes_the_couri
             await trio.sleep(0.05)  # time enough for a courier that took it to post it
             assert (woken.notified, token.posts, heard) == (0, [], [])
         assert woken.notified == 1
-        with trio.fail_after(WAIT_S):
-            while len(heard) < 2:
-                await trio.sleep(0.01)
+        await until_heard(heard, 2)
     finally:
         assert courier.stop(WAIT_S)
     assert heard == [0, 1]
@@ -250,9 +255,7 @@ async def test_a_hold_left_by_an_exception_still_ends_and_its_posts_go() -> None
             a_step_with_a_bug()
         with courier.holding():  # the same hold again, for the next step
             courier.post(token, heard.append, 1)
-        with trio.fail_after(WAIT_S):
-            while len(heard) < 2:
-                await trio.sleep(0.01)
+        await until_heard(heard, 2)
     finally:
         assert courier.stop(WAIT_S)
     assert heard == [0, 1]
