@@ -22,10 +22,10 @@ import pytest
 import trio
 
 from bubo.domain.generation import GenerationRequest, GenerationStats, TokenGenerated
-from bubo.engine.llama import LlamaEngine, load_llama_engine
+from bubo.engine.llama import LlamaEngine
 from bubo.tokenizer import HFTokenizer
 
-from .._llama_options import engine_options, loaded_engine
+from .._llama_options import loaded_engine
 from ._generation import GREEDY, generate
 
 pytestmark = pytest.mark.llama
@@ -111,10 +111,9 @@ class TestAPrefixAnotherSlotHolds:
 class TestTheSharedContext:
     async def test_counts_a_shared_cell_once_and_admits_what_fits(self, model_path, tokenizer) -> None:
         """Three slots in a 1,536-token context: the tokens they hold add up past it, their cells do not."""
-        engine = load_llama_engine(
-            engine_options(model_path=model_path, n_ctx=1536, n_threads=2, n_parallel=3, cache_ram_mib=0)
-        )
-        try:
+        with loaded_engine(
+            model_path=model_path, n_ctx=1536, n_threads=2, n_parallel=3, cache_ram_mib=0
+        ) as engine:
             prefix = system_prompt(55)
             first = prompt(tokenizer, prefix, "What is topic 3?")
             second = prompt(tokenizer, prefix, "Tell me about topic 17, please.")
@@ -134,8 +133,6 @@ class TestTheSharedContext:
             used = statistics.kv_cache_tokens
             assert used == sum(slot.n_prompt_tokens for slot in statistics.slots) - stats_shared(statistics)
             assert used <= 1536
-        finally:
-            engine.close()
 
 
 class TestTheRunningRequestsCells:
@@ -191,33 +188,27 @@ class TestCellsMovedByCacheReuse:
         self, model_path: Path, tokenizer: HFTokenizer, tmp_path: Path
     ) -> None:
         """A file records every cell as evaluated in place, so a sequence holding moved cells is not one."""
-        options = engine_options(
-            model_path=model_path,
-            n_ctx=2048,
-            n_threads=2,
-            n_parallel=1,
-            cache_ram_mib=0,
-            cache_reuse=16,
-            cache_disk_dir=tmp_path,
-            cache_disk_mib=64,
-        )
+        settings = {
+            "model_path": model_path,
+            "n_ctx": 2048,
+            "n_threads": 2,
+            "n_parallel": 1,
+            "cache_ram_mib": 0,
+            "cache_reuse": 16,
+            "cache_disk_dir": tmp_path,
+            "cache_disk_mib": 64,
+        }
         head = tuple(tokenizer.encode("You are a careful assistant. " * 4))
         tail = tuple(tokenizer.encode(system_prompt(8)))
         changed = head + tail
-        engine = load_llama_engine(options)
-        try:
+        with loaded_engine(**settings) as engine:  # its close does not persist a sequence of moved cells
             await run(engine, head + tuple(tokenizer.encode(" An old turn, about apples.")) + tail, slot=0)
             _, moved = await run(engine, changed, slot=0)
             assert moved.cached_tokens > len(head) + 16
-        finally:
-            engine.close()  # the live sequence holds moved cells: it is not persisted
-        engine = load_llama_engine(options)
-        try:
+        with loaded_engine(**settings) as engine:
             _, after = await run(engine, changed, slot=0)
             assert after.cache.restored_bytes == 0  # only the first prompt's file exists; it shares the head
             assert after.cached_tokens <= len(head)
-        finally:
-            engine.close()
 
 
 async def test_a_prefix_another_slot_holds_is_not_read_from_disk(
