@@ -24,6 +24,17 @@ Each sampled token is accounted for in one place, :meth:`Generation._take`
 log-probabilities, the draft source's history, the tokens to insert next):
 what happens after a token is sampled, apart from choosing the next input.
 
+With ``EngineSetup.defer_takes`` a token whose verdict can wait
+(:meth:`EndPolicy.can_wait`: only a stop string could end the generation with
+it) is evaluated next before it is taken: its log-probabilities and the draft
+source's history are noted as it is sampled, and the rest of its take
+(:meth:`Generation.settle`: the slot's count, the verdict, its event) runs
+beside the next ``llama_decode``, before the generation samples again.  The
+tokens and their text are those of the immediate take; a stop string found
+late ends the generation with its last token, and any draft after it, already
+in the KV cache (they are the cells of those tokens, which a later prompt may
+reuse as far as it matches).
+
 Tokens to insert (the end of thinking) replace sampling while the grammar
 admits them; one it forbids gives the insertion up.  Written against the
 :mod:`._protocols`, so it runs with a scripted context and sampler.
@@ -35,7 +46,7 @@ from collections.abc import Callable
 
 import attrs
 
-from bubo.domain.generation import EngineEvent, GenerationRequest, StopCause, TokenGenerated
+from bubo.domain.generation import EngineEvent, GenerationRequest, StopCause, TokenGenerated, TokenLogprob
 
 from ._draft_policy import DraftPolicy
 from ._drafting import Drafting
@@ -64,6 +75,7 @@ class EngineSetup:
     drafting: DraftPolicy | None = None  # drafting statistics, shared by the engine's generations
     drafter: Drafter | None = None  # the draft model (its policy is ``drafting``); None: prompt lookup
     context_shift: bool = False  # go on past the end of the context (llama-server's --context-shift)
+    defer_takes: bool = False  # a token whose verdict can wait is taken beside the next decode
 
 
 class Generation:
@@ -108,7 +120,9 @@ class Generation:
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
         self._drafting = Drafting(request, slot, context, policy=setup.drafting, drafter=setup.drafter)
         self._insert: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
-        self._token: int | None = None  # sampled and emitted, not yet evaluated
+        self._token: int | None = None  # sampled (and emitted, unless unsettled), not yet evaluated
+        self._defers = setup.defer_takes
+        self._unsettled: tuple[int, TokenLogprob | None] | None = None  # sampled, its take deferred
         self._walk_ended: StopCause | None = None  # what ended the generation during a draft's walk
         self._report = GenerationReport(
             request=request,
@@ -142,6 +156,11 @@ class Generation:
         """Prompt tokens still to evaluate."""
         return self._feeder.left
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether the last sampled token's take waits (:meth:`settle`, before the next sampling)."""
+        return self._unsettled is not None
+
     def start(self) -> None:
         """Reuse the slot's cached prefix of the prompt (or a snapshot's) and build the sampler.
 
@@ -170,13 +189,18 @@ class Generation:
         """The token to evaluate next, with a draft after it when the generation is *alone* in the batch."""
         assert self._token is not None
         self._feeder.make_room()
-        draft = self._drafting.propose(
-            allowed=alone and not self._insert, tokens_left=self._ending.tokens_left
-        )
+        tokens_left = self._ending.tokens_left
+        if tokens_left is not None and self._unsettled is not None:  # the end policy has not counted it
+            tokens_left -= 1
+        draft = self._drafting.propose(allowed=alone and not self._insert, tokens_left=tokens_left)
         return BatchEntry(self.cache, (self._token, *draft), all_logits=bool(draft))
 
     def evaluated(self, entry: BatchEntry, index: int) -> None:
         """*entry* was decoded at batch index *index*: take the next token, or account for the prompt."""
+        if self._unsettled is not None:  # the loop settles it beside the decode; never sample before
+            self.settle(decoded=True)
+            if self.done:
+                return
         self.slot.holds(len(self.cache.tokens))
         if self._token is None:  # no token yet: the entry was a prompt chunk
             self._after_prompt_chunk(len(entry.tokens), index)
@@ -184,6 +208,21 @@ class Generation:
             self._after_draft(index)
         else:
             self._begin(self._next(index), index)
+
+    def settle(self, *, decoded: bool) -> None:
+        """Take the token whose take waited (*decoded*: it was in the batch just decoded).
+
+        Touches only the generation's own parts (never the KV sequence): it
+        may run on another thread while the decode thread is in ``llama_decode``.
+        """
+        assert self._unsettled is not None
+        token, logprob = self._unsettled
+        self._unsettled = None
+        self.slot.generated()
+        verdict = self._ending.take(token, self._pieces[token])
+        self._emit(TokenGenerated(token_id=token, text=verdict.text, logprob=logprob))
+        if verdict.cause is not None:  # a stop string, found a step late
+            self.finish(verdict.cause, undecoded=None if decoded else token)
 
     def finish(self, cause: StopCause, *, undecoded: int | None = None) -> None:
         """End the generation: free the sampler and emit its last event."""
@@ -213,7 +252,15 @@ class Generation:
     # ---- the tokens --------------------------------------------------------------------------
 
     def _begin(self, token: int, at: int) -> None:
-        """Take *token* (sampled from the logits at *at*): it ends the generation or is evaluated next."""
+        """Take *token* (sampled from the logits at *at*): it ends the generation or is evaluated next.
+
+        A token whose verdict can wait is evaluated next and taken later (:meth:`settle`).
+        """
+        if self._defers and self._ending.can_wait(token):
+            self._unsettled = (token, self._probabilities.of(token, at))  # the logits at *at* go next
+            self._drafting.observe(token)
+            self._token = token
+            return
         cause = self._take(token, at)
         if cause is not None:
             self.finish(cause, undecoded=token)
