@@ -131,11 +131,11 @@ class ScriptedSequence:
     unsettled: bool = False
     stop_late_at: int | None = None  # the settle of this generated token ends it (a stop string)
     settle_error: Exception | None = None
-    settled: list[tuple[str, bool]] = attrs.Factory(list)  # (thread, decoded) of each settle
+    settled: list[str] = attrs.Factory(list)  # the thread of each settle
 
-    def settle(self, *, decoded: bool) -> None:
+    def settle(self) -> None:
         assert self.unsettled
-        self.settled.append((threading.current_thread().name, decoded))
+        self.settled.append(threading.current_thread().name)
         self.unsettled = False
         if self.settle_error is not None:
             raise self.settle_error
@@ -916,7 +916,7 @@ class TestATakeThatWaits:
         finally:
             run.close()
         assert run.ended == {0: None}
-        assert sequence.settled == [("test-beside", True)] * 4  # each generated token but the last
+        assert sequence.settled == ["test-beside"] * 4  # each generated token but the last
         assert all(settled_in_time)
 
     def test_without_a_thread_beside_is_settled_on_the_decode_thread(self) -> None:
@@ -927,7 +927,7 @@ class TestATakeThatWaits:
             run.wait()
         finally:
             run.close()
-        assert sequence.settled == [("bubo-decode", True)] * 2
+        assert sequence.settled == ["bubo-decode"] * 2
 
     def test_a_stop_found_late_ends_the_generation_with_its_token_decoded(self) -> None:
         run = Run(beside=Beside())
@@ -944,7 +944,7 @@ class TestATakeThatWaits:
         # its prompt, then a token a step: the third is settled (and ends it) in the step decoding it
         its_tokens = [sum(n for seq, n in batch if seq == 0) for batch in run.context.batches[:6]]
         assert its_tokens == [2, 1, 1, 1, 1, 0]
-        assert stopped.settled == [("bubo-beside", True)] * 3
+        assert stopped.settled == ["bubo-beside"] * 3
 
     def test_a_take_that_fails_fails_its_request_alone(self) -> None:
         run = Run(beside=Beside())
@@ -974,6 +974,39 @@ class TestATakeThatWaits:
         assert isinstance(run.ended[0], EngineFailure)
         assert sequence.generated == 3
         assert not sequence.unsettled  # its third token was taken before the failure ended it
+
+    def test_a_loop_whose_thread_beside_cannot_start_takes_them_itself(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def refuse(_beside: Beside) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(Beside, "start", refuse)
+        run = Run(beside=Beside())
+        sequence = self.waiting(run, 0, generate=3)
+        try:
+            run.submit(sequence)
+            run.wait()
+        finally:
+            run.close()
+        assert run.ended == {0: None}
+        assert sequence.settled == ["bubo-decode"] * 2
+
+    def test_a_step_of_images_alone_takes_them_on_the_decode_thread(self) -> None:
+        """Another adapter set's turn that holds only an image: no text decode to take them beside."""
+        run = Run(chunk=4, beside=Beside())
+        stream = self.waiting(run, 0, generate=6)
+        reading = run.sequence(1, prompt=18, generate=1, adapters=((0, 1.0),))
+        reading.image_at = 4  # its set's second turn: the stream has a token waiting by then
+        try:
+            run.submit(stream, reading)
+            run.wait()
+        finally:
+            run.close()
+        assert run.ended == {0: None, 1: None}
+        assert len(run.context.images) == 1
+        assert stream.settled.count("bubo-decode") == 1  # the image's step
+        assert stream.settled.count("bubo-beside") == len(stream.settled) - 1
 
     def test_a_full_context_after_a_late_stop_ended_the_whole_batch_takes_nothing_more(self) -> None:
         run = Run(beside=Beside())

@@ -119,7 +119,7 @@ def generate(
         start = context.decode_image(entry) if entry.image is not None else context.decode_batch([entry])[0]
         if generation.unsettled:  # as the loop does beside the decode: before anything else
             deferred += 1
-            generation.settle(decoded=True)
+            generation.settle()
             if generation.done:
                 break
         generation.evaluated(entry, start)
@@ -486,6 +486,13 @@ class TestATakeThatWaits:
         kept = waiting.context.caches[0].tokens
         assert kept[: len(evaluated) + 1] == [*evaluated, waiting.tokens[-1]]
         assert len(kept) > len(evaluated) + 1  # a draft was evaluated after the stop's last token
+
+    def test_nothing_waits_beside_a_draft_model(self) -> None:
+        """Its proposal is made as the next batch is planned: a waiting token's event would wait for it."""
+        drafter = TestDraftModelDrafting.drafter()
+        waiting = generate(request(stop=("hi",)), defer=True, drafter=drafter)
+        assert waiting.deferred == 0
+        assert waiting.finished.cause is StopCause.STOP_WORD
 
     def test_the_thinking_budget_s_insertion_is_never_late(self) -> None:
         immediate, waiting = self.both("with a thinking budget")

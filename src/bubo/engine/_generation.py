@@ -24,7 +24,7 @@ Each sampled token is accounted for in one place, :meth:`Generation._take`
 log-probabilities, the draft source's history, the tokens to insert next):
 what happens after a token is sampled, apart from choosing the next input.
 
-With ``EngineSetup.defer_takes`` a token whose verdict can wait
+With ``EngineSetup.defer_takes`` (and no draft model) a token whose verdict can wait
 (:meth:`EndPolicy.can_wait`: only a stop string could end the generation with
 it) is evaluated next before it is taken: its log-probabilities and the draft
 source's history are noted as it is sampled, and the rest of its take
@@ -121,7 +121,8 @@ class Generation:
         self._drafting = Drafting(request, slot, context, policy=setup.drafting, drafter=setup.drafter)
         self._insert: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
         self._token: int | None = None  # sampled (and emitted, unless unsettled), not yet evaluated
-        self._defers = setup.defer_takes
+        # a draft model's proposal, made as the next batch is planned, would delay the token's event
+        self._defers = setup.defer_takes and setup.drafter is None
         self._unsettled: tuple[int, TokenLogprob | None] | None = None  # sampled, its take deferred
         self._walk_ended: StopCause | None = None  # what ended the generation during a draft's walk
         self._report = GenerationReport(
@@ -198,7 +199,7 @@ class Generation:
     def evaluated(self, entry: BatchEntry, index: int) -> None:
         """*entry* was decoded at batch index *index*: take the next token, or account for the prompt."""
         if self._unsettled is not None:  # the loop settles it beside the decode; never sample before
-            self.settle(decoded=True)
+            self.settle()
             if self.done:
                 return
         self.slot.holds(len(self.cache.tokens))
@@ -209,11 +210,15 @@ class Generation:
         else:
             self._begin(self._next(index), index)
 
-    def settle(self, *, decoded: bool) -> None:
-        """Take the token whose take waited (*decoded*: it was in the batch just decoded).
+    def settle(self) -> None:
+        """Take the token whose take waited.
 
         Touches only the generation's own parts (never the KV sequence): it
         may run on another thread while the decode thread is in ``llama_decode``.
+        Only a stop string can end the generation here; its outcome names no
+        undecoded token (whether the token's cell was kept depends on the
+        decode running meanwhile, and only the ends by the end token or a limit,
+        always found at once, are read for it).
         """
         assert self._unsettled is not None
         token, logprob = self._unsettled
@@ -222,7 +227,7 @@ class Generation:
         verdict = self._ending.take(token, self._pieces[token])
         self._emit(TokenGenerated(token_id=token, text=verdict.text, logprob=logprob))
         if verdict.cause is not None:  # a stop string, found a step late
-            self.finish(verdict.cause, undecoded=None if decoded else token)
+            self.finish(verdict.cause)
 
     def finish(self, cause: StopCause, *, undecoded: int | None = None) -> None:
         """End the generation: free the sampler and emit its last event."""

@@ -213,7 +213,7 @@ def load(
             )
             resources.callback(embedder.close)
         vocabulary = lasting.tokens(context)
-        beside = _beside_decode(options)
+        cpu_free = _cpu_free_beside_decode(options)
         setup = EngineSetup(
             context=context,
             pieces=vocabulary.pieces,
@@ -222,7 +222,7 @@ def load(
             drafting=drafting,
             drafter=None if draft is None or drafting is None else Drafter(draft.context, drafting),
             context_shift=options.context_shift,
-            defer_takes=beside,
+            defer_takes=cpu_free,
         )
         loop = DecodeLoop(
             context,
@@ -233,8 +233,8 @@ def load(
                 min_chunk=options.n_ubatch // 2,
             ),
             drafting=drafting,
-            to_trio=Courier() if beside else DirectPost(),
-            beside=Beside() if beside else None,
+            to_trio=Courier() if cpu_free else DirectPost(),
+            beside=Beside() if cpu_free else None,
             park_idle=(
                 options.cache_idle_slots
                 and options.kv_unified
@@ -255,7 +255,7 @@ def load(
         )
 
 
-def _beside_decode(options: LlamaOptions) -> bool:
+def _cpu_free_beside_decode(options: LlamaOptions) -> bool:
     """Whether a CPU is free for work beside ``llama_decode`` (``--courier``), as the log says.
 
     Then the decode thread's events reach trio through a courier thread, and

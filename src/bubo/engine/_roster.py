@@ -95,8 +95,8 @@ class ActiveGeneration(Protocol):
         """*entry* was decoded at batch index *index*."""
         ...
 
-    def settle(self, *, decoded: bool) -> None:
-        """Do the bookkeeping of its last sampled token (*decoded*: it was in the batch decoded)."""
+    def settle(self) -> None:
+        """Do the bookkeeping of its last sampled token."""
         ...
 
     def finish(self, cause: StopCause) -> None:
@@ -123,14 +123,13 @@ class Settling:
     """One step's unsettled tokens: their generations' bookkeeping, to run beside the step's decode."""
 
     members: list[Member]
-    decoded: set[Member]  # whose token is in the step's batch
     failures: list[tuple[Member, Exception]] = attrs.Factory(list)
 
     def run(self) -> None:
         """Settle each generation (touching only its own parts: any thread while the decode runs)."""
         for member in self.members:
             try:
-                member.generation.settle(decoded=member in self.decoded)
+                member.generation.settle()
             except Exception as error:  # noqa: BLE001 - a bug fails its own request only (in settled)
                 self.failures.append((member, error))
 
@@ -143,7 +142,7 @@ class Roster:
         self.members: list[Member] = []
         self._on_lost = on_lost
         self._fatal: EngineFailure | None = None
-        self._nothing_to_settle = Settling([], set())  # most steps' (made once: it never runs anything)
+        self._nothing_to_settle = Settling([])  # most steps' (made once: it never runs anything)
 
     def seq_ids(self) -> set[int]:
         """The KV sequences the active generations write."""
@@ -189,12 +188,10 @@ class Roster:
             self.members.remove(member)
             self.end(member, None)
 
-    def settling(self, in_batch: Iterable[Member]) -> Settling:
-        """The active generations' unsettled tokens; *in_batch*: the members the step decodes."""
+    def settling(self) -> Settling:
+        """The active generations' unsettled tokens."""
         unsettled = [member for member in self.members if member.generation.unsettled]
-        if not unsettled:
-            return self._nothing_to_settle
-        return Settling(unsettled, set(in_batch))
+        return Settling(unsettled) if unsettled else self._nothing_to_settle
 
     def settled(self, settling: Settling) -> None:
         """*settling* ran: hand over the generations it ended, fail those it failed (decode thread)."""

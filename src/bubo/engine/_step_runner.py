@@ -69,7 +69,7 @@ class StepRunner:
 
     def run(self, batch: Batch, *, step: int) -> None:
         """Evaluate *batch* (the *step*-th): its text in one decode, then each of its images alone."""
-        settling = self._roster.settling(member for member, _ in batch)
+        settling = self._roster.settling()
         images = [(member, entry) for member, entry in batch if entry.image is not None]
         if len(images) < len(batch):
             text = [(member, entry) for member, entry in batch if entry.image is None] if images else batch
@@ -81,6 +81,7 @@ class StepRunner:
                 self._decode_image(member, entry)
 
     def _settle(self, settling: Settling) -> None:
+        """Take *settling*'s tokens now (no decode in this step to take them beside)."""
         self._settle_held(settling)
         self._roster.settled(settling)
 
@@ -105,13 +106,8 @@ class StepRunner:
             if settling.members:
                 self._beside.join()
                 self._roster.settled(settling)
-        if failure is not None:  # the generations a late stop string ended take no part
-            in_batch = [member for member, _ in batch if not member.over]
-            if isinstance(failure, ContextFull):
-                if in_batch:  # else every one ended: nothing is left to make room for
-                    self._make_room(in_batch)
-            else:
-                self._decode_failed(failure, in_batch)
+        if failure is not None:
+            self._decode_refused(failure, [member for member, _ in batch if not member.over])
             return
         self._prefill.observe(sum(len(entry.tokens) for _, entry in batch), took, cells=cells)
         if logger.isEnabledFor(logging.DEBUG):
@@ -124,8 +120,19 @@ class StepRunner:
                     self._roster.evaluated(member, entry, start)
 
     def _settle_held(self, settling: Settling) -> None:
+        """Take *settling*'s tokens under the courier's hold (on whichever thread runs it)."""
         with self._hold():  # their events go to trio together
             settling.run()
+
+    def _decode_refused(self, failure: ContextFull | EngineFailure, in_batch: list[Member]) -> None:
+        """The decode failed: make room in a full cache, or end whom the failure concerns.
+
+        *in_batch*: the batch's generations a late stop string did not end meanwhile.
+        """
+        if not isinstance(failure, ContextFull):
+            self._decode_failed(failure, in_batch)
+        elif in_batch:  # else every one ended: nothing is left to make room for
+            self._make_room(in_batch)
 
     def _decode_image(self, member: Member, entry: BatchEntry) -> None:
         """Encode and evaluate one prompt's image, alone (the projector decodes its own batches).
