@@ -487,6 +487,24 @@ class TestATakeThatWaits:
         assert kept[: len(evaluated) + 1] == [*evaluated, waiting.tokens[-1]]
         assert len(kept) > len(evaluated) + 1  # a draft was evaluated after the stop's last token
 
+    def test_a_token_still_waiting_when_the_generation_is_let_go_of_counts_as_generated(self) -> None:
+        context = ScriptedContext(repeating())
+        slot = Slot(id=0, n_ctx=context.n_ctx_seq, totals=EngineCounters())
+        setup = EngineSetup(
+            context=context,  # type: ignore[arg-type]
+            pieces=pieces(),
+            eog=frozenset({EOG}),
+            sampler=sampler_factory(context),
+            defer_takes=True,
+        )
+        generation = Generation(setup, slot, request(), emit=lambda _event: None)
+        generation.start()
+        entry = generation.prompt_entry(64)
+        generation.evaluated(entry, context.decode_batch([entry])[0])  # the prompt, and a first token
+        assert generation.unsettled
+        generation.close()  # its client left before the next step
+        assert slot.decoded == slot.totals.tokens_predicted == 1
+
     def test_nothing_waits_beside_a_draft_model(self) -> None:
         """Its proposal is made as the next batch is planned: a waiting token's event would wait for it."""
         drafter = TestDraftModelDrafting.drafter()

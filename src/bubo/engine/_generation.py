@@ -236,7 +236,14 @@ class Generation:
         self._report.finished(self.outcome)
 
     def close(self) -> None:
-        """Free the sampler (the generation ended, failed or was abandoned)."""
+        """Free the sampler (the generation ended, failed or was abandoned).
+
+        A token still waiting for its take (the generation was let go of first)
+        is counted as generated, as an immediate take would have counted it.
+        """
+        if self._unsettled is not None:
+            self._unsettled = None
+            self.slot.generated()
         if self._sampler is not None:
             self._sampler.close()
             self._sampler = None
