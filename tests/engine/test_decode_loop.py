@@ -892,6 +892,15 @@ class TestTheCourier:
         assert refused_ended == []  # never queued: neither served nor ended by the stop
 
 
+def served(run: Run, *sequences: ScriptedSequence) -> None:
+    """Submit *sequences* in one step, wait for all to end, and stop the loop."""
+    try:
+        run.submit(*sequences)
+        run.wait()
+    finally:
+        run.close()
+
+
 class TestATakeThatWaits:
     """A token whose take waits is settled beside the next step's decode, before anything else touches it."""
 
@@ -910,11 +919,7 @@ class TestATakeThatWaits:
             settled_in_time.append(not sequence.unsettled)
 
         run.context.while_decoding = decoding
-        try:
-            run.submit(sequence)
-            run.wait()
-        finally:
-            run.close()
+        served(run, sequence)
         assert run.ended == {0: None}
         assert sequence.settled == ["test-beside"] * 4  # each generated token but the last
         assert all(settled_in_time)
@@ -922,22 +927,14 @@ class TestATakeThatWaits:
     def test_without_a_thread_beside_is_settled_on_the_decode_thread(self) -> None:
         run = Run()
         sequence = self.waiting(run, 0, generate=3)
-        try:
-            run.submit(sequence)
-            run.wait()
-        finally:
-            run.close()
+        served(run, sequence)
         assert sequence.settled == ["bubo-decode"] * 2
 
     def test_a_stop_found_late_ends_the_generation_with_its_token_decoded(self) -> None:
         run = Run(beside=Beside())
         stopped = self.waiting(run, 0, generate=100, stop_late_at=3)
         other = self.waiting(run, 1, generate=6)
-        try:
-            run.submit(stopped, other)
-            run.wait()
-        finally:
-            run.close()
+        served(run, stopped, other)
         assert run.ended == {0: None, 1: None}
         assert stopped.finished_by is StopCause.STOP_WORD
         assert stopped.generated == 3  # nothing evaluated after the stop
@@ -950,11 +947,7 @@ class TestATakeThatWaits:
         run = Run(beside=Beside())
         failing = self.waiting(run, 0, generate=100, settle_error=RuntimeError("a bug in a take"))
         other = self.waiting(run, 1, generate=6)
-        try:
-            run.submit(failing, other)
-            run.wait()
-        finally:
-            run.close()
+        served(run, failing, other)
         assert isinstance(run.ended[0], RuntimeError)
         assert run.ended[1] is None
         assert failing.closed
@@ -966,11 +959,7 @@ class TestATakeThatWaits:
         run.context.fail_once = lambda _entries: (
             EngineFailure("llama_decode failed with status 1") if sequence.generated == 3 else None
         )
-        try:
-            run.submit(sequence)
-            run.wait()
-        finally:
-            run.close()
+        served(run, sequence)
         assert isinstance(run.ended[0], EngineFailure)
         assert sequence.generated == 3
         assert not sequence.unsettled  # its third token was taken before the failure ended it
@@ -984,11 +973,7 @@ class TestATakeThatWaits:
         monkeypatch.setattr(Beside, "start", refuse)
         run = Run(beside=Beside())
         sequence = self.waiting(run, 0, generate=3)
-        try:
-            run.submit(sequence)
-            run.wait()
-        finally:
-            run.close()
+        served(run, sequence)
         assert run.ended == {0: None}
         assert sequence.settled == ["bubo-decode"] * 2
 
@@ -998,11 +983,7 @@ class TestATakeThatWaits:
         stream = self.waiting(run, 0, generate=6)
         reading = run.sequence(1, prompt=18, generate=1, adapters=((0, 1.0),))
         reading.image_at = 4  # its set's second turn: the stream has a token waiting by then
-        try:
-            run.submit(stream, reading)
-            run.wait()
-        finally:
-            run.close()
+        served(run, stream, reading)
         assert run.ended == {0: None, 1: None}
         assert len(run.context.images) == 1
         assert stream.settled.count("bubo-decode") == 1  # the image's step
@@ -1014,11 +995,7 @@ class TestATakeThatWaits:
         run.context.fail_once = lambda _entries: (
             ContextFull("the KV cache is full") if sequence.generated == 2 else None
         )
-        try:
-            run.submit(sequence)
-            run.wait()
-        finally:
-            run.close()
+        served(run, sequence)
         assert run.ended == {0: None}  # it ended by its stop string, not by the full context
         assert sequence.finished_by is StopCause.STOP_WORD
         assert sequence.cache.evicted == 0
