@@ -73,6 +73,23 @@ def test_without_its_thread_work_runs_at_once_on_the_caller_s() -> None:
     assert beside.stop(WAIT_S)
 
 
+def test_without_a_thread_to_be_had_work_runs_on_the_caller_s(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(_thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    beside = Beside()
+    beside.start()  # logged, not raised
+    assert "could not start" in caplog.text
+    ran_on: list[str] = []
+    beside.hand(lambda: ran_on.append(threading.current_thread().name))
+    beside.join()
+    assert ran_on == [threading.current_thread().name]
+    assert beside.stop(WAIT_S)
+
+
 def test_work_that_fails_ends_the_thread_and_later_work_runs_on_the_caller_s(
     beside: Beside, caplog: pytest.LogCaptureFixture
 ) -> None:

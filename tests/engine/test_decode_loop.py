@@ -967,10 +967,14 @@ class TestATakeThatWaits:
     def test_a_loop_whose_thread_beside_cannot_start_takes_them_itself(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        def refuse(_beside: Beside) -> None:
-            raise RuntimeError("can't start new thread")
+        start = threading.Thread.start
 
-        monkeypatch.setattr(Beside, "start", refuse)
+        def refuse_the_thread_beside(thread: threading.Thread) -> None:
+            if thread.name == "bubo-beside":
+                raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refuse_the_thread_beside)
         run = Run(beside=Beside())
         sequence = self.waiting(run, 0, generate=3)
         served(run, sequence)

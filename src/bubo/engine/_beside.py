@@ -46,17 +46,19 @@ class Beside:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread (once; a stopped Beside stays stopped).
+        """Start the thread (once; a stopped Beside stays stopped); one that cannot start is logged.
 
-        Raises:
-            RuntimeError: the thread could not start (handed work then runs at once).
-
+        Without its thread, handed work runs at once on the caller's.
         """
         with self._lock:
             if self._thread is not None:
                 return
             thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had
+                logger.warning("the thread beside llama_decode could not start", exc_info=True)
+                return
             self._thread, self._running = thread, True
 
     def hand(self, work: Work) -> None:

@@ -195,10 +195,7 @@ class DecodeLoop:
         except RuntimeError:  # no thread to be had: the decode thread posts to trio itself
             logger.warning("the courier to trio could not start; events go directly", exc_info=True)
         if self._beside is not None:
-            try:
-                self._beside.start()
-            except RuntimeError:  # no thread to be had: the decode thread does the work itself
-                logger.warning("the thread beside llama_decode could not start", exc_info=True)
+            self._beside.start()  # one that cannot start leaves the work to the decode thread
         thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
         try:
             thread.start()
