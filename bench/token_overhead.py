@@ -11,7 +11,9 @@ and ended.  With *n* streams generating at once every step is one
 ``llama_decode`` of *n* tokens; the time between one step's ``llama_decode``
 returning and the next one's starting, less the sampling in it, is Bubo's own
 work for the step: building the batch, taking each token, stop strings,
-events, the hand-over to trio (and waiting for the GIL while trio runs).
+events, the hand-over to trio (and waiting for the GIL while trio runs); with
+the courier, a token whose take can wait is taken on another thread during
+the next ``llama_decode``, and only waking that thread stays in the gap.
 Divided by *n* it is the overhead per token per sequence.  Only steps where
 every stream is generating count (not the prompts' steps, nor the last
 stream's end).  Drafting is off so that every step decodes one token per

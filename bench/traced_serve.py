@@ -6,7 +6,8 @@ The server is the real one, in this process, with timers wrapped around what
 it calls (nothing in ``src/`` changes): ``llama_cpp.llama_decode`` and
 ``llama_cpp.llama_sampler_sample`` (the decode thread), the decode thread's
 hand-over of each generated token to trio (``Courier.post`` or
-``DirectPost.post``, which the producer calls on the decode thread) and the moment trio runs it, every
+``DirectPost.post``, which the producer calls on the decode thread, or on the thread that takes
+tokens beside ``llama_decode``) and the moment trio runs it, every
 ``trio.SocketStream.send_all`` (the bytes as they leave), and the garbage
 collector's passes (``gc.callbacks``, with the thread that ran each).  Every
 time is ``time.perf_counter()``, the monotonic clock the benchmark's client

@@ -835,8 +835,9 @@ OPTIONS: tuple[Option, ...] = (
            "seconds the repack probe may take before repacking is turned off ({default})", "S"),
     Option(("--courier",), ("model", "courier"), _choice_of(CourierMode),
            "a thread hands each token from the decode thread to the event loop, whose work for it then "
-           "runs beside the next llama_decode: auto uses one where a CPU is free for it (--threads below "
-           "the CPUs, or layers on a GPU) ({default})", "MODE"),
+           "runs beside the next llama_decode, and another takes each token (stop strings, its event) "
+           "beside it: auto uses them where a CPU is free for them (--threads below the CPUs, or layers on "
+           "a GPU) ({default})", "MODE"),
     Option(("--spm-infill",), ("serving", "spm_infill"), _switch,
            "/infill sends the suffix before the prefix (Suffix/Prefix/Middle), for models trained that "
            "way ({default}: Prefix/Suffix/Middle)", "on|off"),

@@ -1,9 +1,11 @@
 """``--courier``: the events' way to the event loop changes when trio works, never what a client reads.
 
-Two real servers, one with a courier thread (``--courier on``) and one whose
-decode thread posts each event itself (``off``), answer the same greedy
-requests through the OpenAI SDK: the same streamed texts, and on each, two
-streams side by side ending whole beside a client that leaves in the middle.
+Two real servers, one with a courier thread and tokens taken beside
+``llama_decode`` (``--courier on``) and one whose decode thread takes each
+token and posts each event itself (``off``), answer the same greedy requests
+through the OpenAI SDK: the same streamed texts, with and without a stop
+string, and on each, two streams side by side ending whole beside a client
+that leaves in the middle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from .conftest import Server, openai_client, serving
 
 PROMPTS = ("Name three rivers.", "Describe a thunderstorm.")
+STOPS = [" the", " severe"]  # each answer holds one
 
 
 @pytest.fixture(name="servers", scope="module")
@@ -30,7 +33,9 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         yield {"courier": courier, "direct": direct}
 
 
-def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None) -> tuple[str, str | None]:
+def greedy_stream(
+    server: Server, prompt: str, *, leave_after: int | None = None, stop: list[str] | None = None
+) -> tuple[str, str | None]:
     """The text and finish reason of one greedy stream; *leave_after*: close it after that many chunks."""
     with openai_client(server) as client:
         chunks = client.chat.completions.create(
@@ -39,6 +44,7 @@ def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None
             max_tokens=40,
             temperature=0,
             stream=True,
+            stop=stop,
         )
         text, finish = "", None
         with contextlib.closing(chunks):
@@ -53,13 +59,25 @@ def greedy_stream(server: Server, prompt: str, *, leave_after: int | None = None
 
 
 def test_each_server_says_how_its_events_travel(servers: dict[str, Server]) -> None:
-    assert "events to the event loop: courier (--courier on)" in servers["courier"].output()
+    expected = "events to the event loop: courier, tokens taken beside llama_decode (--courier on)"
+    assert expected in servers["courier"].output()
     assert "events to the event loop: direct (--courier off)" in servers["direct"].output()
 
 
 def test_one_stream_reads_the_same_either_way(servers: dict[str, Server]) -> None:
     texts = {name: [greedy_stream(server, prompt) for prompt in PROMPTS] for name, server in servers.items()}
     assert all(text for text, _ in texts["courier"])
+    assert texts["courier"] == texts["direct"]
+
+
+def test_a_stop_string_ends_a_stream_the_same_either_way(servers: dict[str, Server]) -> None:
+    """On the courier's server the stop is found beside the next decode: the client cannot tell."""
+    texts = {
+        name: [greedy_stream(server, prompt, stop=STOPS) for prompt in PROMPTS]
+        for name, server in servers.items()
+    }
+    assert all(finish == "stop" for _, finish in texts["courier"])
+    assert all(stop not in text for text, _ in texts["courier"] for stop in STOPS)
     assert texts["courier"] == texts["direct"]
 
 

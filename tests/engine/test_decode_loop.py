@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -19,6 +20,7 @@ import trio
 
 from bubo.domain.generation import StopCause
 from bubo.domain.media import PromptImage
+from bubo.engine._beside import Beside
 from bubo.engine._courier import Courier
 from bubo.engine._crossing import Job, post_to_trio
 from bubo.engine._decode_loop import DecodeLoop
@@ -73,11 +75,14 @@ class ScriptedContext:
     batch_adapters: list[AdapterSet] = attrs.field(factory=list)  # the set in force at each decode
     images: list[tuple[int, int, int]] = attrs.field(factory=list)  # (seq_id, positions, batches before)
     image_failures: list[Exception] = attrs.field(factory=list)  # raised by the next image decodes
+    while_decoding: Callable[[], None] | None = None  # called inside each decode (as llama_decode runs)
 
     def use_adapters(self, adapters: AdapterSet) -> None:
         self.applied = adapters
 
     def decode_batch(self, entries: list[BatchEntry]) -> list[int]:
+        if self.while_decoding is not None:
+            self.while_decoding()
         if self.wedged is not None:
             self.stuck.set()
             self.wedged.wait()
@@ -122,6 +127,20 @@ class ScriptedSequence:
     on_start: Callable[[], None] | None = None
     close_error: Exception | None = None
     adapters: AdapterSet = ()
+    waits: bool = False  # each generated token's take waits for the next decode (settle)
+    unsettled: bool = False
+    stop_late_at: int | None = None  # the settle of this generated token ends it (a stop string)
+    settle_error: Exception | None = None
+    settled: list[str] = attrs.Factory(list)  # the thread of each settle
+
+    def settle(self) -> None:
+        assert self.unsettled
+        self.settled.append(threading.current_thread().name)
+        self.unsettled = False
+        if self.settle_error is not None:
+            raise self.settle_error
+        if self.generated == self.stop_late_at:
+            self.finish(StopCause.STOP_WORD)
 
     @property
     def prefilling(self) -> bool:
@@ -147,10 +166,12 @@ class ScriptedSequence:
         return BatchEntry(self.cache, (2,))  # type: ignore[arg-type]
 
     def evaluated(self, entry: BatchEntry, index: int) -> None:
+        assert not self.unsettled, "sampled before its last token was settled"
         if self.prefilling:
             self.read += len(entry.tokens)
         else:
             self.generated += 1
+            self.unsettled = self.waits
         if self.on_step is not None:
             self.on_step()
         if self.generated >= self.generate:
@@ -198,6 +219,7 @@ class Run:
         park_idle: bool = False,
         prefill: PrefillBudget | None = None,
         on_lost: Callable[[EngineFailure], None] | None = None,
+        beside: Beside | None = None,
     ) -> None:
         """*on_lost*: called with the loss too (after it is noted in ``lost``)."""
         self.context = ScriptedContext(tuple(ScriptedCache(i) for i in range(n_slots)))
@@ -207,6 +229,7 @@ class Run:
             prefill=prefill or PrefillBudget(fixed=chunk, n_batch=self.context.n_batch),
             drafting=None,
             to_trio=Courier(),
+            beside=beside,
             park_idle=park_idle,
             on_lost=lambda failure: (self.lost.append(failure), on_lost and on_lost(failure)),
         )  # type: ignore[arg-type]
@@ -867,3 +890,116 @@ class TestTheCourier:
         assert run.loop.stop(WAIT_S)
         assert run.ended == {1: None}
         assert refused_ended == []  # never queued: neither served nor ended by the stop
+
+
+def served(run: Run, *sequences: ScriptedSequence) -> None:
+    """Submit *sequences* in one step, wait for all to end, and stop the loop."""
+    try:
+        run.submit(*sequences)
+        run.wait()
+    finally:
+        run.close()
+
+
+class TestATakeThatWaits:
+    """A token whose take waits is settled beside the next step's decode, before anything else touches it."""
+
+    def waiting(self, run: Run, slot: int, generate: int, **fields: object) -> ScriptedSequence:
+        return attrs.evolve(run.sequence(slot, prompt=2, generate=generate), waits=True, **fields)
+
+    def test_is_settled_on_the_thread_beside_while_the_next_decode_runs(self) -> None:
+        run = Run(beside=Beside(name="test-beside"))
+        sequence = self.waiting(run, 0, generate=5)
+        settled_in_time: list[bool] = []
+
+        def decoding() -> None:  # the decode waits for the settle: it runs beside, not after
+            deadline = time.monotonic() + WAIT_S
+            while sequence.unsettled and time.monotonic() < deadline:
+                time.sleep(0.001)
+            settled_in_time.append(not sequence.unsettled)
+
+        run.context.while_decoding = decoding
+        served(run, sequence)
+        assert run.ended == {0: None}
+        assert sequence.settled == ["test-beside"] * 4  # each generated token but the last
+        assert all(settled_in_time)
+
+    def test_without_a_thread_beside_is_settled_on_the_decode_thread(self) -> None:
+        run = Run()
+        sequence = self.waiting(run, 0, generate=3)
+        served(run, sequence)
+        assert sequence.settled == ["bubo-decode"] * 2
+
+    def test_a_stop_found_late_ends_the_generation_with_its_token_decoded(self) -> None:
+        run = Run(beside=Beside())
+        stopped = self.waiting(run, 0, generate=100, stop_late_at=3)
+        other = self.waiting(run, 1, generate=6)
+        served(run, stopped, other)
+        assert run.ended == {0: None, 1: None}
+        assert stopped.finished_by is StopCause.STOP_WORD
+        assert stopped.generated == 3  # nothing evaluated after the stop
+        # its prompt, then a token a step: the third is settled (and ends it) in the step decoding it
+        its_tokens = [sum(n for seq, n in batch if seq == 0) for batch in run.context.batches[:6]]
+        assert its_tokens == [2, 1, 1, 1, 1, 0]
+        assert stopped.settled == ["bubo-beside"] * 3
+
+    def test_a_take_that_fails_fails_its_request_alone(self) -> None:
+        run = Run(beside=Beside())
+        failing = self.waiting(run, 0, generate=100, settle_error=RuntimeError("a bug in a take"))
+        other = self.waiting(run, 1, generate=6)
+        served(run, failing, other)
+        assert isinstance(run.ended[0], RuntimeError)
+        assert run.ended[1] is None
+        assert failing.closed
+        assert not failing.cache.tokens  # a bug may have left the sequence half-written
+
+    def test_a_failed_decode_is_handled_after_the_tokens_are_settled(self) -> None:
+        run = Run(beside=Beside())
+        sequence = self.waiting(run, 0, generate=100)
+        run.context.fail_once = lambda _entries: (
+            EngineFailure("llama_decode failed with status 1") if sequence.generated == 3 else None
+        )
+        served(run, sequence)
+        assert isinstance(run.ended[0], EngineFailure)
+        assert sequence.generated == 3
+        assert not sequence.unsettled  # its third token was taken before the failure ended it
+
+    def test_a_loop_whose_thread_beside_cannot_start_takes_them_itself(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        start = threading.Thread.start
+
+        def refuse_the_thread_beside(thread: threading.Thread) -> None:
+            if thread.name == "bubo-beside":
+                raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refuse_the_thread_beside)
+        run = Run(beside=Beside())
+        sequence = self.waiting(run, 0, generate=3)
+        served(run, sequence)
+        assert run.ended == {0: None}
+        assert sequence.settled == ["bubo-decode"] * 2
+
+    def test_a_step_of_images_alone_takes_them_on_the_decode_thread(self) -> None:
+        """Another adapter set's turn that holds only an image: no text decode to take them beside."""
+        run = Run(chunk=4, beside=Beside())
+        stream = self.waiting(run, 0, generate=6)
+        reading = run.sequence(1, prompt=18, generate=1, adapters=((0, 1.0),))
+        reading.image_at = 4  # its set's second turn: the stream has a token waiting by then
+        served(run, stream, reading)
+        assert run.ended == {0: None, 1: None}
+        assert len(run.context.images) == 1
+        assert stream.settled.count("bubo-decode") == 1  # the image's step
+        assert stream.settled.count("bubo-beside") == len(stream.settled) - 1
+
+    def test_a_full_context_after_a_late_stop_ended_the_whole_batch_takes_nothing_more(self) -> None:
+        run = Run(beside=Beside())
+        sequence = self.waiting(run, 0, generate=100, stop_late_at=2)
+        run.context.fail_once = lambda _entries: (
+            ContextFull("the KV cache is full") if sequence.generated == 2 else None
+        )
+        served(run, sequence)
+        assert run.ended == {0: None}  # it ended by its stop string, not by the full context
+        assert sequence.finished_by is StopCause.STOP_WORD
+        assert sequence.cache.evicted == 0

@@ -191,3 +191,34 @@ def test_the_request_decides_the_rules() -> None:
     tight = EndPolicy(base, eog=frozenset(), n_ctx_train=4096)
     assert [v.cause for v in feed(loose, *pieces)] == [None] * 4
     assert [v.cause for v in feed(tight, *pieces)][:3] == [None, None, StopCause.LIMIT]
+
+
+class TestAVerdictThatMayWait:
+    """``can_wait``: only a token no rule but a stop string could end the generation with may be taken late."""
+
+    def test_an_ordinary_token_may(self) -> None:
+        assert policy(stop=("STOP",)).can_wait(10)
+
+    def test_the_end_token_may_not(self) -> None:
+        assert not policy().can_wait(EOG)
+        assert policy(ignore_eos=True).can_wait(EOG)  # it ends nothing then
+
+    def test_the_token_that_reaches_the_limit_may_not(self) -> None:
+        ending = policy(max_new_tokens=3)
+        feed(ending, b"a", b"b")
+        assert not ending.can_wait(10)
+        assert policy(max_new_tokens=3).can_wait(10)
+
+    def test_a_token_without_room_in_the_context_may_not(self) -> None:
+        assert not policy(fits=lambda n: n < 1).can_wait(10)
+        assert not policy(n_ctx_train=len(PROMPT) + 1).can_wait(10)  # no limit: the training context ends it
+
+    def test_nothing_may_under_a_time_limit_or_an_indent(self) -> None:
+        assert not policy(time_limit_ms=1000).can_wait(10)
+        assert not policy(n_indent=2).can_wait(10)
+
+    def test_nothing_may_while_the_thinking_budget_could_insert(self) -> None:
+        ending = policy(thinking_budget=ThinkingBudget(budget=2, end_tokens=(7,), started=True))
+        assert not ending.can_wait(10)
+        assert feed(ending, b"a", b"b")[-1].insert == (7,)  # spent: nothing more to insert
+        assert ending.can_wait(10)

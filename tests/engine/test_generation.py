@@ -63,6 +63,7 @@ class Run:
     generation: Generation
     events: list[EngineEvent]
     slot: Slot
+    deferred: int = 0  # tokens whose take waited for the next decode
 
     @property
     def tokens(self) -> list[int]:
@@ -89,8 +90,10 @@ def generate(
     alone: bool = True,
     context_shift: bool = False,
     offer: DiskOffer | None = None,
+    defer: bool = False,
     **sampler: object,
 ) -> Run:
+    """Drive *request* alone as the decode loop does (*defer*: tokens' takes wait, settled after a decode)."""
     context = context or ScriptedContext(repeating())
     events: list[EngineEvent] = []
     slot = Slot(id=0, n_ctx=context.n_ctx_seq, totals=EngineCounters())
@@ -102,9 +105,11 @@ def generate(
         drafting=drafter.policy if drafter is not None else drafting,
         drafter=drafter,
         context_shift=context_shift,
+        defer_takes=defer,
     )
     generation = Generation(setup, slot, request, emit=events.append, offer=offer)
     generation.start()
+    deferred = 0
     for _ in range(10_000):
         if generation.done:
             break
@@ -112,9 +117,14 @@ def generate(
             generation.prompt_entry(chunk) if generation.prefilling else generation.token_entry(alone=alone)
         )
         start = context.decode_image(entry) if entry.image is not None else context.decode_batch([entry])[0]
+        if generation.unsettled:  # as the loop does beside the decode: before anything else
+            deferred += 1
+            generation.settle()
+            if generation.done:
+                break
         generation.evaluated(entry, start)
     assert generation.done
-    return Run(context, generation, events, slot)
+    return Run(context, generation, events, slot, deferred)
 
 
 def request(
@@ -398,3 +408,112 @@ class TestDraftModelDrafting:
         assert run.tokens == plain.tokens
         assert drafter.failed
         assert run.finished.stats.draft_tokens == 0
+
+
+class TestATakeThatWaits:
+    """``defer_takes``: a token only a stop string could end the generation with is taken after the next decode.
+
+    Whatever waits, the client reads the same events: tokens, texts,
+    log-probabilities, the end and its statistics; only the KV sequence of a
+    generation a stop string ended holds its last token (and the draft after it).
+    """
+
+    CASES = {
+        "to the end token": ({}, {}),
+        "to the limit": ({"max_new_tokens": 10}, {}),
+        "to a stop string": ({"stop": ("hi",)}, {}),
+        "with log-probabilities": ({"stop": ("hi",), "n_probs": 2}, {}),
+        "after the sampler chain": ({"max_new_tokens": 8, "n_probs": 1, "post_sampling_probs": True}, {}),
+        "with drafts": (
+            {"stop": ("ohi",)},
+            {"drafting": DraftPolicy(DraftOptions(draft_max=8, mode="always"))},
+        ),
+        "with a thinking budget": (
+            {
+                "max_new_tokens": 12,
+                "thinking_budget": ThinkingBudget(budget=3, end_tokens=(50, 51), started=True),
+            },
+            {},
+        ),
+    }
+
+    @staticmethod
+    def seen(run: Run) -> list[object]:
+        """What the client reads, less the timings."""
+        finished = run.finished
+        stats = attrs.evolve(finished.stats, prompt_ms=0.0, predicted_ms=0.0)
+        return [
+            *(e for e in run.events if isinstance(e, TokenGenerated)),
+            attrs.evolve(finished, stats=stats),
+        ]
+
+    def both(self, case: str) -> tuple[Run, Run]:
+        fields, options = self.CASES[case]
+        runs = []
+        for defer in (False, True):
+            # with drafts: the pattern is broken by token 40 ("o") at every 23rd position, drafted over after
+            context = ScriptedContext(repeating(deviate_every=23)) if "drafting" in options else None
+            runs.append(generate(request(**fields), context, defer=defer, **options))  # type: ignore[arg-type]
+        return runs[0], runs[1]
+
+    @pytest.mark.parametrize("case", list(CASES))
+    def test_the_client_reads_what_an_immediate_take_gives(self, case: str) -> None:
+        immediate, waiting = self.both(case)
+        assert immediate.deferred == 0
+        assert waiting.deferred > 0
+        assert self.seen(waiting) == self.seen(immediate)
+
+    @pytest.mark.parametrize("case", ["to the end token", "to the limit", "after the sampler chain"])
+    def test_an_end_by_the_end_token_or_a_limit_is_taken_at_once(self, case: str) -> None:
+        immediate, waiting = self.both(case)
+        # the last token is never evaluated, either way
+        assert waiting.context.caches[0].tokens == immediate.context.caches[0].tokens
+        assert waiting.generation.outcome == immediate.generation.outcome  # undecoded: the last token
+
+    def test_a_stop_string_found_late_leaves_its_last_token_in_the_sequence(self) -> None:
+        immediate, waiting = self.both("to a stop string")
+        assert immediate.finished.cause is StopCause.STOP_WORD
+        last = waiting.tokens[-1]
+        assert waiting.context.caches[0].tokens == [*immediate.context.caches[0].tokens, last]
+        assert immediate.generation.outcome is not None
+        assert waiting.generation.outcome is not None
+        assert (immediate.generation.outcome.undecoded, waiting.generation.outcome.undecoded) == (last, None)
+
+    def test_a_stop_string_found_late_keeps_the_draft_evaluated_after_it(self) -> None:
+        immediate, waiting = self.both("with drafts")
+        assert immediate.finished.stats.draft_accepted > 0
+        evaluated = immediate.context.caches[0].tokens
+        kept = waiting.context.caches[0].tokens
+        assert kept[: len(evaluated) + 1] == [*evaluated, waiting.tokens[-1]]
+        assert len(kept) > len(evaluated) + 1  # a draft was evaluated after the stop's last token
+
+    def test_a_token_still_waiting_when_the_generation_is_let_go_of_counts_as_generated(self) -> None:
+        context = ScriptedContext(repeating())
+        slot = Slot(id=0, n_ctx=context.n_ctx_seq, totals=EngineCounters())
+        setup = EngineSetup(
+            context=context,  # type: ignore[arg-type]
+            pieces=pieces(),
+            eog=frozenset({EOG}),
+            sampler=sampler_factory(context),
+            defer_takes=True,
+        )
+        generation = Generation(setup, slot, request(), emit=lambda _event: None)
+        generation.start()
+        entry = generation.prompt_entry(64)
+        generation.evaluated(entry, context.decode_batch([entry])[0])  # the prompt, and a first token
+        assert generation.unsettled
+        generation.close()  # its client left before the next step
+        assert slot.decoded == slot.totals.tokens_predicted == 1
+
+    def test_nothing_waits_beside_a_draft_model(self) -> None:
+        """Its proposal is made as the next batch is planned: a waiting token's event would wait for it."""
+        drafter = TestDraftModelDrafting.drafter()
+        waiting = generate(request(stop=("hi",)), defer=True, drafter=drafter)
+        assert waiting.deferred == 0
+        assert waiting.finished.cause is StopCause.STOP_WORD
+
+    def test_the_thinking_budget_s_insertion_is_never_late(self) -> None:
+        immediate, waiting = self.both("with a thinking budget")
+        assert waiting.tokens[3:5] == immediate.tokens[3:5] == [50, 51]
+        # taken at once: the three thinking tokens while the budget could still insert, and the limit's
+        assert waiting.deferred == len(waiting.tokens) - 4

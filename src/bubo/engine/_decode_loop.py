@@ -44,7 +44,9 @@ What its callbacks hand to trio goes through the loop's
 :attr:`DecodeLoop.to_trio`: a :class:`~._courier.Courier`, a thread started
 with it and stopped after it, so that the decode thread never wakes trio itself,
 or :class:`~._courier.DirectPost` where no CPU is free for trio's work beside
-``llama_decode`` (:func:`~._courier.decide_courier`).
+``llama_decode`` (:func:`~._courier.decide_courier`).  Where a CPU is free,
+the tokens' bookkeeping that can wait runs beside ``llama_decode`` too, on a
+:class:`~._beside.Beside` thread started and stopped with the loop's.
 
 Whatever the thread holds always ends.  A failure of one generation's step
 ends that generation (its request gets the error); a bug in a step ends the
@@ -67,6 +69,7 @@ import threading
 from collections.abc import Callable
 
 from ._batch_planner import BatchPlanner
+from ._beside import Beside
 from ._courier import Poster
 from ._crossing import Job
 from ._draft_policy import DraftPolicy
@@ -101,12 +104,14 @@ class DecodeLoop:
         prefill: PrefillBudget,
         drafting: DraftPolicy | None,
         to_trio: Poster,
+        beside: Beside | None = None,
         park_idle: bool = False,
         on_lost: Callable[[EngineFailure], None] = _ignore_loss,
     ) -> None:
         """*on_lost* is called once, on the decode thread, when the loop can serve nothing more.
 
         *to_trio*: how the thread's callbacks reach trio (a courier, or directly).
+        *beside*: the thread the tokens' waiting bookkeeping runs on during each decode (None: none).
         *park_idle*: move idle slots' sequences out of the cache as generations are admitted.
         """
         self._context = context
@@ -114,8 +119,9 @@ class DecodeLoop:
         self._inbox = Inbox(self._start_thread)
         self._roster = Roster(on_lost)  # the loop thread's own
         self._planner = BatchPlanner(context, prefill)  # the loop thread's own
+        self._beside = beside
         self._runner = StepRunner(
-            context, self._roster, prefill=prefill, drafting=drafting, hold=to_trio.holding
+            context, self._roster, prefill=prefill, drafting=drafting, hold=to_trio.holding, beside=beside
         )
         self._thread: threading.Thread | None = None  # set under the inbox's condition
         self.to_trio = to_trio  # what the thread's callbacks post to trio goes through it
@@ -169,6 +175,8 @@ class DecodeLoop:
         thread.join(timeout_s)
         if thread.is_alive():
             return False
+        if self._beside is not None:
+            self._beside.stop()  # idle: the stopped thread joined whatever it handed over
         if not self.to_trio.stop(COURIER_STOP_S):
             logger.warning("the courier to trio did not stop within %.0f s", COURIER_STOP_S)
         return True
@@ -186,6 +194,8 @@ class DecodeLoop:
             self.to_trio.start()  # before the thread that posts to it
         except RuntimeError:  # no thread to be had: the decode thread posts to trio itself
             logger.warning("the courier to trio could not start; events go directly", exc_info=True)
+        if self._beside is not None:
+            self._beside.start()  # one that cannot start leaves the work to the decode thread
         thread = threading.Thread(target=self._run, name="bubo-decode", daemon=True)
         try:
             thread.start()

@@ -17,6 +17,11 @@ is released when the generation ends another way.  The thinking budget does
 not end a generation: once spent it asks for the end of thinking to be
 inserted (:attr:`Verdict.insert`).
 
+:meth:`EndPolicy.can_wait` says when a token's verdict may come a step late
+(the decode thread then takes it beside the next ``llama_decode``): when only
+a stop string could end the generation with it and it cannot ask for an
+insertion.
+
 Model-free: the llama.cpp engine (:mod:`._generation`) and the fake engine
 (:mod:`.fake`) share it, so the test double cannot drift from the engine.
 """
@@ -71,6 +76,7 @@ class EndPolicy:
         self._clock = clock
         self._indent = _IndentLimit(request.n_indent)
         self._thinking = _ThinkingClock(request.thinking_budget)
+        self._waits = not (self._time_limit_ms or self._indent.applies)  # no end but a stop string's is late
         self.n_generated = 0
         self._first_token_at = 0.0
         self._timed_out = 0  # tokens generated since the time limit passed (finishing a character)
@@ -107,6 +113,28 @@ class EndPolicy:
         if cause is not None:
             return Verdict(released, cause)
         return Verdict(released, None, self._thinking.observe(text.recent))
+
+    def can_wait(self, token: int) -> bool:
+        """Whether *token*'s verdict may come after the next decode: only its text could end the generation.
+
+        That is: it is no end-of-generation token; the token limit, the
+        context's end and the training context are more than this token away;
+        neither ``n_indent`` nor a time limit applies (they end by what the
+        text does, at a point the caller could not undo); and the thinking
+        budget cannot ask for an insertion.  Then taken late, *token* gets the
+        verdict it would have got at once, and only a stop string can end the
+        generation with it.
+        """
+        n = self.n_generated + 1
+        limit = self._limit
+        return (
+            self._waits
+            and token not in self._eog
+            and (limit is None or n < limit)
+            and self._fits(n)
+            and not ((limit is None or self._shifts) and self._n_prompt + n >= self._n_ctx_train)
+            and self._thinking.over
+        )
 
     def flush(self) -> str:
         """The generation ended without an end token (a scripted reply ran out): release what is held."""
@@ -146,6 +174,11 @@ class _IndentLimit:
             None  # blanks so far on the current line, after a new line; None: not checked
         )
 
+    @property
+    def applies(self) -> bool:
+        """Whether the request set an indent."""
+        return self._n_indent > 0
+
     def feed(self, text: str) -> tuple[str, bool]:
         if self._n_indent <= 0:
             return text, False
@@ -171,6 +204,11 @@ class _ThinkingClock:
         self._thinking = spec is not None and spec.started
         self._over = spec is None
         self._count = 0
+
+    @property
+    def over(self) -> bool:
+        """Whether nothing more will be inserted (no budget, or it is spent or thinking ended)."""
+        return self._over
 
     def observe(self, recent: str) -> tuple[int, ...]:
         """After each generated token: the tokens to insert now, if the budget is spent."""

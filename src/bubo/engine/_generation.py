@@ -12,6 +12,10 @@ parts':
 - :class:`EndPolicy`: when the generation ends and why, the text each token
   releases, and when the end of thinking is inserted;
 - :class:`ProbabilityRecorder`: each token's log-probabilities, if asked for;
+- :class:`TokenTakes`: each sampled token's take (the slot's count, the end
+  policy's verdict, its event with its log-probabilities, the draft source's
+  history), at once or beside the next decode, and the tokens a verdict asks
+  to insert instead of the next sampled ones;
 - :class:`Drafting`: its :class:`DraftSource` (a draft model's
   :class:`ModelDrafts` when the engine has one, else prompt lookup's), drafts
   to verify while the generation is alone in the batch, within the request's
@@ -19,13 +23,13 @@ parts':
 - :class:`GenerationReport`: the prompt's progress, the timings its slot
   keeps, and the last event with the request's statistics.
 
-Each sampled token is accounted for in one place, :meth:`Generation._take`
-(the slot's count, the end policy's verdict, its event with its
-log-probabilities, the draft source's history, the tokens to insert next):
-what happens after a token is sampled, apart from choosing the next input.
-
-Tokens to insert (the end of thinking) replace sampling while the grammar
-admits them; one it forbids gives the insertion up.  Written against the
+With ``EngineSetup.defer_takes`` (and no draft model, whose proposal as the
+next batch is planned would delay the token's event) a token whose verdict can
+wait is evaluated next before it is taken, and :meth:`Generation.settle` takes
+it beside the next ``llama_decode``, before the generation samples again.  A
+stop string found then ends the generation with its last token, and any draft
+after it, already in the KV cache (they are the cells of those tokens, which a
+later prompt may reuse as far as it matches).  Written against the
 :mod:`._protocols`, so it runs with a scripted context and sampler.
 """
 
@@ -35,7 +39,7 @@ from collections.abc import Callable
 
 import attrs
 
-from bubo.domain.generation import EngineEvent, GenerationRequest, StopCause, TokenGenerated
+from bubo.domain.generation import EngineEvent, GenerationRequest, StopCause
 
 from ._draft_policy import DraftPolicy
 from ._drafting import Drafting
@@ -46,6 +50,7 @@ from ._model_drafts import Drafter
 from ._probabilities import ProbabilityRecorder
 from ._prompt_feeder import PromptFeeder
 from ._protocols import BatchEntry, DecodeContext, KvSequence, SamplerFactory, TokenSampler
+from ._token_takes import TokenTakes
 from .errors import EngineFailure
 from .lora import AdapterSet, adapter_set
 from .slots import Slot
@@ -64,6 +69,7 @@ class EngineSetup:
     drafting: DraftPolicy | None = None  # drafting statistics, shared by the engine's generations
     drafter: Drafter | None = None  # the draft model (its policy is ``drafting``); None: prompt lookup
     context_shift: bool = False  # go on past the end of the context (llama-server's --context-shift)
+    defer_takes: bool = False  # a token whose verdict can wait is taken beside the next decode
 
 
 class Generation:
@@ -86,8 +92,6 @@ class Generation:
         self.cancelled = False  # set on the trio thread; the loop drops the generation at its next step
         self.outcome: Outcome | None = None
         self._context = context
-        self._pieces = setup.pieces
-        self._emit = emit
         self._make_sampler = setup.sampler
         self._sampler: TokenSampler | None = None
         self._feeder = PromptFeeder(
@@ -107,9 +111,16 @@ class Generation:
         )
         self._probabilities = ProbabilityRecorder(request, context, setup.pieces)
         self._drafting = Drafting(request, slot, context, policy=setup.drafting, drafter=setup.drafter)
-        self._insert: list[int] = []  # tokens inserted instead of sampled (the end of thinking)
-        self._token: int | None = None  # sampled and emitted, not yet evaluated
-        self._walk_ended: StopCause | None = None  # what ended the generation during a draft's walk
+        self._takes = TokenTakes(
+            slot=slot,
+            ending=self._ending,
+            probabilities=self._probabilities,
+            drafting=self._drafting,
+            pieces=setup.pieces,
+            emit=emit,
+            defer=setup.defer_takes and setup.drafter is None,
+        )
+        self._token: int | None = None  # sampled (and taken, unless its take waits), not yet evaluated
         self._report = GenerationReport(
             request=request,
             slot=slot,
@@ -142,6 +153,11 @@ class Generation:
         """Prompt tokens still to evaluate."""
         return self._feeder.left
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether the last sampled token's take waits (:meth:`settle`, before the next sampling)."""
+        return self._takes.waiting
+
     def start(self) -> None:
         """Reuse the slot's cached prefix of the prompt (or a snapshot's) and build the sampler.
 
@@ -170,13 +186,16 @@ class Generation:
         """The token to evaluate next, with a draft after it when the generation is *alone* in the batch."""
         assert self._token is not None
         self._feeder.make_room()
-        draft = self._drafting.propose(
-            allowed=alone and not self._insert, tokens_left=self._ending.tokens_left
-        )
+        allowed = alone and not self._takes.inserting
+        draft = self._drafting.propose(allowed=allowed, tokens_left=self._takes.tokens_left)
         return BatchEntry(self.cache, (self._token, *draft), all_logits=bool(draft))
 
     def evaluated(self, entry: BatchEntry, index: int) -> None:
         """*entry* was decoded at batch index *index*: take the next token, or account for the prompt."""
+        if self._takes.waiting:  # the loop settles it beside the decode; never sample before
+            self.settle()
+            if self.done:
+                return
         self.slot.holds(len(self.cache.tokens))
         if self._token is None:  # no token yet: the entry was a prompt chunk
             self._after_prompt_chunk(len(entry.tokens), index)
@@ -185,6 +204,15 @@ class Generation:
         else:
             self._begin(self._next(index), index)
 
+    def settle(self) -> None:
+        """Take the token whose take waited (on any thread while the decode thread is in ``llama_decode``).
+
+        A stop string it ends names no undecoded token (its cell depends on that decode; see Outcome).
+        """
+        cause = self._takes.settle()
+        if cause is not None:
+            self.finish(cause)
+
     def finish(self, cause: StopCause, *, undecoded: int | None = None) -> None:
         """End the generation: free the sampler and emit its last event."""
         self.close()
@@ -192,7 +220,8 @@ class Generation:
         self._report.finished(self.outcome)
 
     def close(self) -> None:
-        """Free the sampler (the generation ended, failed or was abandoned)."""
+        """Free the sampler (the generation ended, failed or was abandoned); a waiting token counts."""
+        self._takes.drop()
         if self._sampler is not None:
             self._sampler.close()
             self._sampler = None
@@ -213,55 +242,33 @@ class Generation:
     # ---- the tokens --------------------------------------------------------------------------
 
     def _begin(self, token: int, at: int) -> None:
-        """Take *token* (sampled from the logits at *at*): it ends the generation or is evaluated next."""
-        cause = self._take(token, at)
+        """Take *token* (sampled at *at*), now or later: it ends the generation or is evaluated next."""
+        if self._takes.wait(token, at):
+            self._token = token
+            return
+        cause = self._takes.now(token, at)
         if cause is not None:
             self.finish(cause, undecoded=token)
             return
         self._token = token
 
     def _after_draft(self, index: int) -> None:
-        walk = self._drafting.verify(index, self._sample, self._take_drafted)
+        walk = self._drafting.verify(index, self._sample, self._takes.drafted)
         if walk.token is not None:
             self._begin(walk.token, walk.at)
-        elif self._walk_ended is not None:
-            self.finish(self._walk_ended)
+        elif self._takes.walk_ended is not None:
+            self.finish(self._takes.walk_ended)
         else:
             self._begin(self._next(walk.at), walk.at)
-
-    def _take_drafted(self, token: int, at: int) -> bool:
-        """Take an accepted draft token; whether the walk goes on."""
-        cause = self._take(token, at)
-        if cause is not None:
-            self._walk_ended = cause
-            return False
-        return not self._insert
 
     def _next(self, index: int) -> int:
         """The next token: an inserted one if the grammar admits it, else one sampled at *index*."""
         sampler = self._sampler
         assert sampler is not None
-        if self._insert:
-            if sampler.allows(self._insert[0]):
-                inserted = self._insert.pop(0)
-                sampler.accept(inserted)
-                return inserted
-            self._insert.clear()  # the grammar forbids the end marker here: give up the budget
-        return self._sample(index)
+        inserted = self._takes.inserted(sampler)
+        return self._sample(index) if inserted is None else inserted
 
     def _sample(self, index: int) -> int:
         sampler = self._sampler
         assert sampler is not None
         return self._probabilities.sample(sampler, index)
-
-    def _take(self, token: int, at: int) -> StopCause | None:
-        """Account for one generated token, emit it, and say whether it ends the generation."""
-        self.slot.generated()
-        verdict = self._ending.take(token, self._pieces[token])
-        cause = verdict.cause
-        logprob = self._probabilities.of(token, at) if cause is not StopCause.EOS else None
-        self._emit(TokenGenerated(token_id=token, text=verdict.text, logprob=logprob))
-        if cause is None:
-            self._drafting.observe(token)
-            self._insert.extend(verdict.insert)
-        return cause

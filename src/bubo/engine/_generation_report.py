@@ -44,7 +44,9 @@ class Outcome:
     stop_word: str | None = None
     drafted: int = 0
     accepted: int = 0
-    undecoded: int | None = None  # the last generated token, when it is not in the KV cache
+    # the last generated token, when it ended the generation unevaluated; None when it was evaluated,
+    # or when a stop string found a step late ended it (its cell then depends on the decode that ran)
+    undecoded: int | None = None
     shifted: bool = False  # the context was shifted (the cache no longer holds prompt and answer)
 
 

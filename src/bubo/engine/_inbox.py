@@ -44,8 +44,8 @@ class InboxState(enum.Enum):
 class Turn:
     """What the decode thread took up at the start of one turn of its loop."""
 
-    calls: list[Job] = attrs.Factory(list)
-    arrivals: list[Member] = attrs.Factory(list)
+    calls: tuple[Job, ...] = ()
+    arrivals: tuple[Member, ...] = ()
     idle_job: Job | None = None  # idle work, taken only when no generation arrived or is active
 
 
@@ -63,7 +63,8 @@ class Inbox:
         self._calls: list[Job] = []  # guarded by _wakeup
         self._idle_jobs: collections.deque[Job] = collections.deque()  # guarded by _wakeup
         self._state = InboxState.OPEN  # guarded by _wakeup; FAILED is final
-        self.taken = Turn()  # the decode thread's own: the turn take() handed out last
+        self._quiet = Turn()  # a turn with nothing new (most turns while generating: made once)
+        self.taken = self._quiet  # the decode thread's own: the turn take() handed out last
 
     # ---- the trio side -----------------------------------------------------------------------
 
@@ -128,8 +129,11 @@ class Inbox:
                 self._wakeup.wait()
             if self._state is not InboxState.OPEN:
                 return None
-            calls, self._calls = self._calls, []
-            arrivals, self._arrivals = self._arrivals, []
+            if busy and not (self._calls or self._arrivals):
+                self.taken = self._quiet
+                return self.taken
+            calls, self._calls = tuple(self._calls), []
+            arrivals, self._arrivals = tuple(self._arrivals), []
             idle = not (arrivals or busy)
             idle_job = self._idle_jobs.popleft() if idle and self._idle_jobs else None
             self.taken = Turn(calls, arrivals, idle_job)
@@ -141,7 +145,7 @@ class Inbox:
             arrivals, self._arrivals = self._arrivals, []
             jobs = [*self._calls, *self._idle_jobs]
             self._calls, self._idle_jobs = [], collections.deque()
-            self.taken = Turn(arrivals=arrivals)
+            self.taken = Turn(arrivals=tuple(arrivals))
         return jobs, arrivals
 
     def fail(self) -> tuple[list[Job], list[Member]]:

@@ -36,6 +36,7 @@ from bubo.domain.generation import GenerationRequest
 from bubo.domain.modes import FlashAttention, KvCacheType
 from bubo.machine import cpu_quota, usable_cpus
 
+from ._beside import Beside
 from ._context import LlamaContext
 from ._courier import Courier, DirectPost, decide_courier
 from ._decode_loop import DecodeLoop
@@ -212,6 +213,7 @@ def load(
             )
             resources.callback(embedder.close)
         vocabulary = lasting.tokens(context)
+        cpu_free = _cpu_free_beside_decode(options)
         setup = EngineSetup(
             context=context,
             pieces=vocabulary.pieces,
@@ -220,6 +222,7 @@ def load(
             drafting=drafting,
             drafter=None if draft is None or drafting is None else Drafter(draft.context, drafting),
             context_shift=options.context_shift,
+            defer_takes=cpu_free,
         )
         loop = DecodeLoop(
             context,
@@ -230,7 +233,8 @@ def load(
                 min_chunk=options.n_ubatch // 2,
             ),
             drafting=drafting,
-            to_trio=_to_trio(options),
+            to_trio=Courier() if cpu_free else DirectPost(),
+            beside=Beside() if cpu_free else None,
             park_idle=(
                 options.cache_idle_slots
                 and options.kv_unified
@@ -251,8 +255,13 @@ def load(
         )
 
 
-def _to_trio(options: LlamaOptions) -> Courier | DirectPost:
-    """How the decode thread's events reach trio: through a courier thread where one pays (``--courier``)."""
+def _cpu_free_beside_decode(options: LlamaOptions) -> bool:
+    """Whether a CPU is free for work beside ``llama_decode`` (``--courier``), as the log says.
+
+    Then the decode thread's events reach trio through a courier thread, and
+    each token's bookkeeping that can wait runs on a thread of its own during
+    the next decode.
+    """
     courier = decide_courier(
         options.courier,
         n_threads=options.n_threads,
@@ -260,9 +269,11 @@ def _to_trio(options: LlamaOptions) -> Courier | DirectPost:
         gpu_layers=options.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
     )
     logger.info(
-        "events to the event loop: %s (%s)", "courier" if courier.enabled else "direct", courier.reason
+        "events to the event loop: %s (%s)",
+        "courier, tokens taken beside llama_decode" if courier.enabled else "direct",
+        courier.reason,
     )
-    return Courier() if courier.enabled else DirectPost()
+    return courier.enabled
 
 
 def _load_weights(options: LlamaOptions, on_progress: Callable[[float], None] | None) -> object:

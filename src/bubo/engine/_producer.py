@@ -64,7 +64,7 @@ async def produce(
 
     backlog = EventBacklog(send, limit=backlog_limit(request.n_probs, backlog_bytes), end=let_go)
 
-    def emit(event: EngineEvent) -> None:  # on the decode thread
+    def emit(event: EngineEvent) -> None:  # on the decode thread (or beside it, as a token is taken)
         to_trio.post(trio_token, backlog.deliver, event)  # FIFO, before the generation's end
 
     offer = await _read_from_disk(loaded, disk, slot, request)

@@ -9,11 +9,17 @@ never delivers one twice).
 :meth:`Roster.evaluated` is the one place a decoded step reaches a
 generation: the generation samples its next token there and does that token's
 bookkeeping (stops, events, the draft walk), and the roster hands it back to
-trio once it ended.  A fatal failure (:meth:`Roster.lose`) is remembered:
-every later arrival ends with it, and the engine hears of it once.
+trio once it ended.  A token whose bookkeeping waits (``unsettled``) is
+settled in the next step, beside its ``llama_decode`` (:class:`Settling`):
+:meth:`Roster.settling` gathers those tokens, :meth:`Settling.run` takes them
+(touching only each generation's own parts), and :meth:`Roster.settled` hands
+back, on the decode thread, the generations that ended or failed there.  A
+fatal failure (:meth:`Roster.lose`) is remembered: every later arrival ends
+with it, and the engine hears of it once.
 
-Decode thread only; written against :class:`ActiveGeneration`, so it runs with
-scripted generations.
+Decode thread only (:meth:`Settling.run` may run on another while the decode
+thread waits in ``llama_decode``); written against :class:`ActiveGeneration`,
+so it runs with scripted generations.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from ._protocols import BatchEntry, KvSequence
 from .errors import EngineError, EngineFailure
 from .lora import AdapterSet
 
-__all__ = ["ActiveGeneration", "Ended", "Member", "Roster"]
+__all__ = ["ActiveGeneration", "Ended", "Member", "Roster", "Settling"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,11 @@ class ActiveGeneration(Protocol):
         """Prompt tokens still to evaluate."""
         ...
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether its last sampled token's bookkeeping waits for :meth:`settle`."""
+        ...
+
     def start(self) -> None:
         """Reuse the cached prefix and build the sampler (raises the request's own failure)."""
         ...
@@ -82,6 +93,10 @@ class ActiveGeneration(Protocol):
 
     def evaluated(self, entry: BatchEntry, index: int) -> None:
         """*entry* was decoded at batch index *index*."""
+        ...
+
+    def settle(self) -> None:
+        """Do the bookkeeping of its last sampled token."""
         ...
 
     def finish(self, cause: StopCause) -> None:
@@ -103,6 +118,22 @@ class Member:
     served: int = -1  # the last step it was in (the adapter sets take turns by it)
 
 
+@attrs.define(eq=False)
+class Settling:
+    """One step's unsettled tokens: their generations' bookkeeping, to run beside the step's decode."""
+
+    members: list[Member]
+    failures: list[tuple[Member, Exception]] = attrs.Factory(list)
+
+    def run(self) -> None:
+        """Settle each generation (touching only its own parts: any thread while the decode runs)."""
+        for member in self.members:
+            try:
+                member.generation.settle()
+            except Exception as error:  # noqa: BLE001 - a bug fails its own request only (in settled)
+                self.failures.append((member, error))
+
+
 class Roster:
     """The active generations of one decode loop, in the order they were admitted."""
 
@@ -111,6 +142,7 @@ class Roster:
         self.members: list[Member] = []
         self._on_lost = on_lost
         self._fatal: EngineFailure | None = None
+        self._nothing_to_settle = Settling([])  # most steps' (made once: it never runs anything)
 
     def seq_ids(self) -> set[int]:
         """The KV sequences the active generations write."""
@@ -155,6 +187,20 @@ class Roster:
         if member.generation.done:
             self.members.remove(member)
             self.end(member, None)
+
+    def settling(self) -> Settling:
+        """The active generations' unsettled tokens."""
+        unsettled = [member for member in self.members if member.generation.unsettled]
+        return Settling(unsettled) if unsettled else self._nothing_to_settle
+
+    def settled(self, settling: Settling) -> None:
+        """*settling* ran: hand over the generations it ended, fail those it failed (decode thread)."""
+        for member, error in settling.failures:
+            self.fail(member, error)
+        for member in settling.members:
+            if member.generation.done and not member.over:
+                self.members.remove(member)
+                self.end(member, None)
 
     def reached_context_end(self, member: Member) -> None:
         """*member* alone filled the context: it ends as at the context's end (``length``)."""
