@@ -16,6 +16,14 @@ from bubo.engine._beside import Beside
 WAIT_S = 5.0
 
 
+def joined(beside: Beside) -> None:
+    """Join *beside*'s work, failing the test (not hanging it) if the join does not return in ``WAIT_S``."""
+    joining = threading.Thread(target=beside.join, daemon=True)
+    joining.start()
+    joining.join(WAIT_S)
+    assert not joining.is_alive(), "a join did not return"
+
+
 @pytest.fixture(name="beside")
 def _beside() -> Iterator[Beside]:
     beside = Beside(name="test-beside")
@@ -33,7 +41,7 @@ def test_handed_work_runs_on_its_thread_while_the_caller_goes_on(beside: Beside)
 
     beside.hand(work)
     release.set()
-    beside.join()
+    joined(beside)
     assert ran_on == ["test-beside"]
 
 
@@ -48,19 +56,19 @@ def test_a_join_waits_for_the_work_to_finish(beside: Beside) -> None:
     beside.hand(work)
     assert started.wait(WAIT_S)
     threading.Timer(0.05, release.set).start()
-    beside.join()
+    joined(beside)
     assert finished == [True]
 
 
 def test_a_join_with_nothing_handed_returns_at_once(beside: Beside) -> None:
-    beside.join()
+    joined(beside)
 
 
 def test_work_handed_in_turn_runs_in_turn(beside: Beside) -> None:
     done: list[int] = []
     for i in range(100):
         beside.hand(lambda i=i: done.append(i))
-        beside.join()
+        joined(beside)
     assert done == list(range(100))
 
 
@@ -69,7 +77,7 @@ def test_without_its_thread_work_runs_at_once_on_the_caller_s() -> None:
     ran_on: list[str] = []
     beside.hand(lambda: ran_on.append(threading.current_thread().name))
     assert ran_on == [threading.current_thread().name]
-    beside.join()
+    joined(beside)
     assert beside.stop(WAIT_S)
 
 
@@ -83,9 +91,10 @@ def test_without_a_thread_to_be_had_work_runs_on_the_caller_s(
     beside = Beside()
     beside.start()  # logged, not raised
     assert "could not start" in caplog.text
+    monkeypatch.undo()  # threads again, for the test's own bounded join
     ran_on: list[str] = []
     beside.hand(lambda: ran_on.append(threading.current_thread().name))
-    beside.join()
+    joined(beside)
     assert ran_on == [threading.current_thread().name]
     assert beside.stop(WAIT_S)
 
@@ -97,11 +106,11 @@ def test_work_that_fails_ends_the_thread_and_later_work_runs_on_the_caller_s(
         raise RuntimeError("a bug")
 
     beside.hand(broken)
-    beside.join()  # returns: the failed work is finished too
+    joined(beside)  # returns: the failed work is finished too
     assert "work beside llama_decode failed" in caplog.text
     ran_on: list[str] = []
     beside.hand(lambda: ran_on.append(threading.current_thread().name))
-    beside.join()
+    joined(beside)
     assert ran_on == [threading.current_thread().name]
 
 

@@ -811,6 +811,27 @@ def test_a_loop_never_started_starts_no_courier() -> None:
     assert set(threading.enumerate()) == before
 
 
+def refusing(name: str) -> Callable[[threading.Thread], None]:
+    """``Thread.start`` for a machine with no thread to spare for the thread named *name*."""
+    start = threading.Thread.start
+
+    def start_but_that_one(thread: threading.Thread) -> None:
+        if thread.name == name:
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    return start_but_that_one
+
+
+def served(run: Run, *sequences: ScriptedSequence) -> None:
+    """Submit *sequences* in one step, wait for all to end, and stop the loop."""
+    try:
+        run.submit(*sequences)
+        run.wait()
+    finally:
+        run.close()
+
+
 class TestTheCourier:
     """What the loop posts through its courier reaches trio in order, and never waits for a decode."""
 
@@ -872,17 +893,10 @@ class TestTheCourier:
     def test_a_decode_thread_that_cannot_start_refuses_the_work_and_a_later_request_starts_it(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        start = threading.Thread.start
-
-        def refuse_the_decode_thread(thread: threading.Thread) -> None:
-            if thread.name == "bubo-decode":
-                raise RuntimeError("can't start new thread")
-            start(thread)
-
         run = Run()
         refused_ended: list[BaseException | None] = []
         with monkeypatch.context() as patched:
-            patched.setattr(threading.Thread, "start", refuse_the_decode_thread)
+            patched.setattr(threading.Thread, "start", refusing("bubo-decode"))
             with pytest.raises(EngineFailure, match="decode thread could not start"):
                 run.loop.submit(run.sequence(0, prompt=2, generate=3), refused_ended.append)  # type: ignore[arg-type]
         run.submit(run.sequence(1, prompt=2, generate=3))
@@ -890,15 +904,6 @@ class TestTheCourier:
         assert run.loop.stop(WAIT_S)
         assert run.ended == {1: None}
         assert refused_ended == []  # never queued: neither served nor ended by the stop
-
-
-def served(run: Run, *sequences: ScriptedSequence) -> None:
-    """Submit *sequences* in one step, wait for all to end, and stop the loop."""
-    try:
-        run.submit(*sequences)
-        run.wait()
-    finally:
-        run.close()
 
 
 class TestATakeThatWaits:
@@ -967,14 +972,7 @@ class TestATakeThatWaits:
     def test_a_loop_whose_thread_beside_cannot_start_takes_them_itself(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        start = threading.Thread.start
-
-        def refuse_the_thread_beside(thread: threading.Thread) -> None:
-            if thread.name == "bubo-beside":
-                raise RuntimeError("can't start new thread")
-            start(thread)
-
-        monkeypatch.setattr(threading.Thread, "start", refuse_the_thread_beside)
+        monkeypatch.setattr(threading.Thread, "start", refusing("bubo-beside"))
         run = Run(beside=Beside())
         sequence = self.waiting(run, 0, generate=3)
         served(run, sequence)

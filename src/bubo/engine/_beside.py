@@ -25,6 +25,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ._helper_thread import HelperThread
+
 __all__ = ["Beside"]
 
 logger = logging.getLogger(__name__)
@@ -32,34 +34,23 @@ logger = logging.getLogger(__name__)
 Work = Callable[[], None]
 
 
-class Beside:
+class Beside(HelperThread):
     """Runs one handed piece of work at a time on its own thread; the hander joins it."""
 
     def __init__(self, name: str = "bubo-beside") -> None:
         """The thread (named *name*) starts with :meth:`start`."""
-        self._name = name
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        super().__init__(name, threading.Lock())
         self._work: Work | None = None  # guarded by _lock: handed, not finished
-        self._running = False  # guarded by _lock: started, neither stopped nor failed
-        self._stopping = False  # guarded by _lock
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the thread (once; a stopped Beside stays stopped); one that cannot start is logged.
 
         Without its thread, handed work runs at once on the caller's.
         """
-        with self._lock:
-            if self._thread is not None:
-                return
-            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had
-                logger.warning("the thread beside llama_decode could not start", exc_info=True)
-                return
-            self._thread, self._running = thread, True
+        try:
+            super().start()
+        except RuntimeError:  # no thread to be had
+            logger.warning("the thread beside llama_decode could not start", exc_info=True)
 
     def hand(self, work: Work) -> None:
         """Run *work* on the thread, now; or at once on this thread when it is not running."""
@@ -67,7 +58,7 @@ class Beside:
             if self._running:
                 assert self._work is None, "handed again before a join"
                 self._work = work
-                self._changed.notify_all()
+                self._ready.notify_all()
                 return
         work()
 
@@ -75,18 +66,7 @@ class Beside:
         """Wait until the work handed last is finished (at once when it is, or none was handed)."""
         with self._lock:
             while self._work is not None:
-                self._changed.wait()
-
-    def stop(self, timeout_s: float | None = None) -> bool:
-        """Let the thread finish its work and end; whether it ended within *timeout_s*."""
-        with self._lock:
-            self._stopping = True
-            self._changed.notify_all()
-            thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout_s)
-        return not thread.is_alive()
+                self._ready.wait()
 
     def _run(self) -> None:
         while (work := self._next()) is not None:
@@ -106,7 +86,7 @@ class Beside:
         """The work handed, once there is some; None once stopping with none left (the thread ends)."""
         with self._lock:
             while self._work is None and not self._stopping:
-                self._changed.wait()
+                self._ready.wait()
             if self._work is None:
                 self._running = False
             return self._work
@@ -114,4 +94,4 @@ class Beside:
     def _finished(self) -> None:
         """The work handed is done (call with the lock held): a join waiting for it returns."""
         self._work = None
-        self._changed.notify_all()
+        self._ready.notify_all()

@@ -52,6 +52,7 @@ import trio
 from bubo.domain.modes import CourierMode
 
 from ._crossing import post_to_trio
+from ._helper_thread import HelperThread
 
 __all__ = ["Courier", "CourierDecision", "DirectPost", "Poster", "decide_courier"]
 
@@ -127,18 +128,17 @@ class DirectPost:
         return True
 
 
-class Courier:
-    """A thread that posts queued callbacks to their trio runs, in order, all queued at once in one post."""
+class Courier(HelperThread):
+    """A thread that posts queued callbacks to their trio runs, in order, all queued at once in one post.
+
+    :meth:`start` raises ``RuntimeError`` when the thread cannot start (posts
+    then go to trio directly); :meth:`stop` posts what is queued, then ends it.
+    """
 
     def __init__(self, name: str = "bubo-courier") -> None:
         """The thread (named *name*) starts with :meth:`start`."""
-        self._name = name
-        self._lock = threading.RLock()  # entered as is where nothing waits: one C call
-        self._ready = threading.Condition(self._lock)
+        super().__init__(name, threading.RLock())  # entered as is where nothing waits: one C call
         self._queued: list[Post] = []  # guarded by _lock
-        self._running = False  # guarded by _lock: started, neither stopped nor failed
-        self._stopping = False  # guarded by _lock
-        self._thread: threading.Thread | None = None
         self._holding = False  # guarded by _lock: a hold is open (the courier takes nothing)
         self._hold = _Hold(self._begin_hold, self._end_hold)
 
@@ -173,31 +173,6 @@ class Courier:
             self._holding = False
             if self._queued:
                 self._ready.notify()
-
-    def start(self) -> None:
-        """Start the thread (once; a stopped courier stays stopped).
-
-        Raises:
-            RuntimeError: the thread could not start (posts then go to trio directly).
-
-        """
-        with self._lock:  # the thread waits for this lock: it finds the courier running
-            if self._thread is not None:
-                return
-            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            thread.start()
-            self._thread, self._running = thread, True
-
-    def stop(self, timeout_s: float | None = None) -> bool:
-        """Post what is queued, end the thread and wait for it (at most *timeout_s*); whether it ended."""
-        with self._lock:
-            self._stopping = True
-            self._ready.notify()
-            thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout_s)
-        return not thread.is_alive()
 
     def _run(self) -> None:
         pending: list[Post] = []  # taken and not handed to a post yet
